@@ -1,0 +1,109 @@
+"""Acknowledgements and the garbage collection of acked jobs (ack.c).
+
+An ACK is a proof of delivery that must reach every node that may hold a
+copy before the job can be forgotten, or a partitioned copy would requeue a
+job already processed.  The spec's procedures are :func:`acknowledge_job`
+(ACK-JOB) and :func:`try_job_gc` (START-GC), retried with an exponential
+backoff from the schedule.  On a single node the job is forgotten at the
+first attempt: every copy (this one) knows about the ACK.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from .clock import random_time_error
+from .job import Job, JobState, ttl_minutes_from_id
+from .jobs import register_job, unregister_job, update_awake_time
+from .queue import dequeue_job
+
+if TYPE_CHECKING:
+    from .state import ServerState
+
+__all__ = ["acknowledge_job", "try_job_gc", "create_dummy_ack", "fast_ack", "gc_retry_delay_ms"]
+
+#: gc_retry stops growing here (the original's cap).
+GC_RETRY_CAP = 10
+#: Longest pause between two GC attempts.
+GC_MAX_DELAY_MS = 180_000
+
+
+def acknowledge_job(state: ServerState, job: Job) -> bool:
+    """ACK-JOB(job): mark it acked and dequeue it; False if it already was."""
+    if job.state == JobState.ACKED:
+        return False
+    dequeue_job(state, job)
+    job.state = JobState.ACKED
+    job.confirmed = frozenset()
+    job.qtime = 0
+    state.jobs.evictable_add(job)
+    state.on_job_acked(job)
+    update_awake_time(state, job)
+    return True
+
+
+def gc_retry_delay_ms(gc_retry: int) -> int:
+    """Backoff between GC attempts: 1 s, 2 s, 4 s ... capped at 180 s."""
+    return min(1000 * (1 << gc_retry), GC_MAX_DELAY_MS) + random_time_error()
+
+
+def try_job_gc(state: ServerState, job: Job) -> None:
+    """START-GC(job): forget the job if every copy knows it is acked, else ask them.
+
+    Nodes are compared by identity, not by count (the original compared the
+    sizes of the two lists and could finish early).
+    """
+    if job.state != JobState.ACKED:
+        return
+    if job.gc_retry < GC_RETRY_CAP:
+        job.gc_retry += 1
+    cluster = state.cluster
+    myself = cluster.myself_id
+    if myself not in job.confirmed:
+        job.confirmed = job.confirmed | {myself}
+    if job.delivered:
+        if job.delivered <= job.confirmed:
+            unregister_job(state, job)
+            return
+        for node_id in job.delivered - job.confirmed:
+            cluster.send_setack(node_id, job, len(job.delivered))
+    else:
+        # A dummy ACK: nobody here knows who has the job, so ask everybody.
+        if cluster.size <= 1:
+            unregister_job(state, job)
+            return
+        for node_id in cluster.other_node_ids():
+            cluster.send_setack(node_id, job, 0)
+    job.qtime = state.clock.now_ms() + gc_retry_delay_ms(job.gc_retry)
+    update_awake_time(state, job)
+
+
+def create_dummy_ack(state: ServerState, job_id: bytes) -> Job | None:
+    """Hold an ACK for a job this node never saw, so a partitioned copy learns of it.
+
+    Only for at-least-once IDs (odd TTL field), only in a cluster and never
+    while leaving: a single node knows the job does not exist anywhere.
+    """
+    cluster = state.cluster
+    if cluster.size <= 1 or cluster.leaving:
+        return None
+    ttl_minutes = ttl_minutes_from_id(job_id)
+    if not ttl_minutes & 1:
+        return None
+    now = state.clock.now_ms()
+    job = Job(bytes(job_id), None, b"", state=JobState.ACKED,
+              ctime=now * 1_000_000, etime=now + ttl_minutes * 60_000)
+    register_job(state, job)
+    return job
+
+
+def fast_ack(state: ServerState, job_id: bytes) -> bool:
+    """FASTACK one ID: best-effort DELJOB to the copies, delete locally."""
+    job = state.jobs.get(job_id)
+    cluster = state.cluster
+    if job is None:
+        cluster.broadcast_deljob(job_id, None)
+        return False
+    cluster.broadcast_deljob(job_id, job.delivered)
+    unregister_job(state, job)
+    return True

@@ -1,0 +1,5 @@
+"""The cluster layer: node identity, node table and (later) the bus."""
+
+from .state import ClusterNode, ClusterState, NodesFileError, new_node_id
+
+__all__ = ["ClusterNode", "ClusterState", "NodesFileError", "new_node_id"]

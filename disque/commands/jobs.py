@@ -1,0 +1,352 @@
+"""Job commands: ADDJOB GETJOB ACKJOB FASTACK NACK WORKING ENQUEUE DEQUEUE DELJOB SHOW."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from .. import ack
+from ..blocking import block_for_jobs, getjob_entry
+from ..clock import random_time_error
+from ..job import FLAG_BCAST_WILLQUEUE, Job, JobState
+from ..jobs import register_job, unregister_job, update_awake_time
+from ..protocol import NULL_ARRAY, Map, ReplyError, Status
+from ..queue import dequeue_job, enqueue_job, fetch_job
+from .registry import (
+    BLOCKED,
+    SYNTAX_ERROR,
+    CommandError,
+    command,
+    parse_int,
+    parse_job_ids,
+    parse_timeout_ms,
+)
+
+if TYPE_CHECKING:
+    from ..connection import ClientConnection
+    from ..state import ServerState
+
+DEFAULT_TTL = 86400
+MAX_RETRY_DEFAULT = 300
+#: Jobs live at most ~10 years: far beyond any use, and keeps times in range.
+MAX_TTL = 10 * 365 * 86400
+#: RETRY/DELAY are stored as unsigned 32-bit seconds (the serialized form).
+MAX_SECONDS = 2 ** 32 - 1
+
+
+class AddJobOptions:
+    __slots__ = ("async_", "delay", "maxlen", "replicate", "retry", "timeout", "ttl")
+
+    def __init__(self) -> None:
+        self.replicate: int | None = None
+        self.ttl = DEFAULT_TTL
+        self.retry = -1
+        self.delay = 0
+        self.maxlen = 0
+        self.async_ = False
+        self.timeout = 0
+
+
+def parse_addjob(argv: list[bytes]) -> AddJobOptions:
+    opts = AddJobOptions()
+    i, n = 4, len(argv)
+    while i < n:
+        opt = argv[i].lower()
+        has_value = i + 1 < n
+        if opt == b"replicate" and has_value:
+            opts.replicate = parse_int(argv[i + 1], "ERR REPLICATE must be between 1 and 65535",
+                                       1, 65535)
+            i += 2
+        elif opt == b"ttl" and has_value:
+            opts.ttl = parse_int(argv[i + 1], "ERR TTL must be a number > 0", 1)
+            if opts.ttl > MAX_TTL:
+                raise CommandError(f"ERR TTL must be a number > 0 and at most {MAX_TTL} (10 years)")
+            i += 2
+        elif opt == b"retry" and has_value:
+            opts.retry = parse_int(argv[i + 1], "ERR RETRY time must be a non negative number", 0)
+            if opts.retry > MAX_SECONDS:
+                raise CommandError(f"ERR RETRY time must be a non negative number "
+                                   f"not greater than {MAX_SECONDS}")
+            i += 2
+        elif opt == b"delay" and has_value:
+            opts.delay = parse_int(argv[i + 1], "ERR DELAY time must be a non negative number", 0)
+            i += 2
+        elif opt == b"maxlen" and has_value:
+            opts.maxlen = parse_int(argv[i + 1], "ERR MAXLEN must be a positive number", 1)
+            i += 2
+        elif opt == b"async":
+            opts.async_ = True
+            i += 1
+        else:
+            raise CommandError(SYNTAX_ERROR)
+    opts.timeout = parse_timeout_ms(argv[3])
+    return opts
+
+
+@command("addjob", -4, "write denyoom")
+def addjob(state: ServerState, client: ClientConnection, argv: list[bytes]) -> Any:
+    """ADDJOB queue body ms-timeout [REPLICATE n] [DELAY s] [RETRY s] [TTL s] [MAXLEN n] [ASYNC]"""
+    opts = parse_addjob(argv)
+    cluster = state.cluster
+    replicate = opts.replicate if opts.replicate is not None else min(3, cluster.size)
+    if replicate > 1 and opts.retry == 0:
+        raise CommandError("ERR With RETRY set to 0 please explicitly set  REPLICATE to 1 "
+                           "(at-most-once delivery)")
+    if opts.delay >= opts.ttl:
+        raise CommandError("ERR The specified DELAY is greater than TTL. Job refused since "
+                           "would never be delivered")
+    retry = opts.retry
+    if retry == -1:
+        retry = max(1, min(MAX_RETRY_DEFAULT, opts.ttl // 10))
+
+    # External replication (no local copy) when leaving, or when memory is
+    # tight and other nodes can take the copies.  A node that cannot hand
+    # the job to anybody keeps it while under the hard limit: refusing every
+    # job at 75% (the original on a lone node) helps nobody.
+    reachable = cluster.reachable_count
+    leaving = cluster.leaving
+    extrepl = leaving or (state.memory.level() >= 1 and replicate <= reachable)
+    needed = replicate if extrepl else replicate - 1
+    if needed > reachable:
+        reason = ""
+        if extrepl and needed - 1 == reachable:
+            why = "I'm leaving the cluster" if leaving else "I'm out of memory"
+            reason = (", since I'm unable to hold a copy of the message for the following "
+                      f"reason: {why}")
+        return ReplyError(f"NOREPL Not enough reachable nodes for the requested "
+                          f"replication level{reason}")
+
+    q = state.queues.lookup(argv[1])
+    if opts.maxlen and q is not None and len(q) >= opts.maxlen:
+        return ReplyError("MAXLEN Queue is already longer than the specified MAXLEN count")
+    if q is not None and q.paused_in:
+        return ReplyError("PAUSED Queue paused in input, try later")
+    if needed > 0:
+        # Synchronous replication needs the cluster bus; until it runs no
+        # peer is linked, so no copy could be made.
+        return ReplyError("NOREPL Not enough reachable nodes for the requested replication level")
+
+    now = state.clock.now_ms()
+    job = Job(state.ids.next_id(opts.ttl, retry), state.queue_for_write(argv[1]).name,
+              argv[2], state=JobState.ACTIVE, repl=replicate, ctime=state.next_ctime(),
+              etime=now + opts.ttl * 1000, delay=opts.delay, retry=retry,
+              delivered=cluster_self_set(state))
+    if opts.delay:
+        job.qtime = now + opts.delay * 1000
+    else:
+        # Queue it before registering so the schedule gets one entry, not two.
+        job.qtime = now
+        enqueue_job(state, job)
+    register_job(state, job)
+    state.on_job_created(job)
+    return Status(job.id.decode())
+
+
+_SELF_SETS: dict[str, frozenset[str]] = {}
+
+
+def cluster_self_set(state: ServerState) -> frozenset[str]:
+    """``{myself}``, one shared frozenset per node ID (saves a set per job)."""
+    myself = state.cluster.myself_id
+    cached = _SELF_SETS.get(myself)
+    if cached is None:
+        cached = _SELF_SETS[myself] = frozenset((myself,))
+    return cached
+
+
+# --------------------------------------------------------------------------
+# GETJOB
+# --------------------------------------------------------------------------
+
+LEAVING_ERROR = ("LEAVING This node is leaving the cluster, please connect to a "
+                 "different one")
+
+
+@command("getjob", -3, "write")
+def getjob(state: ServerState, client: ClientConnection, argv: list[bytes]) -> Any:
+    """GETJOB [NOHANG] [TIMEOUT ms] [COUNT n] [WITHCOUNTERS] FROM q1 q2 ..."""
+    nohang = withcounters = False
+    timeout = 0
+    count = 1
+    queues: list[bytes] = []
+    i, n = 1, len(argv)
+    while i < n:
+        opt = argv[i].lower()
+        has_value = i + 1 < n
+        if opt == b"nohang":
+            nohang = True
+        elif opt == b"withcounters":
+            withcounters = True
+        elif opt == b"timeout" and has_value:
+            timeout = parse_timeout_ms(argv[i + 1])
+            i += 1
+        elif opt == b"count" and has_value:
+            count = parse_int(argv[i + 1], "ERR COUNT must be a number greater than zero", 1)
+            i += 1
+        elif opt == b"from":
+            queues = argv[i + 1:]
+            break
+        else:
+            raise CommandError(SYNTAX_ERROR)
+        i += 1
+    if not queues:
+        raise CommandError(SYNTAX_ERROR)
+
+    # Take one job per queue per pass, left to right, until COUNT or no progress.
+    emitted: list[list[Any]] = []
+    lookup = state.queues.lookup
+    while True:
+        before = len(emitted)
+        for name in queues:
+            q = lookup(name)
+            if q is None or not q.jobs or q.flags & 2:  # PAUSED_OUT
+                continue
+            job = fetch_job(state, q)
+            if job is None:
+                continue
+            emitted.append(getjob_entry(job, withcounters))
+            if len(emitted) >= count:
+                return emitted
+        if len(emitted) == before:
+            break
+    if emitted:
+        return emitted
+    if nohang:
+        return NULL_ARRAY
+    if state.cluster.leaving:
+        return ReplyError(LEAVING_ERROR)
+    block_for_jobs(state, client, queues, timeout, withcounters)
+    return BLOCKED
+
+
+# --------------------------------------------------------------------------
+# ACKs
+# --------------------------------------------------------------------------
+
+@command("ackjob", -2, "write fast")
+def ackjob(state: ServerState, client: ClientConnection, argv: list[bytes]) -> Any:
+    """ACKJOB id ...: acknowledge; returns how many known jobs were newly acked."""
+    known = 0
+    for job_id in parse_job_ids(argv[1:]):
+        job = state.jobs.get(job_id)
+        if job is None:
+            job = ack.create_dummy_ack(state, job_id)
+        elif ack.acknowledge_job(state, job):
+            known += 1
+        if job is not None:
+            ack.try_job_gc(state, job)
+    return known
+
+
+@command("fastack", -2, "write fast")
+def fastack(state: ServerState, client: ClientConnection, argv: list[bytes]) -> Any:
+    """FASTACK id ...: best-effort cluster-wide delete; returns known jobs deleted."""
+    return sum(ack.fast_ack(state, job_id) for job_id in parse_job_ids(argv[1:]))
+
+
+# --------------------------------------------------------------------------
+# Visibility: NACK ENQUEUE DEQUEUE WORKING DELJOB
+# --------------------------------------------------------------------------
+
+def _enqueue_ids(state: ServerState, ids: list[bytes], nack: bool) -> int:
+    enqueued = 0
+    for job_id in parse_job_ids(ids):
+        job = state.jobs.get(job_id)
+        if job is not None and job.state == JobState.ACTIVE and enqueue_job(state, job, nack):
+            enqueued += 1
+    return enqueued
+
+
+@command("nack", -2, "write denyoom fast")
+def nack(state: ServerState, client: ClientConnection, argv: list[bytes]) -> Any:
+    """NACK id ...: requeue now, counting a negative acknowledge."""
+    return _enqueue_ids(state, argv[1:], nack=True)
+
+
+@command("enqueue", -2, "write denyoom fast")
+def enqueue(state: ServerState, client: ClientConnection, argv: list[bytes]) -> Any:
+    """ENQUEUE id ...: queue jobs that are not queued."""
+    return _enqueue_ids(state, argv[1:], nack=False)
+
+
+@command("dequeue", -2, "write fast")
+def dequeue(state: ServerState, client: ClientConnection, argv: list[bytes]) -> Any:
+    """DEQUEUE id ...: take queued jobs out of their queue."""
+    dequeued = 0
+    for job_id in parse_job_ids(argv[1:]):
+        job = state.jobs.get(job_id)
+        if job is not None and dequeue_job(state, job):
+            dequeued += 1
+    return dequeued
+
+
+@command("deljob", -2, "write fast")
+def deljob(state: ServerState, client: ClientConnection, argv: list[bytes]) -> Any:
+    """DELJOB id ...: delete jobs from this node only."""
+    deleted = 0
+    for job_id in parse_job_ids(argv[1:]):
+        job = state.jobs.get(job_id)
+        if job is not None:
+            unregister_job(state, job)
+            deleted += 1
+    return deleted
+
+
+@command("working", 2, "write fast")
+def working(state: ServerState, client: ClientConnection, argv: list[bytes]) -> Any:
+    """WORKING id: postpone the next requeue by RETRY; returns RETRY in seconds."""
+    (job_id,) = parse_job_ids(argv[1:])
+    job = state.jobs.get(job_id)
+    if job is None:
+        return ReplyError("NOJOB Job not known in the context of this node.")
+    if job.state == JobState.ACKED:
+        # The README documents an error here; the original accepted it (C-BEHAVIOUR bug 8).
+        return ReplyError("ACKED Job already acknowledged.")
+    now = state.clock.now_ms()
+    created = job.ctime // 1_000_000
+    if now - created > (job.etime - created) // 2:
+        return ReplyError("TOOLATE Half of job TTL already elapsed, you are no longer allowed "
+                          "to postpone the next delivery.")
+    dequeue_job(state, job)
+    if job.retry:
+        job.flags |= FLAG_BCAST_WILLQUEUE
+        job.qtime = now + job.retry * 1000 + random_time_error()
+        update_awake_time(state, job)
+    state.cluster.broadcast_working(job)
+    return job.retry
+
+
+# --------------------------------------------------------------------------
+# SHOW
+# --------------------------------------------------------------------------
+
+def show_reply(job: Job, now: int) -> Map:
+    """The SHOW key/value reply (also JSCAN REPLY all)."""
+    qtime = job.qtime if job.state in (JobState.ACTIVE, JobState.QUEUED) and job.qtime else 0
+    return Map([
+        b"id", job.id,
+        b"queue", job.queue,
+        b"state", Status(JobState(job.state).label),
+        b"repl", job.repl,
+        b"ttl", max(0, (job.etime - now) // 1000),
+        b"ctime", job.ctime,
+        b"delay", job.delay,
+        b"retry", job.retry,
+        b"nacks", job.nacks,
+        b"additional-deliveries", job.additional_deliveries,
+        b"nodes-delivered", sorted(job.delivered),
+        b"nodes-confirmed", sorted(job.confirmed),
+        b"next-requeue-within", (qtime - now) if qtime else None,
+        b"next-awake-within", (job.awakeme - now) if job.awakeme else None,
+        b"body", job.body,
+    ])
+
+
+@command("show", 2, "fast")
+def show(state: ServerState, client: ClientConnection, argv: list[bytes]) -> Any:
+    """SHOW id: everything about a job, or NULL."""
+    (job_id,) = parse_job_ids(argv[1:])
+    job = state.jobs.get(job_id)
+    if job is None:
+        return None
+    return show_reply(job, state.clock.now_ms())
+

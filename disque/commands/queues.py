@@ -1,0 +1,213 @@
+"""Queue commands: QLEN QSTAT QPEEK PAUSE, and the iterators QSCAN JSCAN."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from ..blocking import getjob_entry, serve_blocked_clients
+from ..job import JobState
+from ..keyspace import SLICES
+from ..protocol import Map
+from ..queue import PAUSED_IN, PAUSED_OUT, pause_label
+from .jobs import show_reply
+from .registry import SYNTAX_ERROR, CommandError, command, parse_int
+
+if TYPE_CHECKING:
+    from ..connection import ClientConnection
+    from ..state import ServerState
+
+
+@command("qlen", 2, "fast")
+def qlen(state: ServerState, client: ClientConnection, argv: list[bytes]) -> Any:
+    """QLEN queue: jobs queued in this node (0 if the queue does not exist)."""
+    q = state.queues.lookup(argv[1])
+    return len(q) if q is not None else 0
+
+
+@command("qstat", 2, "fast")
+def qstat(state: ServerState, client: ClientConnection, argv: list[bytes]) -> Any:
+    """QSTAT queue: key/value statistics, or NULL."""
+    q = state.queues.lookup(argv[1])
+    if q is None:
+        return None
+    now = state.clock.now_ms()
+    return Map([
+        b"name", q.name,
+        b"len", len(q),
+        b"age", max(0, (now - q.ctime) // 1000),
+        b"idle", max(0, (now - q.atime) // 1000),
+        b"blocked", len(q.waiters),
+        b"import-from", list(q.import_from),
+        b"import-rate", q.import_rate,
+        b"jobs-in", q.jobs_in,
+        b"jobs-out", q.jobs_out,
+        b"pause", pause_label(q.flags),
+    ])
+
+
+@command("qpeek", 3, "fast")
+def qpeek(state: ServerState, client: ClientConnection, argv: list[bytes]) -> Any:
+    """QPEEK queue count: oldest ``count`` jobs, or newest ``-count`` (newest first)."""
+    count = parse_int(argv[2])
+    q = state.queues.lookup(argv[1])
+    if q is None or count == 0:
+        return []
+    return [getjob_entry(job, False) for job in q.peek(count)]
+
+
+_PAUSE_OPTIONS = {b"in": PAUSED_IN, b"out": PAUSED_OUT, b"all": PAUSED_IN | PAUSED_OUT}
+
+
+@command("pause", -3, "write fast")
+def pause(state: ServerState, client: ClientConnection, argv: list[bytes]) -> Any:
+    """PAUSE queue in|out|all|none|state|bcast ...: returns the resulting state."""
+    new_flags = 0
+    update = bcast = False
+    for raw in argv[2:]:
+        opt = raw.lower()
+        if opt in _PAUSE_OPTIONS:
+            new_flags |= _PAUSE_OPTIONS[opt]
+            update = True
+        elif opt == b"none":
+            new_flags = 0
+            update = True
+        elif opt == b"state":
+            pass
+        elif opt == b"bcast":
+            bcast = True
+        else:
+            raise CommandError(SYNTAX_ERROR)
+    q = state.queues.lookup(argv[1])
+    if update and (q is not None or new_flags):
+        if q is None:
+            q = state.queue_for_write(argv[1])
+        was_paused_out = q.paused_out
+        q.flags = new_flags
+        q.atime = state.clock.now_ms()
+        if was_paused_out and not q.paused_out and q.waiters:
+            serve_blocked_clients(state, q)
+    flags = q.flags if q is not None else 0
+    if bcast:
+        state.cluster.broadcast_pause(argv[1], flags)
+    return pause_label(flags).encode()
+
+
+# --------------------------------------------------------------------------
+# QSCAN / JSCAN
+# --------------------------------------------------------------------------
+
+def _scan_cursor(raw: bytes) -> int | None:
+    """An unsigned number in cursor form, or None."""
+    if not raw.isdigit() or len(raw) > 20:
+        return None
+    value = int(raw)
+    return value if value < 2 ** 64 else None
+
+
+def _check_cursor(cursor: int) -> int:
+    if cursor >= SLICES:
+        raise CommandError("ERR invalid cursor")
+    return cursor
+
+
+@command("qscan", -1, "")
+def qscan(state: ServerState, client: ClientConnection, argv: list[bytes]) -> Any:
+    """QSCAN [cursor] [COUNT n] [BUSYLOOP] [MINLEN n] [MAXLEN n] [IMPORTRATE n]"""
+    cursor: int | None = None
+    count = 100
+    busyloop = False
+    minlen = maxlen = importrate = -1
+    i, n = 1, len(argv)
+    while i < n:
+        opt = argv[i].lower()
+        has_value = i + 1 < n
+        if opt == b"count" and has_value:
+            count = parse_int(argv[i + 1], "ERR COUNT must be a number greater than zero", 1)
+            i += 2
+        elif opt == b"busyloop":
+            busyloop = True
+            i += 1
+        elif opt == b"minlen" and has_value:
+            minlen = parse_int(argv[i + 1], "ERR MINLEN must be a non negative number", 0)
+            i += 2
+        elif opt == b"maxlen" and has_value:
+            maxlen = parse_int(argv[i + 1], "ERR MAXLEN must be a non negative number", 0)
+            i += 2
+        elif opt == b"importrate" and has_value:
+            importrate = parse_int(argv[i + 1], "ERR IMPORTRATE must be a non negative number", 0)
+            i += 2
+        elif cursor is None and _scan_cursor(argv[i]) is not None:
+            cursor = _check_cursor(_scan_cursor(argv[i]))  # type: ignore[arg-type]
+            i += 1
+        else:
+            raise CommandError(SYNTAX_ERROR)
+
+    def accept(q) -> bool:
+        qlen = len(q)
+        return ((minlen < 0 or qlen >= minlen) and (maxlen < 0 or qlen <= maxlen)
+                and (importrate < 0 or q.import_rate >= importrate))
+
+    return _run_scan(state.queues.scan, cursor or 0, count, busyloop, accept,
+                     lambda q: q.name)
+
+
+_REPLY_TYPES = (b"all", b"id")
+
+
+@command("jscan", -1, "")
+def jscan(state: ServerState, client: ClientConnection, argv: list[bytes]) -> Any:
+    """JSCAN [cursor] [COUNT n] [BUSYLOOP] [QUEUE q] [STATE s ...] [REPLY all|id]"""
+    cursor: int | None = None
+    count = 100
+    busyloop = False
+    queue: bytes | None = None
+    states: set[int] = set()
+    reply_all = False
+    i, n = 1, len(argv)
+    while i < n:
+        opt = argv[i].lower()
+        has_value = i + 1 < n
+        if opt == b"count" and has_value:
+            count = parse_int(argv[i + 1], "ERR COUNT must be a number greater than zero", 1)
+            i += 2
+        elif opt == b"busyloop":
+            busyloop = True
+            i += 1
+        elif opt == b"queue" and has_value:
+            queue = argv[i + 1]
+            i += 2
+        elif opt == b"state" and has_value:
+            job_state = JobState.from_label(argv[i + 1].decode("latin-1"))
+            if job_state is None:
+                raise CommandError("ERR Invalid job state name: use wait-repl, active, "
+                                   "queued or acked")
+            states.add(int(job_state))
+            i += 2
+        elif opt == b"reply" and has_value:
+            kind = argv[i + 1].lower()
+            if kind not in _REPLY_TYPES:
+                raise CommandError("ERR Invalid REPLY type, try ALL or ID")
+            reply_all = kind == b"all"
+            i += 2
+        elif cursor is None and _scan_cursor(argv[i]) is not None:
+            cursor = _check_cursor(_scan_cursor(argv[i]))  # type: ignore[arg-type]
+            i += 1
+        else:
+            raise CommandError(SYNTAX_ERROR)
+
+    def accept(job) -> bool:
+        return (queue is None or job.queue == queue) and (not states or job.state in states)
+
+    now = state.clock.now_ms()
+    render = (lambda job: show_reply(job, now)) if reply_all else (lambda job: job.id)
+    return _run_scan(state.jobs.scan, cursor or 0, count, busyloop, accept, render)
+
+
+def _run_scan(scan, cursor: int, count: int, busyloop: bool, accept, render) -> list[Any]:
+    items: list[Any] = []
+    while True:
+        cursor, found = scan(cursor, count, accept)
+        items.extend(render(v) for v in found)
+        if not busyloop or cursor == 0:
+            break
+    return [str(cursor).encode(), items]

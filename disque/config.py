@@ -1,0 +1,308 @@
+"""Configuration: the original's ``disque.conf`` directives, typed.
+
+One table (:data:`DIRECTIVES`) names every directive with its parser,
+formatter, default and whether ``CONFIG SET`` may change it at run time.
+Sources, later ones winning: the defaults, the config file, then
+``--directive value`` arguments on the command line (like the original).
+
+``CONFIG REWRITE`` rewrites the file it was loaded from in place: lines of
+known directives get their current value, comments and everything else are
+kept, and changed directives that were not in the file are appended.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+import re
+import shlex
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["Config", "ConfigError", "DIRECTIVES", "parse_memory", "format_memory"]
+
+
+class ConfigError(ValueError):
+    """A bad directive or value; the message is shown to the user as is."""
+
+
+# --------------------------------------------------------------------------
+# Value types
+# --------------------------------------------------------------------------
+
+_MEMORY = re.compile(r"^(\d+)(k|kb|m|mb|g|gb|b)?$", re.IGNORECASE)
+_UNITS = {None: 1, "b": 1, "k": 1000, "kb": 1024, "m": 1000 ** 2, "mb": 1024 ** 2,
+          "g": 1000 ** 3, "gb": 1024 ** 3}
+
+
+def parse_memory(text: str) -> int:
+    """``1gb`` -> 1073741824, ``100k`` -> 100000 (Redis's memtoll units)."""
+    match = _MEMORY.match(text.strip())
+    if not match:
+        raise ValueError(f"invalid memory value {text!r}")
+    unit = match.group(2).lower() if match.group(2) else None
+    return int(match.group(1)) * _UNITS[unit]
+
+
+def format_memory(value: int) -> str:
+    for unit, size in (("gb", 1024 ** 3), ("mb", 1024 ** 2), ("kb", 1024)):
+        if value and value % size == 0:
+            return f"{value // size}{unit}"
+    return str(value)
+
+
+def _yes_no(text: str) -> bool:
+    lowered = text.lower()
+    if lowered not in ("yes", "no"):
+        raise ValueError("argument must be 'yes' or 'no'")
+    return lowered == "yes"
+
+
+def _int_range(low: int, high: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        value = int(text)
+        if not low <= value <= high:
+            raise ValueError(f"argument must be between {low} and {high}")
+        return value
+    return parse
+
+
+def _choice(*choices: str) -> Callable[[str], str]:
+    def parse(text: str) -> str:
+        lowered = text.lower()
+        if lowered not in choices:
+            raise ValueError(f"argument must be one of {', '.join(choices)}")
+        return lowered
+    return parse
+
+
+def _string(text: str) -> str:
+    return text
+
+
+def _bind(text: str) -> list[str]:
+    addresses = text.split()
+    if not addresses:
+        raise ValueError("at least one address is required")
+    return addresses
+
+
+def _memory_nonzero(text: str) -> int:
+    value = parse_memory(text)
+    if value <= 0:
+        # The original accepted 0 and then believed it was always out of
+        # memory (C-BEHAVIOUR bug 15).
+        raise ValueError("maxmemory must be greater than zero")
+    return value
+
+
+def _fmt_bool(value: bool) -> str:
+    return "yes" if value else "no"
+
+
+def _fmt_str(value: Any) -> str:
+    return str(value)
+
+
+def _fmt_bind(value: list[str]) -> str:
+    return " ".join(value)
+
+
+@dataclass(frozen=True)
+class Directive:
+    name: str
+    parse: Callable[[str], Any]
+    default: Any
+    fmt: Callable[[Any], str] = _fmt_str
+    mutable: bool = True
+    doc: str = ""
+
+    @property
+    def attr(self) -> str:
+        return self.name.replace("-", "_")
+
+
+DIRECTIVES: dict[str, Directive] = {d.name: d for d in [
+    Directive("port", _int_range(0, 55535), 7711, mutable=False,
+              doc="client port; the cluster bus listens on port + 10000"),
+    Directive("bind", _bind, ["127.0.0.1"], _fmt_bind, mutable=False,
+              doc="addresses to listen on"),
+    Directive("dir", _string, ".", doc="working directory for nodes.conf, the AOF and logs"),
+    Directive("logfile", _string, "", mutable=False, doc='log file; "" logs to stdout'),
+    Directive("loglevel", _choice("debug", "verbose", "notice", "warning"), "notice"),
+    Directive("daemonize", _yes_no, False, _fmt_bool, mutable=False),
+    Directive("pidfile", _string, "", mutable=False),
+    Directive("requirepass", _string, "", doc="password clients must AUTH with"),
+    Directive("hz", _int_range(1, 500), 10, doc="frequency of periodic tasks"),
+    Directive("timeout", _int_range(0, 2 ** 31 - 1), 0, doc="close idle clients after N s"),
+    Directive("tcp-keepalive", _int_range(0, 2 ** 31 - 1), 300),
+    Directive("tcp-backlog", _int_range(1, 65535), 511, mutable=False),
+    Directive("maxclients", _int_range(1, 1_000_000), 10000),
+    Directive("maxmemory", _memory_nonzero, 1024 ** 3, format_memory),
+    Directive("maxmemory-policy", _choice("acks", "noeviction"), "acks",
+              doc="acks: evict acked and delivered at-most-once jobs at 95%"),
+    Directive("proto-max-bulk-len", parse_memory, 512 * 1024 ** 2, format_memory),
+    Directive("client-query-buffer-limit", parse_memory, 1024 ** 3, format_memory),
+    Directive("appendonly", _yes_no, False, _fmt_bool),
+    Directive("appendfilename", _string, "appendonly.aof", mutable=False),
+    Directive("appendfsync", _choice("always", "everysec", "no"), "everysec"),
+    Directive("aof-enqueue-jobs-once", _yes_no, False, _fmt_bool),
+    Directive("aof-load-truncated", _yes_no, True, _fmt_bool),
+    Directive("auto-aof-rewrite-percentage", _int_range(0, 2 ** 31 - 1), 100),
+    Directive("auto-aof-rewrite-min-size", parse_memory, 64 * 1024 ** 2, format_memory),
+    Directive("cluster-config-file", _string, "nodes.conf", mutable=False),
+    Directive("cluster-node-timeout", _int_range(1, 2 ** 31 - 1), 15000),
+]}
+
+
+class Config:
+    """Current values, as attributes named after the directives (``maxmemory_policy``)."""
+
+    def __init__(self) -> None:
+        for directive in DIRECTIVES.values():
+            default = directive.default
+            setattr(self, directive.attr, list(default) if isinstance(default, list) else default)
+        self.config_file: str | None = None
+        self._listeners: dict[str, list[Callable[[Any], None]]] = {}
+
+    # -- loading ------------------------------------------------------------
+
+    @classmethod
+    def from_args(cls, argv: list[str]) -> Config:
+        """``[config-file] [--directive value ...]``, as disque-server takes them."""
+        config = cls()
+        args = list(argv)
+        if args and not args[0].startswith("--"):
+            config.config_file = os.path.abspath(args.pop(0))
+            try:
+                with open(config.config_file, encoding="utf-8") as fh:
+                    config.load_text(fh.read(), config.config_file)
+            except OSError as err:
+                raise ConfigError(f"Fatal error, can't open config file "
+                                  f"'{config.config_file}': {err.strerror}") from None
+        lines: list[str] = []
+        for arg in args:
+            if arg.startswith("--"):
+                lines.append(arg[2:])
+            elif lines:
+                lines[-1] += " " + shlex.quote(arg)
+            else:
+                raise ConfigError(f"Invalid argument {arg!r}: directives start with --")
+        config.load_text("\n".join(lines), "command line")
+        return config
+
+    def load_text(self, text: str, source: str) -> None:
+        for lineno, raw in enumerate(text.splitlines(), 1):
+            line = raw.strip()
+            if not line or line.startswith("#"):
+                continue
+            try:
+                words = shlex.split(line)
+            except ValueError as err:
+                raise ConfigError(f"Bad directive or wrong number of arguments at "
+                                  f"{source}:{lineno} '{line}': {err}") from None
+            name, values = words[0].lower(), words[1:]
+            if name not in DIRECTIVES:
+                raise ConfigError(f"Bad directive or wrong number of arguments at "
+                                  f"{source}:{lineno} '{line}'")
+            if not values:
+                raise ConfigError(f"Bad directive or wrong number of arguments at "
+                                  f"{source}:{lineno} '{line}'")
+            try:
+                self._assign(DIRECTIVES[name], " ".join(values))
+            except ConfigError as err:
+                raise ConfigError(f"{err} at {source}:{lineno} '{line}'") from None
+
+    def _assign(self, directive: Directive, text: str) -> None:
+        try:
+            value = directive.parse(text)
+        except ValueError as err:
+            raise ConfigError(f"Invalid argument '{text}' for '{directive.name}': {err}") from None
+        setattr(self, directive.attr, value)
+
+    # -- CONFIG GET / SET ---------------------------------------------------
+
+    def get(self, name: str) -> Any:
+        return getattr(self, DIRECTIVES[name].attr)
+
+    def formatted(self, name: str) -> str:
+        directive = DIRECTIVES[name]
+        return directive.fmt(getattr(self, directive.attr))
+
+    def matching(self, pattern: str) -> list[tuple[str, str]]:
+        """(name, value) of each directive matching a glob pattern (CONFIG GET)."""
+        pattern = pattern.lower()
+        return [(name, self.formatted(name)) for name in DIRECTIVES
+                if fnmatch.fnmatchcase(name, pattern)]
+
+    def set(self, name: str, text: str) -> None:
+        """CONFIG SET: validate, assign, then tell the listeners of ``name``."""
+        directive = DIRECTIVES.get(name.lower())
+        if directive is None or not directive.mutable:
+            raise ConfigError(f"Unsupported CONFIG parameter: {name}")
+        old = getattr(self, directive.attr)
+        try:
+            value = directive.parse(text)
+        except ValueError:
+            raise ConfigError(f"Invalid argument '{text}' for CONFIG SET '{name}'") from None
+        setattr(self, directive.attr, value)
+        try:
+            for listener in self._listeners.get(directive.name, ()):
+                listener(value)
+        except Exception as err:
+            setattr(self, directive.attr, old)
+            raise ConfigError(f"Invalid argument '{text}' for CONFIG SET '{name}': {err}") from None
+
+    def on_change(self, name: str, listener: Callable[[Any], None]) -> None:
+        """Call ``listener(new_value)`` after CONFIG SET changes ``name``.
+
+        A listener that raises makes CONFIG SET fail and restores the old value.
+        """
+        self._listeners.setdefault(name, []).append(listener)
+
+    # -- CONFIG REWRITE -----------------------------------------------------
+
+    def rewrite(self) -> None:
+        """Write the current configuration back to the file it came from."""
+        if not self.config_file:
+            raise ConfigError("The server is running without a config file")
+        try:
+            with open(self.config_file, encoding="utf-8") as fh:
+                lines = fh.read().splitlines()
+        except FileNotFoundError:
+            lines = []
+        seen: set[str] = set()
+        out: list[str] = []
+        for line in lines:
+            stripped = line.strip()
+            if stripped.startswith("#") or not stripped:
+                out.append(line)
+                continue
+            name = stripped.split(None, 1)[0].lower()
+            if name not in DIRECTIVES:
+                out.append(line)
+                continue
+            if name in seen:
+                continue  # one line per directive: the rewritten one
+            seen.add(name)
+            out.append(self._line(name))
+        added = [name for name in DIRECTIVES
+                 if name not in seen and self.get(name) != DIRECTIVES[name].default]
+        if added:
+            out.append("# Generated by CONFIG REWRITE")
+            out.extend(self._line(name) for name in added)
+        tmp = f"{self.config_file}.tmp-{os.getpid()}"
+        with open(tmp, "w", encoding="utf-8") as fh:
+            fh.write("\n".join(out) + "\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, self.config_file)
+
+    def _line(self, name: str) -> str:
+        value = self.formatted(name)
+        if name == "bind":
+            return f"{name} {value}"
+        if value == "" or any(ch.isspace() for ch in value) or '"' in value:
+            value = '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+        return f"{name} {value}"

@@ -1,0 +1,234 @@
+"""One client connection: read requests, run them in order, write replies.
+
+An ``asyncio.Protocol`` rather than streams: every chunk read is parsed and
+its commands run in the same callback, and all their replies leave in one
+``write`` (pipelining costs one syscall per batch, not per command).
+
+Commands of one client run strictly in order.  A command that blocks
+(GETJOB waiting for a job) parks the connection: later commands wait in
+``pending`` and reading stops (back-pressure) until the reply is sent.
+Reading also stops while the transport's write buffer is full, so a client
+that does not read its replies cannot make the node buffer without limit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+from collections import deque
+from typing import TYPE_CHECKING, Any
+
+from .blocking import NO_REPLY, BlockedGet, unblock
+from .commands import BLOCKED, execute
+from .protocol import CommandParser, ProtocolError, ReplyError, encode
+
+if TYPE_CHECKING:
+    from .state import ServerState
+
+__all__ = ["ClientConnection"]
+
+log = logging.getLogger("disque.connection")
+
+_client_ids = itertools.count(1)
+
+
+class ClientConnection(asyncio.Protocol):
+    def __init__(self, state: ServerState) -> None:
+        self.state = state
+        self.id = next(_client_ids)
+        self.transport: asyncio.Transport | None = None
+        config = state.config
+        self.parser = CommandParser(config.proto_max_bulk_len, config.client_query_buffer_limit)
+        self.authenticated = not config.requirepass
+        self.resp3 = False
+        self.name = b""
+        self.lib_name = b""
+        self.lib_ver = b""
+        self.addr = "?:0"
+        self.laddr = "?:0"
+        self.local_ip = "127.0.0.1"
+        self.created = time.monotonic()
+        self.last_interaction = self.created
+        self.last_command = "NULL"
+        self.blocked: BlockedGet | None = None
+        self.pending: deque[list[bytes]] = deque()
+        self._closing = False
+        self._close_silently = False
+        self._write_paused = False
+        self._read_paused = False
+        self._protocol_error = ""
+
+    # -- asyncio callbacks --------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        state = self.state
+        state.stats.connections_received += 1
+        if len(state.clients) >= state.config.maxclients:
+            state.stats.rejected_connections += 1
+            transport.write(b"-ERR max number of clients reached\r\n")
+            transport.close()
+            return
+        peer = transport.get_extra_info("peername")
+        sock = transport.get_extra_info("sockname")
+        self.addr = _format_addr(peer)
+        self.laddr = _format_addr(sock)
+        if isinstance(sock, tuple) and sock:
+            self.local_ip = sock[0]
+        state.clients[self.id] = self
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        state = self.state
+        state.clients.pop(self.id, None)
+        if self.blocked is not None:
+            # A client that goes away while blocked leaves nothing behind.
+            unblock(state, self.blocked, NO_REPLY)
+        self.pending.clear()
+        self.transport = None
+
+    def data_received(self, data: bytes) -> None:
+        self.state.stats.net_input_bytes += len(data)
+        self.last_interaction = time.monotonic()
+        try:
+            commands = self.parser.feed(data)
+        except ProtocolError as err:
+            commands = getattr(err, "commands", [])
+            self._protocol_error = str(err)
+            self.pending.extend(commands)
+            self.pending.append([])  # marker: reply with the error, then close
+            self._drain()
+            return
+        if not commands:
+            return
+        if self.blocked is not None or self.pending:
+            self.pending.extend(commands)
+            self._pause_reading()
+            return
+        self._run(commands)
+
+    def pause_writing(self) -> None:
+        self._write_paused = True
+        self._pause_reading()
+
+    def resume_writing(self) -> None:
+        self._write_paused = False
+        if self.pending and self.blocked is None:
+            self._drain()
+        else:
+            self._resume_reading()
+
+    # -- running commands ---------------------------------------------------
+
+    def _run(self, commands: list[list[bytes]]) -> None:
+        """Run commands in order, writing all replies at once."""
+        state = self.state
+        resp3 = self.resp3
+        out: list[bytes] = []
+        for index, argv in enumerate(commands):
+            if self._closing:
+                break
+            reply = execute(state, self, argv)
+            if self._close_silently:
+                break  # SHUTDOWN: the reply is the closed connection
+            if reply is BLOCKED:
+                self.pending.extend(commands[index + 1:])
+                self._pause_reading()
+                break
+            out.append(encode(reply, resp3))
+            resp3 = self.resp3  # HELLO may switch protocol for what follows
+        if out:
+            self._write(b"".join(out))
+        if self._closing:
+            self._finish_close()
+
+    def _drain(self) -> None:
+        """Run queued commands until one blocks, the buffer fills or none are left."""
+        while self.pending and self.blocked is None and not self._closing:
+            if self._write_paused:
+                return
+            argv = self.pending.popleft()
+            if not argv:  # protocol error marker
+                self._write(encode(ReplyError(f"ERR {self._protocol_error}")))
+                self._closing = True
+                break
+            self._run([argv])
+        if self._closing:
+            self._finish_close()
+        elif not self.pending and self.blocked is None:
+            self._resume_reading()
+
+    def resume(self, reply: Any) -> None:
+        """Called when a blocked command completes with ``reply``."""
+        if self.transport is None:
+            return
+        self._write(encode(reply, self.resp3))
+        if self.pending:
+            # Run the rest on the next loop turn: we may be inside another
+            # client's command (the one whose job unblocked us).
+            asyncio.get_running_loop().call_soon(self._drain)
+        else:
+            self._resume_reading()
+
+    def _write(self, data: bytes) -> None:
+        transport = self.transport
+        if transport is not None and not transport.is_closing():
+            self.state.stats.net_output_bytes += len(data)
+            transport.write(data)
+
+    def _pause_reading(self) -> None:
+        if not self._read_paused and self.transport is not None:
+            self._read_paused = True
+            self.transport.pause_reading()
+
+    def _resume_reading(self) -> None:
+        if self._read_paused and self.transport is not None and not self._write_paused:
+            self._read_paused = False
+            self.transport.resume_reading()
+
+    # -- closing ------------------------------------------------------------
+
+    def close_after_reply(self, silent: bool = False) -> None:
+        """QUIT/SHUTDOWN: close once this command's reply is written (or not, if silent)."""
+        self._closing = True
+        self._close_silently = silent
+
+    def _finish_close(self) -> None:
+        if self.transport is not None:
+            if self._close_silently:
+                self.transport.abort()
+            else:
+                self.transport.close()
+
+    def kill(self) -> None:
+        """CLIENT KILL / shutdown: drop the connection now."""
+        if self.blocked is not None:
+            unblock(self.state, self.blocked, NO_REPLY)
+        if self.transport is not None:
+            self.transport.close()
+
+    # -- introspection ------------------------------------------------------
+
+    def output_pending(self) -> int:
+        return self.transport.get_write_buffer_size() if self.transport else 0
+
+    def input_pending(self) -> int:
+        return self.parser._pending
+
+    def describe(self) -> str:
+        now = time.monotonic()
+        flags = "b" if self.blocked is not None else "N"
+        return (f"id={self.id} addr={self.addr} laddr={self.laddr} "
+                f"name={self.name.decode('latin-1')} age={int(now - self.created)} "
+                f"idle={int(now - self.last_interaction)} flags={flags} "
+                f"resp={3 if self.resp3 else 2} cmd={self.last_command} "
+                f"lib-name={self.lib_name.decode('latin-1')} "
+                f"lib-ver={self.lib_ver.decode('latin-1')}")
+
+
+def _format_addr(addr: Any) -> str:
+    if isinstance(addr, tuple) and len(addr) >= 2:
+        host = addr[0]
+        return f"[{host}]:{addr[1]}" if ":" in host else f"{host}:{addr[1]}"
+    return str(addr) if addr else "?:0"

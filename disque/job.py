@@ -1,0 +1,277 @@
+"""The job: its fields, states, IDs and serialized form.
+
+A job is immutable in what the user gave (queue, body, TTL, RETRY, DELAY,
+REPLICATE) and mutable in what the node learns (state, counters, node sets,
+next queue time).  The field names follow the spec's state machine
+(``job.delivered``, ``job.confirmed``, ``job.qtime``...).
+
+Job IDs (spec "Job IDs")::
+
+    D- | dcb833cf | 8YL1NT17e9+wsA/09NqxscQI | 05a1
+    prefix  node     144 random bits, base64   TTL in minutes, odd if RETRY > 0
+
+All times inside a job are milliseconds of the wall clock, because they are
+persisted (AOF) and compared across restarts; ``ctime`` is ``ms * 1e6 +
+counter`` so it orders jobs created in the same millisecond.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import os
+import struct
+from enum import IntEnum
+
+__all__ = [
+    "Job",
+    "JobState",
+    "JobIdGenerator",
+    "JOB_ID_LEN",
+    "FLAG_BCAST_QUEUED",
+    "FLAG_BCAST_WILLQUEUE",
+    "FLAG_DELIVERED",
+    "is_valid_job_id",
+    "ttl_minutes_from_id",
+    "serialize_job",
+    "deserialize_job",
+]
+
+JOB_ID_LEN = 40
+
+
+class JobState(IntEnum):
+    """Job states, numbered like the original (they are persisted)."""
+
+    WAIT_REPL = 0
+    ACTIVE = 1
+    QUEUED = 2
+    ACKED = 3
+
+    @property
+    def label(self) -> str:
+        return _STATE_LABELS[self]
+
+    @classmethod
+    def from_label(cls, label: str) -> JobState | None:
+        return _LABEL_STATES.get(label.lower())
+
+
+_STATE_LABELS = {
+    JobState.WAIT_REPL: "wait-repl",
+    JobState.ACTIVE: "active",
+    JobState.QUEUED: "queued",
+    JobState.ACKED: "acked",
+}
+_LABEL_STATES = {v: k for k, v in _STATE_LABELS.items()}
+STATE_LABEL_BYTES = {int(k): v.encode() for k, v in _STATE_LABELS.items()}
+
+# Job flags, same bits as the original so the serialized form matches.
+#: The next enqueue must broadcast QUEUED (set after the first, silent one).
+FLAG_BCAST_QUEUED = 1
+#: Send WILLQUEUE to the other copies 500 ms before qtime.
+FLAG_BCAST_WILLQUEUE = 2
+#: Delivered to a client at least once (RETRY-0 jobs are then never queued again).
+FLAG_DELIVERED = 4
+
+
+class Job:
+    """One job as held by this node.
+
+    ``delivered`` is the set of node IDs that may have a copy and
+    ``confirmed`` the nodes that confirmed replication (``wait-repl``) or
+    the ACK (``acked``).  Both are frozensets shared between jobs where
+    possible (the common single-copy case costs nothing per job).
+    """
+
+    __slots__ = (
+        "additional_deliveries",
+        "awakeme",
+        "body",
+        "confirmed",
+        "ctime",
+        "delay",
+        "delivered",
+        "etime",
+        "flags",
+        "gc_retry",
+        "id",
+        "nacks",
+        "qtime",
+        "queue",
+        "repl",
+        "retry",
+        "state",
+    )
+
+    def __init__(self, job_id: bytes, queue: bytes | None, body: bytes, *,
+                 state: JobState = JobState.ACTIVE, repl: int = 1, ctime: int = 0,
+                 etime: int = 0, delay: int = 0, retry: int = 0,
+                 delivered: frozenset[str] = frozenset(),
+                 confirmed: frozenset[str] = frozenset()) -> None:
+        self.id = job_id
+        self.queue = queue
+        self.body = body
+        self.state = state
+        self.flags = 0
+        self.repl = repl
+        self.ctime = ctime
+        self.etime = etime            # absolute expiry, ms
+        self.delay = delay            # seconds
+        self.retry = retry            # seconds
+        self.qtime = 0                # next (re)queue time, ms; 0 = never
+        self.awakeme = 0              # when process_job must look at it, ms
+        self.nacks = 0
+        self.additional_deliveries = 0
+        self.gc_retry = 0
+        self.delivered = delivered
+        self.confirmed = confirmed
+
+    @property
+    def is_dummy_ack(self) -> bool:
+        """An ACK held for a job this node never had (spec "dummy ACK")."""
+        return self.state == JobState.ACKED and not self.delivered and self.queue is None
+
+    @property
+    def ttl_seconds(self) -> int:
+        """The TTL the job was created with, in seconds."""
+        return max(0, (self.etime - self.ctime // 1_000_000) // 1000)
+
+    def __repr__(self) -> str:
+        return f"<Job {self.id.decode()} {JobState(self.state).label} queue={self.queue!r}>"
+
+
+# --------------------------------------------------------------------------
+# Job IDs
+# --------------------------------------------------------------------------
+
+_B64 = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"
+_HEX = frozenset(b"0123456789abcdef")
+_B64SET = frozenset(_B64)
+#: 6-bit value of each base64 character (-1 for others); used for scan slices.
+B64_VALUE = [-1] * 256
+for _i, _c in enumerate(_B64):
+    B64_VALUE[_c] = _i
+
+
+class JobIdGenerator:
+    """``D-<node8>-<base64 of the high 144 bits of SHA1(seed || counter)>-<ttl>``.
+
+    The seed comes from ``os.urandom`` at start-up and the counter is 64 bits,
+    as the spec says.  (The original's encoder used only ~114 of those bits
+    because of an indexing bug; all 144 are used here.)
+    """
+
+    __slots__ = ("_counter", "_prefix", "_seed")
+
+    def __init__(self, node_id: str, seed: bytes | None = None) -> None:
+        self._prefix = b"D-" + node_id[:8].encode() + b"-"
+        self._seed = seed if seed is not None else os.urandom(20)
+        self._counter = 0
+
+    def next_id(self, ttl: int, retry: int) -> bytes:
+        """A new job ID for a job with ``ttl`` seconds and ``retry`` seconds."""
+        self._counter += 1
+        digest = hashlib.sha1(self._seed + self._counter.to_bytes(8, "little")).digest()
+        random_part = base64.b64encode(digest[:18])  # 18 bytes -> exactly 24 chars
+        return self._prefix + random_part + b"-%04x" % encode_ttl_minutes(ttl, retry)
+
+
+def encode_ttl_minutes(ttl: int, retry: int) -> int:
+    """TTL in minutes, odd for at-least-once jobs and even for RETRY 0."""
+    minutes = min(ttl // 60, 0xFFFF)
+    return minutes | 1 if retry > 0 else minutes & ~1
+
+
+def is_valid_job_id(job_id: bytes) -> bool:
+    """True if ``job_id`` has the exact 40-character job ID form."""
+    if len(job_id) != JOB_ID_LEN or job_id[:2] != b"D-" or job_id[10] != 0x2D or job_id[35] != 0x2D:
+        return False
+    return (_HEX.issuperset(job_id[2:10]) and _B64SET.issuperset(job_id[11:35])
+            and _HEX.issuperset(job_id[36:40]))
+
+
+def ttl_minutes_from_id(job_id: bytes) -> int:
+    """The TTL field of a (valid) job ID: its parity tells at-least-once (odd)."""
+    return int(job_id[36:40], 16)
+
+
+# --------------------------------------------------------------------------
+# Serialization (the original's blob, used by the AOF and the cluster bus)
+# --------------------------------------------------------------------------
+#
+# Little-endian, as job.c:serializeJob:
+#   u32 length of what follows
+#   id[40] | u8 state (low nibble) + gc_retry (high nibble) | u8 flags |
+#   u16 repl | u32 etime (absolute seconds) | u64 ctime | u32 delay |
+#   u32 retry | u16 nacks | u16 additional deliveries          (68 bytes)
+#   u32 len + queue | u32 len + body | u32 count + count * 40-byte node IDs
+
+_FIXED = struct.Struct("<40sBBHIQIIHH")
+
+
+def serialize_job(job: Job) -> bytes:
+    """The job in the original's serialized blob form (see above)."""
+    queue = job.queue or b""
+    nodes = sorted(job.delivered)
+    parts = [
+        _FIXED.pack(job.id, (int(job.state) & 0x0F) | (min(job.gc_retry, 15) << 4),
+                    job.flags & 0xFF, job.repl & 0xFFFF, (job.etime // 1000) & 0xFFFFFFFF,
+                    job.ctime & 0xFFFFFFFFFFFFFFFF, job.delay & 0xFFFFFFFF,
+                    job.retry & 0xFFFFFFFF, min(job.nacks, 0xFFFF),
+                    min(job.additional_deliveries, 0xFFFF)),
+        struct.pack("<I", len(queue)), queue,
+        struct.pack("<I", len(job.body)), job.body,
+        struct.pack("<I", len(nodes)),
+    ]
+    parts.extend(n.encode() for n in nodes)
+    payload = b"".join(parts)
+    return struct.pack("<I", len(payload)) + payload
+
+
+class SerializationError(ValueError):
+    """A serialized job blob that is truncated or inconsistent."""
+
+
+def deserialize_job(blob: bytes | memoryview, offset: int = 0) -> tuple[Job, int]:
+    """Parse one blob at ``offset``; return the job and the offset after it."""
+    view = memoryview(blob)
+    try:
+        (length,) = struct.unpack_from("<I", view, offset)
+        end = offset + 4 + length
+        if end > len(view):
+            raise SerializationError("truncated job blob")
+        pos = offset + 4
+        (job_id, state_gc, flags, repl, etime_s, ctime, delay, retry, nacks,
+         deliveries) = _FIXED.unpack_from(view, pos)
+        pos += _FIXED.size
+        queue, pos = _read_string(view, pos, end)
+        body, pos = _read_string(view, pos, end)
+        (count,) = struct.unpack_from("<I", view, pos)
+        pos += 4
+        if pos + 40 * count != end:
+            raise SerializationError("bad node list in job blob")
+        nodes = frozenset(bytes(view[pos + 40 * i:pos + 40 * (i + 1)]).decode("ascii")
+                          for i in range(count))
+    except (struct.error, UnicodeDecodeError) as err:
+        raise SerializationError(str(err)) from None
+    if not is_valid_job_id(job_id):
+        raise SerializationError("invalid job ID in job blob")
+    state = state_gc & 0x0F
+    if state > JobState.ACKED:
+        raise SerializationError("invalid job state in job blob")
+    job = Job(job_id, queue or None, body, state=JobState(state), repl=repl, ctime=ctime,
+              etime=etime_s * 1000, delay=delay, retry=retry, delivered=nodes)
+    job.gc_retry = state_gc >> 4
+    job.flags = flags
+    job.nacks = nacks
+    job.additional_deliveries = deliveries
+    return job, end
+
+
+def _read_string(view: memoryview, pos: int, end: int) -> tuple[bytes, int]:
+    (size,) = struct.unpack_from("<I", view, pos)
+    pos += 4
+    if pos + size > end:
+        raise SerializationError("truncated string in job blob")
+    return bytes(view[pos:pos + size]), pos + size

@@ -1,0 +1,113 @@
+"""A dictionary that can be scanned with a stateless integer cursor.
+
+QSCAN and JSCAN promise (like Redis SCAN) that a full iteration returns every
+element that was present for the whole iteration, possibly with duplicates,
+without the server keeping any per-iteration state.  A Python ``dict`` cannot
+resume an iteration after it changed, so the entries live in a fixed number
+of *slices* chosen by a stable function of the key.  A cursor is a slice
+number: a call returns whole slices, so an element can never be skipped, and
+the cursor simply moves to the next slice.  Keys never move between slices.
+
+Job IDs already carry 144 random bits, so their slice is two base64
+characters of the random part (4096 slices); queue names are hashed with
+CRC32.  Lookups cost one extra list index compared to a plain dict.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Callable, Iterator
+from typing import Generic, TypeVar
+
+from .job import B64_VALUE
+
+__all__ = ["SlicedDict", "SLICES", "job_id_slice", "name_slice"]
+
+K = TypeVar("K")
+V = TypeVar("V")
+
+SLICE_BITS = 12
+SLICES = 1 << SLICE_BITS
+
+
+def job_id_slice(job_id: bytes) -> int:
+    """Slice of a (valid) job ID: the first two characters of its random part."""
+    return (B64_VALUE[job_id[11]] << 6) | B64_VALUE[job_id[12]]
+
+
+def name_slice(name: bytes) -> int:
+    return zlib.crc32(name) & (SLICES - 1)
+
+
+class SlicedDict(Generic[K, V]):
+    """A mapping split into ``SLICES`` dicts by ``slice_of(key)``."""
+
+    __slots__ = ("_len", "_slice_of", "_slices")
+
+    def __init__(self, slice_of: Callable[[K], int]) -> None:
+        self._slices: list[dict[K, V]] = [{} for _ in range(SLICES)]
+        self._slice_of = slice_of
+        self._len = 0
+
+    def __len__(self) -> int:
+        return self._len
+
+    def get(self, key: K) -> V | None:
+        return self._slices[self._slice_of(key)].get(key)
+
+    def __contains__(self, key: K) -> bool:
+        return key in self._slices[self._slice_of(key)]
+
+    def add(self, key: K, value: V) -> bool:
+        """Insert ``key`` if absent; return False if it was already there."""
+        part = self._slices[self._slice_of(key)]
+        if key in part:
+            return False
+        part[key] = value
+        self._len += 1
+        return True
+
+    def pop(self, key: K) -> V | None:
+        part = self._slices[self._slice_of(key)]
+        value = part.pop(key, None)
+        if value is not None:
+            self._len -= 1
+        return value
+
+    def clear(self) -> None:
+        for part in self._slices:
+            part.clear()
+        self._len = 0
+
+    def values(self) -> Iterator[V]:
+        """Iterate all values (a snapshot per slice, so changes are safe)."""
+        for part in self._slices:
+            if part:
+                yield from list(part.values())
+
+    def scan(self, cursor: int, count: int,
+             accept: Callable[[V], bool] | None = None) -> tuple[int, list[V]]:
+        """Return ``(next_cursor, values)`` starting at slice ``cursor``.
+
+        Visits whole slices until at least ``count`` values were looked at or
+        ``count * 10`` slices were visited (Redis's bound on empty buckets);
+        ``next_cursor`` is 0 when the iteration is complete.
+        """
+        found: list[V] = []
+        seen = 0
+        visited = 0
+        max_visits = max(count * 10, 1)
+        slice_no = cursor
+        while slice_no < SLICES:
+            part = self._slices[slice_no]
+            slice_no += 1
+            visited += 1
+            if part:
+                seen += len(part)
+                if accept is None:
+                    found.extend(part.values())
+                else:
+                    found.extend(v for v in part.values() if accept(v))
+            if seen >= count or visited >= max_visits:
+                break
+        return (slice_no if slice_no < SLICES else 0), found

@@ -1,0 +1,48 @@
+"""Log lines in the original's format: ``pid:M 21 Nov 2026 12:00:00.123 * message``.
+
+Levels map to the ``loglevel`` directive: debug ``.``, verbose ``-``,
+notice ``*``, warning ``#``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import time
+
+VERBOSE = 15
+NOTICE = logging.INFO
+LEVELS = {"debug": logging.DEBUG, "verbose": VERBOSE, "notice": NOTICE, "warning": logging.WARNING}
+_MARKS = {logging.DEBUG: ".", VERBOSE: "-", logging.INFO: "*", logging.WARNING: "#",
+          logging.ERROR: "#", logging.CRITICAL: "#"}
+
+logging.addLevelName(VERBOSE, "VERBOSE")
+
+
+class DisqueFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        stamp = time.strftime("%d %b %Y %H:%M:%S", time.localtime(record.created))
+        millis = int(record.msecs)
+        mark = _MARKS.get(record.levelno, "*")
+        text = record.getMessage()
+        if record.exc_info:
+            text += "\n" + self.formatException(record.exc_info)
+        return f"{os.getpid()}:M {stamp}.{millis:03d} {mark} {text}"
+
+
+def setup_logging(level: str, logfile: str) -> None:
+    root = logging.getLogger("disque")
+    for handler in list(root.handlers):
+        root.removeHandler(handler)
+        handler.close()
+    handler: logging.Handler
+    handler = logging.FileHandler(logfile) if logfile else logging.StreamHandler(sys.stdout)
+    handler.setFormatter(DisqueFormatter())
+    root.addHandler(handler)
+    root.setLevel(LEVELS[level])
+    root.propagate = False
+
+
+def set_level(level: str) -> None:
+    logging.getLogger("disque").setLevel(LEVELS[level])

@@ -1,0 +1,219 @@
+"""Queues: jobs ordered by creation time, pause flags, statistics, waiters.
+
+The procedures ENQUEUE and DEQUEUE of the spec live here
+(:func:`enqueue_job`, :func:`dequeue_job`), together with the fetch used by
+GETJOB (:func:`fetch_job`).  A queue exists only while something needs it:
+empty, unpaused queues without blocked clients are evicted after a while.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from sortedcontainers import SortedList
+
+from . import jobs as jobs_mod
+from .clock import random_time_error
+from .job import FLAG_BCAST_QUEUED, FLAG_BCAST_WILLQUEUE, FLAG_DELIVERED, Job, JobState
+from .keyspace import SlicedDict, name_slice
+
+if TYPE_CHECKING:
+    from .blocking import BlockedGet
+    from .state import ServerState
+
+__all__ = [
+    "Queue",
+    "QueueRegistry",
+    "PAUSED_IN",
+    "PAUSED_OUT",
+    "enqueue_job",
+    "dequeue_job",
+    "fetch_job",
+    "pause_label",
+]
+
+PAUSED_IN = 1
+PAUSED_OUT = 2
+_PAUSE_LABELS = {0: "none", PAUSED_IN: "in", PAUSED_OUT: "out", PAUSED_IN | PAUSED_OUT: "all"}
+
+#: Memory attributed to one queue besides its jobs (measured, see tests).
+QUEUE_OVERHEAD_BYTES = 1200
+#: Memory attributed to one queued entry in the ordered list.
+QUEUE_ENTRY_BYTES = 72
+
+
+def pause_label(flags: int) -> str:
+    return _PAUSE_LABELS[flags & (PAUSED_IN | PAUSED_OUT)]
+
+
+class Queue:
+    """A named queue of jobs ordered by ``(ctime, id)``."""
+
+    __slots__ = (
+        "atime",
+        "ctime",
+        "flags",
+        "import_from",
+        "import_rate",
+        "jobs",
+        "jobs_in",
+        "jobs_out",
+        "name",
+        "waiters",
+    )
+
+    def __init__(self, name: bytes, now_ms: int) -> None:
+        self.name = name
+        # Entries are (ctime, id, job): tuples compare in C, and (ctime, id) is unique.
+        self.jobs: SortedList = SortedList()
+        self.ctime = now_ms
+        self.atime = now_ms
+        self.flags = 0
+        self.jobs_in = 0
+        self.jobs_out = 0
+        # Blocked GETJOB clients in arrival order (a dict keeps order and removes in O(1)).
+        self.waiters: dict[BlockedGet, None] = {}
+        # Federation statistics (filled by the cluster layer; empty on one node).
+        self.import_from: list[str] = []
+        self.import_rate = 0
+
+    def __len__(self) -> int:
+        return len(self.jobs)
+
+    @property
+    def paused_in(self) -> bool:
+        return bool(self.flags & PAUSED_IN)
+
+    @property
+    def paused_out(self) -> bool:
+        return bool(self.flags & PAUSED_OUT)
+
+    def is_evictable(self, now_ms: int, idle_ms: int) -> bool:
+        """Empty, not paused, nobody waiting, untouched for ``idle_ms``."""
+        return (not self.jobs and not self.flags and not self.waiters
+                and now_ms - self.atime >= idle_ms)
+
+    def peek(self, count: int) -> list[Job]:
+        """The ``count`` oldest jobs, or the ``-count`` newest (newest first)."""
+        if count >= 0:
+            return [entry[2] for entry in self.jobs.islice(0, count)]
+        return [entry[2] for entry in self.jobs.islice(max(0, len(self.jobs) + count),
+                                                       reverse=True)]
+
+
+class QueueRegistry:
+    """All queues of this node, scannable with QSCAN."""
+
+    __slots__ = ("_queues",)
+
+    def __init__(self) -> None:
+        self._queues: SlicedDict[bytes, Queue] = SlicedDict(name_slice)
+
+    def __len__(self) -> int:
+        return len(self._queues)
+
+    def lookup(self, name: bytes) -> Queue | None:
+        return self._queues.get(name)
+
+    def get_or_create(self, name: bytes, now_ms: int) -> Queue:
+        q = self._queues.get(name)
+        if q is None:
+            q = Queue(bytes(name), now_ms)
+            self._queues.add(q.name, q)
+        return q
+
+    def add(self, q: Queue) -> None:
+        self._queues.add(q.name, q)
+
+    def remove(self, q: Queue) -> None:
+        self._queues.pop(q.name)
+
+    def all(self):
+        return self._queues.values()
+
+    def scan(self, cursor: int, count: int, accept=None):
+        return self._queues.scan(cursor, count, accept)
+
+    def clear(self) -> None:
+        self._queues.clear()
+
+
+# --------------------------------------------------------------------------
+# ENQUEUE / DEQUEUE (spec "Generic functions"; queue.c:enqueueJob, dequeueJob)
+# --------------------------------------------------------------------------
+
+def enqueue_job(state: ServerState, job: Job, nack: bool = False) -> bool:
+    """ENQUEUE(job): put the job in its queue and schedule the next retry.
+
+    Refuses (returns False) jobs already queued, jobs without a queue time
+    (RETRY 0 already queued once), RETRY-0 jobs already delivered and acked
+    jobs.  The first enqueue of a job is silent; later ones count as an
+    additional delivery (or a NACK) and tell the other copies with QUEUED.
+    """
+    if (job.state == JobState.QUEUED or job.state == JobState.ACKED or job.qtime == 0
+            or job.queue is None):
+        return False
+    if job.retry == 0 and job.flags & FLAG_DELIVERED:
+        return False
+    now = state.clock.now_ms()
+    job.state = JobState.QUEUED
+    if job.retry:
+        job.flags |= FLAG_BCAST_WILLQUEUE
+        job.qtime = now + job.retry * 1000 + random_time_error()
+    else:
+        job.qtime = 0
+    if job.flags & FLAG_BCAST_QUEUED or nack:
+        if nack:
+            job.nacks += 1
+        else:
+            job.additional_deliveries += 1
+        state.cluster.broadcast_queued(job, nack)
+    else:
+        job.flags |= FLAG_BCAST_QUEUED
+    jobs_mod.update_awake_time(state, job)
+    q = state.queue_for_write(job.queue)
+    job.queue = q.name  # share one bytes object per queue name
+    q.jobs.add((job.ctime, job.id, job))
+    q.jobs_in += 1
+    q.atime = now
+    state.memory.add(QUEUE_ENTRY_BYTES)
+    state.jobs.evictable_discard(job)
+    if q.waiters and not q.flags & PAUSED_OUT:
+        from .blocking import serve_blocked_clients
+        serve_blocked_clients(state, q)
+    return True
+
+
+def dequeue_job(state: ServerState, job: Job) -> bool:
+    """DEQUEUE(job): take a queued job out of its queue; it becomes active."""
+    if job.state != JobState.QUEUED:
+        return False
+    q = state.queues.lookup(job.queue) if job.queue is not None else None
+    if q is not None:
+        try:
+            q.jobs.remove((job.ctime, job.id, job))
+        except ValueError:
+            pass
+        else:
+            q.jobs_out += 1
+            state.memory.sub(QUEUE_ENTRY_BYTES)
+    job.state = JobState.ACTIVE
+    jobs_mod.update_awake_time(state, job)
+    return True
+
+
+def fetch_job(state: ServerState, q: Queue) -> Job | None:
+    """Pop the oldest job of ``q`` for delivery to a client (GETJOB)."""
+    if not q.jobs:
+        return None
+    job: Job = q.jobs.pop(0)[2]
+    q.jobs_out += 1
+    q.atime = state.clock.now_ms()
+    state.memory.sub(QUEUE_ENTRY_BYTES)
+    job.state = JobState.ACTIVE
+    job.flags |= FLAG_DELIVERED
+    if job.retry == 0:
+        # At-most-once and delivered: may now be evicted under memory pressure.
+        state.jobs.evictable_add(job)
+    jobs_mod.update_awake_time(state, job)
+    return job

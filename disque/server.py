@@ -1,0 +1,305 @@
+"""``disque-server``: the node's lifecycle.
+
+Start-up: read the configuration, change to ``dir``, load (or create) the
+node identity from ``nodes.conf``, listen, and arm two timers:
+
+* the **job timer**, armed for the earliest ``awakeme`` in the schedule and
+  re-armed only when an earlier one appears, so an idle node does not wake
+  up for jobs at all and a busy one never polls;
+* the **cron**, ``hz`` times a second on a fixed grid (no drift: each run is
+  scheduled from the previous deadline, not from "now"), for the periodic
+  housekeeping: idle queue eviction, idle client timeouts, statistics.
+
+Shutdown (SIGTERM, SIGINT, SHUTDOWN) is phased: stop listening, close the
+clients, run the shutdown hooks (persistence), save nodes.conf, remove the
+pid file.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import sys
+import time
+from collections.abc import Callable
+
+from . import __version__
+from .cluster import ClusterState, NodesFileError
+from .config import Config, ConfigError
+from .connection import ClientConnection
+from .jobs import MAX_JOBS_PER_RUN, process_due_jobs
+from .log import set_level, setup_logging
+from .state import ServerState
+
+__all__ = ["DisqueServer", "main"]
+
+log = logging.getLogger("disque.server")
+
+#: Idle queues are looked at every 100 ms, like the original's evictIdleQueues.
+QUEUE_EVICTION_PERIOD_S = 0.1
+
+
+class DisqueServer:
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self.state: ServerState | None = None
+        self._servers: list[asyncio.base_events.Server] = []
+        self._job_timer: asyncio.TimerHandle | None = None
+        self._job_timer_when: int | None = None
+        self._processing_jobs = False
+        self._cron_handle: asyncio.TimerHandle | None = None
+        self._cron_deadline = 0.0
+        self._last_queue_eviction = 0.0
+        self._stopped = asyncio.Event()
+        self._stopping = False
+        self.shutdown_hooks: list[Callable[[str], None]] = []
+        self.port = config.port
+
+    # -- start --------------------------------------------------------------
+
+    async def start(self) -> None:
+        config = self.config
+        loop = asyncio.get_running_loop()
+        try:
+            os.chdir(config.dir)
+        except OSError as err:
+            raise SystemExit(f"Can't chdir to '{config.dir}': {err.strerror}") from None
+        config.on_change("dir", self._change_dir)
+        config.on_change("loglevel", set_level)
+        my_ip = next((a for a in config.bind if a not in ("0.0.0.0", "::", "*")), "")
+        try:
+            cluster = ClusterState.load_or_create(config.cluster_config_file, my_ip, config.port)
+        except NodesFileError as err:
+            raise SystemExit(str(err)) from None
+        state = ServerState(config, cluster)
+        state.run_id = os.urandom(20).hex()
+        state.event_loop_name = type(loop).__module__.split(".")[0]
+        state._schedule_hook = self._schedule_changed
+        state.shutdown_requested = self._shutdown_requested
+        self.state = state
+
+        for address in config.bind:
+            host = None if address == "*" else address
+            try:
+                server = await loop.create_server(
+                    lambda: ClientConnection(state), host, config.port,
+                    backlog=config.tcp_backlog, reuse_address=True)
+            except OSError as err:
+                raise SystemExit(f"Could not create server TCP listening socket "
+                                 f"{address}:{config.port}: {err.strerror}") from None
+            self._servers.append(server)
+        if config.port == 0:
+            self.port = self._servers[0].sockets[0].getsockname()[1]
+            state.tcp_port = self.port
+            cluster.myself.port = self.port
+            cluster.save()
+        self._cron_deadline = loop.time()
+        self._schedule_cron()
+        log.info("Disque %s (python) started, pid %d, node %s", __version__, os.getpid(),
+                 cluster.myself_id)
+        addresses = ", ".join(f"{a}:{self.port}" for a in config.bind)
+        log.info("Ready to accept connections on %s", addresses)
+
+    def _change_dir(self, path: str) -> None:
+        os.chdir(path)
+
+    # -- the job timer ------------------------------------------------------
+
+    def _schedule_changed(self, when_ms: int) -> None:
+        if self._processing_jobs:
+            return  # re-armed once when the run ends
+        if self._job_timer_when is None or when_ms < self._job_timer_when:
+            self._arm_job_timer(when_ms)
+
+    def _arm_job_timer(self, when_ms: int | None, minimum_ms: int = 0) -> None:
+        if self._job_timer is not None:
+            self._job_timer.cancel()
+            self._job_timer = None
+        self._job_timer_when = when_ms
+        if when_ms is None or self._stopping:
+            return
+        assert self.state is not None
+        delay_ms = max(when_ms - self.state.clock.now_ms(), minimum_ms)
+        self._job_timer = asyncio.get_running_loop().call_later(
+            delay_ms / 1000, self._run_due_jobs)
+
+    def _run_due_jobs(self) -> None:
+        state = self.state
+        assert state is not None
+        self._job_timer = None
+        self._processing_jobs = True
+        try:
+            processed = process_due_jobs(state, state.clock.now_ms())
+        finally:
+            self._processing_jobs = False
+        if processed >= MAX_JOBS_PER_RUN:
+            self._arm_job_timer(state.clock.now_ms())  # more due: next loop turn
+        else:
+            # At least 1 ms: a timer that fires a hair early must not spin.
+            self._arm_job_timer(state.jobs.schedule.next_time(state.jobs), minimum_ms=1)
+
+    # -- the cron -----------------------------------------------------------
+
+    def _schedule_cron(self) -> None:
+        loop = asyncio.get_running_loop()
+        period = 1.0 / self.config.hz
+        self._cron_deadline += period
+        now = loop.time()
+        if self._cron_deadline < now:  # fell behind (e.g. DEBUG SLEEP): skip, don't burst
+            self._cron_deadline = now + period
+        self._cron_handle = loop.call_at(self._cron_deadline, self._cron)
+
+    def _cron(self) -> None:
+        state = self.state
+        assert state is not None
+        try:
+            now = time.monotonic()
+            state.sample_ops()
+            state.memory.used  # noqa: B018 - updates the peak
+            if now - self._last_queue_eviction >= QUEUE_EVICTION_PERIOD_S:
+                self._last_queue_eviction = now
+                state.evict_idle_queues()
+            timeout = self.config.timeout
+            if timeout:
+                for client in list(state.clients.values()):
+                    if client.blocked is None and now - client.last_interaction > timeout:
+                        log.debug("Closing idle client %s", client.addr)
+                        client.kill()
+        except Exception:  # pragma: no cover - keep the node alive, but say it loudly
+            log.exception("Error in periodic task")
+        if not self._stopping:
+            self._schedule_cron()
+
+    # -- stop ---------------------------------------------------------------
+
+    def _shutdown_requested(self, mode: str) -> str | None:
+        """SHUTDOWN command: returns an error text, or None once the stop is under way."""
+        if mode == "rewrite-aof" and not any(
+                getattr(hook, "supports_rewrite", False) for hook in self.shutdown_hooks):
+            return "REWRITE-AOF needs the append only file support, not available in this build"
+        asyncio.get_running_loop().call_soon(self.request_stop, mode)
+        return None
+
+    def request_stop(self, mode: str = "") -> None:
+        if not self._stopping:
+            log.warning("User requested shutdown...")
+            asyncio.get_running_loop().create_task(self.stop(mode))
+
+    async def stop(self, mode: str = "") -> None:
+        if self._stopping:
+            await self._stopped.wait()
+            return
+        self._stopping = True
+        for server in self._servers:
+            server.close()
+        if self._job_timer is not None:
+            self._job_timer.cancel()
+        if self._cron_handle is not None:
+            self._cron_handle.cancel()
+        state = self.state
+        if state is not None:
+            for client in list(state.clients.values()):
+                client.kill()
+            for hook in self.shutdown_hooks:
+                try:
+                    hook(mode)
+                except Exception:
+                    log.exception("Error during shutdown")
+            try:
+                state.cluster.save()
+            except OSError as err:
+                log.warning("Could not save the cluster config on shutdown: %s", err)
+        for server in self._servers:
+            try:
+                await asyncio.wait_for(server.wait_closed(), timeout=2)
+            except (TimeoutError, Exception):
+                pass
+        if self.config.pidfile:
+            try:
+                os.unlink(self.config.pidfile)
+            except OSError:
+                pass
+        log.warning("Disque is now ready to exit, bye bye...")
+        self._stopped.set()
+
+    async def wait_stopped(self) -> None:
+        await self._stopped.wait()
+
+
+# --------------------------------------------------------------------------
+# Command line
+# --------------------------------------------------------------------------
+
+USAGE = """Usage: disque-server [/path/to/disque.conf] [options]
+       disque-server -v or --version
+       disque-server -h or --help
+
+Examples:
+       disque-server                      (127.0.0.1:7711, no config file needed)
+       disque-server /etc/disque/disque.conf
+       disque-server --port 7777 --dir /var/lib/disque
+       disque-server /etc/mydisque.conf --loglevel verbose
+"""
+
+
+def _daemonize() -> None:
+    """Detach like the original with ``daemonize yes`` (double fork)."""
+    if os.fork() > 0:
+        os._exit(0)
+    os.setsid()
+    if os.fork() > 0:
+        os._exit(0)
+    devnull = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(devnull, fd)
+
+
+async def _serve(config: Config) -> None:
+    server = DisqueServer(config)
+    await server.start()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, server.request_stop, "")
+    await server.wait_stopped()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if args and args[0] in ("-h", "--help"):
+        print(USAGE)
+        return 0
+    if args and args[0] in ("-v", "--version"):
+        print(f"Disque server v={__version__} (python)")
+        return 0
+    try:
+        config = Config.from_args(args)
+    except ConfigError as err:
+        print(f"\n*** FATAL CONFIG FILE ERROR ***\n{err}\n", file=sys.stderr)
+        return 1
+    if config.daemonize:
+        if not config.logfile:
+            config.logfile = os.devnull
+        _daemonize()
+    setup_logging(config.loglevel, config.logfile)
+    if config.pidfile:
+        with open(config.pidfile, "w") as fh:
+            fh.write(f"{os.getpid()}\n")
+    try:
+        import uvloop
+        runner = uvloop.run
+    except ImportError:  # pragma: no cover - uvloop is a dependency; fall back anyway
+        runner = asyncio.run
+    try:
+        runner(_serve(config))
+    except SystemExit as err:
+        if isinstance(err.code, str):
+            logging.getLogger("disque.server").error("%s", err.code)
+            return 1
+        raise
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

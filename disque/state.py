@@ -1,0 +1,176 @@
+"""``ServerState``: everything one node holds, passed explicitly to handlers.
+
+The server (``server.py``) owns the event loop, the listeners and the
+timers; this object owns the data: jobs, queues, the cluster view, memory
+accounting, statistics and the connected clients.  The state machine
+functions (``jobs.process_job``, ``queue.enqueue_job``, ``ack.try_job_gc``)
+take it as their first argument.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from .clock import Clock
+from .cluster import ClusterState
+from .config import Config
+from .job import Job, JobIdGenerator
+from .jobs import JobRegistry
+from .memory import MemoryTracker
+from .queue import QUEUE_OVERHEAD_BYTES, Queue, QueueRegistry
+
+if TYPE_CHECKING:
+    from .connection import ClientConnection
+
+__all__ = ["ServerState", "Stats"]
+
+#: How long an empty queue lives with nobody using it (by memory level).
+QUEUE_IDLE_MS = {0: 300_000, 1: 10_000, 2: 2_000, 3: 2_000}
+
+
+@dataclass
+class Stats:
+    connections_received: int = 0
+    commands_processed: int = 0
+    rejected_connections: int = 0
+    net_input_bytes: int = 0
+    net_output_bytes: int = 0
+    evicted_jobs: int = 0
+    evicted_queues: int = 0
+    expired_jobs: int = 0
+
+
+class ServerState:
+    def __init__(self, config: Config, cluster: ClusterState, clock: Clock | None = None,
+                 memory_base: int | None = None) -> None:
+        self.config = config
+        self.clock = clock or Clock()
+        self.cluster = cluster
+        self.jobs = JobRegistry()
+        self.queues = QueueRegistry()
+        self.memory = MemoryTracker(config.maxmemory, memory_base)
+        self.ids = JobIdGenerator(cluster.myself_id)
+        self.stats = Stats()
+        self.clients: dict[int, ClientConnection] = {}
+        self.blocked_clients = 0
+        self.started = time.time()
+        self.run_id = ""
+        self.event_loop_name = "asyncio"
+        # (monotonic time, commands processed) samples for instantaneous_ops_per_sec.
+        self._ops_samples: list[tuple[float, int]] = []
+        self.tcp_port = config.port
+        self._last_ctime = 0
+        self._queue_scan_cursor = 0
+        # Set by the server: re-arm the job timer if ``when`` is earlier.
+        self._schedule_hook: Callable[[int], None] | None = None
+        # Event hooks for the persistence layer (the AOF), called with the job.
+        self.job_created_hooks: list[Callable[[Job], None]] = []
+        self.job_removed_hooks: list[Callable[[Job], None]] = []
+        self.job_acked_hooks: list[Callable[[Job], None]] = []
+        self.shutdown_requested: Callable[[str], Any] | None = None
+        config.on_change("maxmemory", self._set_maxmemory)
+
+    def _set_maxmemory(self, value: int) -> None:
+        self.memory.maxmemory = value
+
+    # -- time ---------------------------------------------------------------
+
+    def next_ctime(self) -> int:
+        """Creation time ``ms * 1e6 + counter``, strictly increasing on this node."""
+        ctime = self.clock.now_ms() * 1_000_000
+        if ctime <= self._last_ctime:
+            ctime = self._last_ctime + 1
+        self._last_ctime = ctime
+        return ctime
+
+    def schedule_changed(self, when_ms: int) -> None:
+        hook = self._schedule_hook
+        if hook is not None:
+            hook(when_ms)
+
+    def sample_ops(self) -> None:
+        """Called by the cron: keep ~1.6 s of (time, commands) samples."""
+        self._ops_samples.append((time.monotonic(), self.stats.commands_processed))
+        if len(self._ops_samples) > 16:
+            del self._ops_samples[0]
+
+    def instantaneous_ops(self) -> int:
+        samples = self._ops_samples
+        if len(samples) < 2:
+            return 0
+        (t0, c0), (t1, c1) = samples[0], samples[-1]
+        return int((c1 - c0) / (t1 - t0)) if t1 > t0 else 0
+
+    # -- job events ---------------------------------------------------------
+
+    def on_job_created(self, job: Job) -> None:
+        for hook in self.job_created_hooks:
+            hook(job)
+
+    def on_job_acked(self, job: Job) -> None:
+        for hook in self.job_acked_hooks:
+            hook(job)
+
+    def on_job_unregistered(self, job: Job) -> None:
+        for hook in self.job_removed_hooks:
+            hook(job)
+
+    # -- queues -------------------------------------------------------------
+
+    def queue_for_write(self, name: bytes) -> Queue:
+        """The queue ``name``, created (and accounted) if needed."""
+        q = self.queues.lookup(name)
+        if q is None:
+            q = self.queues.get_or_create(name, self.clock.now_ms())
+            self.memory.add(QUEUE_OVERHEAD_BYTES + len(name))
+        return q
+
+    def evict_idle_queues(self, idle_ms: int | None = None, budget_s: float = 0.001,
+                          max_visits: int = 256) -> int:
+        """Drop empty, unpaused, unused queues (a bounded slice per call).
+
+        Walks the queue table from where the previous call stopped, so over
+        successive calls every queue is looked at without any one call
+        taking long.
+        """
+        if idle_ms is None:
+            idle_ms = QUEUE_IDLE_MS[self.memory.level()]
+        now = self.clock.now_ms()
+        deadline = time.perf_counter() + budget_s
+        evicted = 0
+        cursor, candidates = self.queues.scan(
+            self._queue_scan_cursor, max_visits, lambda q: q.is_evictable(now, idle_ms))
+        self._queue_scan_cursor = cursor
+        for q in candidates:
+            self.queues.remove(q)
+            self.memory.sub(QUEUE_OVERHEAD_BYTES + len(q.name))
+            evicted += 1
+            if time.perf_counter() > deadline:
+                break
+        self.stats.evicted_queues += evicted
+        return evicted
+
+    # -- everything ---------------------------------------------------------
+
+    def flush_all(self) -> None:
+        """DEBUG FLUSHALL / CLUSTER RESET: drop every job and every queue.
+
+        Queues with blocked clients are kept (empty) so those clients stay
+        blocked and are served by the next job, as if the queue was new.
+        """
+        for job in list(self.jobs.all()):
+            self.on_job_unregistered(job)
+        self.jobs.clear()
+        kept = []
+        for q in list(self.queues.all()):
+            if q.waiters:
+                q.jobs.clear()
+                kept.append(q)
+        self.queues.clear()
+        self.memory.accounted = 0
+        for q in kept:
+            self.queues.add(q)
+            self.memory.add(QUEUE_OVERHEAD_BYTES + len(q.name))

@@ -1,0 +1,127 @@
+"""Start real ``disque-server`` processes for tests (and benchmarks).
+
+Servers listen on port 0: the kernel picks a free port and the node logs it
+("Ready to accept connections on 127.0.0.1:PORT"), so tests never race for
+ports.  Waiting is always a poll with a deadline, never a fixed sleep.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import redis
+
+READY = re.compile(rb"Ready to accept connections on \S+:(\d+)")
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float = 10.0, interval: float = 0.01,
+             message: str = "condition") -> Any:
+    """Poll ``predicate`` until it returns a truthy value or ``timeout`` passes."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {message}")
+        time.sleep(interval)
+
+
+class DisqueProcess:
+    """One disque-server process in its own directory."""
+
+    def __init__(self, workdir: Path, *args: str, config_file: Path | None = None) -> None:
+        self.workdir = Path(workdir)
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.args = list(args)
+        self.config_file = config_file
+        self.port = 0
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.log_path = self.workdir / "server.log"
+        self._clients: list[redis.Redis] = []
+
+    def start(self, timeout: float = 15.0, port: int | None = None) -> DisqueProcess:
+        cmd = [sys.executable, "-m", "disque.server"]
+        if self.config_file is not None:
+            cmd.append(str(self.config_file))
+        use_port = self.port if port is None and self.port else (port or 0)
+        cmd += ["--port", str(use_port), "--dir", str(self.workdir), *self.args]
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
+                                         start_new_session=True)
+
+        def ready() -> int | None:
+            if self.proc is not None and self.proc.poll() is not None:
+                raise AssertionError(f"disque-server exited with {self.proc.returncode}:\n"
+                                     f"{self.log_text()}")
+            ports = READY.findall(self.log_path.read_bytes())
+            return int(ports[-1]) if ports else None
+
+        # The log may hold earlier runs: only accept a line written by this process.
+        before = self.log_path.read_bytes().count(b"Ready to accept")
+        wait_for(lambda: self.log_path.read_bytes().count(b"Ready to accept") > before and ready(),
+                 timeout, message="disque-server to be ready")
+        self.port = ready() or 0
+        return self
+
+    def log_text(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def client(self, **kwargs: Any) -> redis.Redis:
+        """A redis-py client (RESP2 unless told otherwise)."""
+        kwargs.setdefault("protocol", 2)
+        kwargs.setdefault("socket_timeout", 30)
+        client = redis.Redis(host="127.0.0.1", port=self.port, **kwargs)
+        self._clients.append(client)
+        return client
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def stop(self, timeout: float = 10.0) -> int:
+        """SIGTERM and wait (graceful shutdown)."""
+        for client in self._clients:
+            client.close()
+        self._clients.clear()
+        if self.proc is None:
+            return 0
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+                raise AssertionError("disque-server did not stop on SIGTERM") from None
+        return self.proc.returncode
+
+    def kill(self) -> None:
+        """SIGKILL: a crash."""
+        for client in self._clients:
+            client.close()
+        self._clients.clear()
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
+    def restart(self, timeout: float = 15.0) -> DisqueProcess:
+        """Start again on the same port and directory."""
+        port = self.port
+        self.stop()
+        return self.start(timeout, port=port)
