@@ -172,6 +172,8 @@ class ClientConnection(asyncio.Protocol):
             self._resume_reading()
 
     def _write(self, data: bytes) -> None:
+        for hook in self.state.before_reply_hooks:
+            hook()
         transport = self.transport
         if transport is not None and not transport.is_closing():
             self.state.stats.net_output_bytes += len(data)

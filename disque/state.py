@@ -70,7 +70,12 @@ class ServerState:
         self.job_created_hooks: list[Callable[[Job], None]] = []
         self.job_removed_hooks: list[Callable[[Job], None]] = []
         self.job_acked_hooks: list[Callable[[Job], None]] = []
+        # Called before replies are written: persistence flushes here, so a
+        # client never sees the result of a write that is not logged yet.
+        self.before_reply_hooks: list[Callable[[], None]] = []
         self.shutdown_requested: Callable[[str], Any] | None = None
+        # The append-only file, when persistence is on (see aof.py).
+        self.aof: Any = None
         config.on_change("maxmemory", self._set_maxmemory)
 
     def _set_maxmemory(self, value: int) -> None:
