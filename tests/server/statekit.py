@@ -1,0 +1,75 @@
+"""In-process node state with a manual clock, for unit tests of the state machine.
+
+Commands go through the real command table (``execute``); only the socket is
+missing, so the "client" is the minimal object the table needs.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from disque.blocking import BlockedGet
+from disque.clock import ManualClock
+from disque.cluster import ClusterNode, ClusterState
+from disque.commands import execute
+from disque.config import Config
+from disque.jobs import process_due_jobs
+from disque.protocol import ReplyError
+from disque.state import ServerState
+
+NODE_ID = "a" * 40
+
+
+class LocalClient:
+    """The attributes the command table reads from a connection."""
+
+    def __init__(self) -> None:
+        self.authenticated = True
+        self.last_command = ""
+        self.blocked: BlockedGet | None = None
+        self.replies: list[Any] = []
+        self.local_ip = "127.0.0.1"
+        self.resp3 = False
+        self.id = 1
+
+    def resume(self, reply: Any) -> None:
+        self.replies.append(reply)
+
+
+class Node:
+    """A ServerState with a manual clock and helpers to run commands."""
+
+    def __init__(self, **config: str) -> None:
+        cfg = Config()
+        for name, value in config.items():
+            cfg.set(name.replace("_", "-"), value)
+        self.clock = ManualClock()
+        cluster = ClusterState(ClusterNode(NODE_ID, "127.0.0.1", 7711), None)
+        self.state = ServerState(cfg, cluster, clock=self.clock, memory_base=0)
+        self.client = LocalClient()
+
+    def __call__(self, *args: Any) -> Any:
+        argv = [a if isinstance(a, bytes) else str(a).encode() for a in args]
+        reply = execute(self.state, self.client, argv)
+        if isinstance(reply, ReplyError):
+            raise AssertionError(f"unexpected error reply: {reply.message}")
+        return reply
+
+    def error(self, *args: Any) -> str:
+        argv = [a if isinstance(a, bytes) else str(a).encode() for a in args]
+        reply = execute(self.state, self.client, argv)
+        assert isinstance(reply, ReplyError), f"expected an error, got {reply!r}"
+        return reply.message
+
+    def raw(self, *args: Any) -> Any:
+        """The reply as the command table returned it (errors included)."""
+        argv = [a if isinstance(a, bytes) else str(a).encode() for a in args]
+        return execute(self.state, self.client, argv)
+
+    def advance(self, ms: int) -> int:
+        """Move time forward and run what became due; returns jobs processed."""
+        self.clock.advance(ms)
+        return process_due_jobs(self.state, self.clock.now_ms())
+
+    def job(self, job_id: bytes):
+        return self.state.jobs.get(job_id)
