@@ -6,7 +6,10 @@ its commands run in the same callback, and all their replies leave in one
 
 Commands of one client run strictly in order.  A command that blocks
 (GETJOB waiting for a job) parks the connection: later commands wait in
-``pending`` and reading stops (back-pressure) until the reply is sent.
+``pending`` until the reply is sent.  Reading goes on while blocked, as in
+the original, because that is how a disconnect of a blocked client is
+noticed (a paused transport never sees the EOF); only when a client piles up
+more than ``MAX_PENDING_COMMANDS`` behind a block does reading stop.
 Reading also stops while the transport's write buffer is full, so a client
 that does not read its replies cannot make the node buffer without limit.
 """
@@ -32,6 +35,9 @@ __all__ = ["ClientConnection"]
 log = logging.getLogger("disque.connection")
 
 _client_ids = itertools.count(1)
+
+#: Commands a client may queue behind a blocked one before reading pauses.
+MAX_PENDING_COMMANDS = 10_000
 
 
 class ClientConnection(asyncio.Protocol):
@@ -104,7 +110,8 @@ class ClientConnection(asyncio.Protocol):
             return
         if self.blocked is not None or self.pending:
             self.pending.extend(commands)
-            self._pause_reading()
+            if len(self.pending) > MAX_PENDING_COMMANDS:
+                self._pause_reading()
             return
         self._run(commands)
 
@@ -134,7 +141,6 @@ class ClientConnection(asyncio.Protocol):
                 break  # SHUTDOWN: the reply is the closed connection
             if reply is BLOCKED:
                 self.pending.extend(commands[index + 1:])
-                self._pause_reading()
                 break
             out.append(encode(reply, resp3))
             resp3 = self.resp3  # HELLO may switch protocol for what follows

@@ -1,0 +1,107 @@
+"""Blocked GETJOB clients: arrival order, disconnects, pipelining behind a block."""
+
+from __future__ import annotations
+
+import socket
+import threading
+
+import redis
+
+from tests.support.process import DisqueProcess, wait_for
+
+
+def blocked(r: redis.Redis) -> int:
+    return r.info("clients")["blocked_clients"]
+
+
+def test_blocked_clients_are_served_in_arrival_order(server: DisqueProcess) -> None:
+    r = server.client()
+    results: dict[int, object] = {}
+
+    def consume(index: int) -> None:
+        client = server.client()
+        results[index] = client.execute_command("GETJOB", "TIMEOUT", 10_000, "FROM", "q")
+
+    threads = []
+    for index in range(3):
+        thread = threading.Thread(target=consume, args=(index,))
+        thread.start()
+        threads.append(thread)
+        wait_for(lambda i=index: blocked(r) == i + 1, 5, message=f"consumer {index} blocked")
+    ids = [r.execute_command("ADDJOB", "q", f"job{i}", 0) for i in range(3)]
+    for thread in threads:
+        thread.join(5)
+    assert [results[i][0][1] for i in range(3)] == ids
+    assert blocked(r) == 0
+
+
+def test_blocked_on_several_queues_gets_first_available(server: DisqueProcess) -> None:
+    r = server.client()
+    out: list[object] = []
+    consumer = server.client()
+    thread = threading.Thread(target=lambda: out.append(consumer.execute_command(
+        "GETJOB", "WITHCOUNTERS", "FROM", "a", "b")))
+    thread.start()
+    wait_for(lambda: blocked(r) == 1, 5, message="blocked")
+    job_id = r.execute_command("ADDJOB", "b", "from-b", 0)
+    thread.join(5)
+    assert out == [[[b"b", job_id, b"from-b", b"nacks", 0, b"additional-deliveries", 0]]]
+    for queue in (b"a", b"b"):
+        stat = r.execute_command("QSTAT", queue)
+        assert stat[stat.index(b"blocked") + 1] == 0
+
+
+def test_disconnected_blocked_client_leaks_nothing(server: DisqueProcess) -> None:
+    r = server.client()
+    for _ in range(20):
+        sock = socket.create_connection(("127.0.0.1", server.port))
+        sock.sendall(b"*4\r\n$6\r\nGETJOB\r\n$4\r\nFROM\r\n$1\r\nq\r\n$1\r\nz\r\n")
+        wait_for(lambda: blocked(r) == 1, 5, message="blocked")
+        sock.close()
+        wait_for(lambda: blocked(r) == 0, 5, message="unblocked after disconnect")
+    stat = r.execute_command("QSTAT", "q")
+    assert stat[stat.index(b"blocked") + 1] == 0
+    job_id = r.execute_command("ADDJOB", "q", "kept", 0)
+    # Nobody is waiting any more: the job stays queued for the next consumer.
+    assert r.execute_command("QLEN", "q") == 1
+    assert r.execute_command("GETJOB", "FROM", "q")[0][1] == job_id
+
+
+def test_commands_pipelined_behind_a_blocked_getjob_run_after_it(server: DisqueProcess) -> None:
+    r = server.client()
+    sock = socket.create_connection(("127.0.0.1", server.port))
+    sock.sendall(b"GETJOB FROM q\r\nPING\r\n")
+    wait_for(lambda: blocked(r) == 1, 5, message="blocked")
+    job_id = r.execute_command("ADDJOB", "q", "x", 0)
+    sock.settimeout(5)
+    data = b""
+    while not data.endswith(b"+PONG\r\n"):
+        chunk = sock.recv(4096)
+        assert chunk, "connection closed"
+        data += chunk
+    assert data == b"*1\r\n*3\r\n$1\r\nq\r\n$40\r\n" + job_id + b"\r\n$1\r\nx\r\n+PONG\r\n"
+    sock.close()
+
+
+def test_leaving_unblocks_waiting_clients(server: DisqueProcess) -> None:
+    r = server.client()
+    errors: list[str] = []
+    consumer = server.client()
+
+    def consume() -> None:
+        try:
+            consumer.execute_command("GETJOB", "FROM", "q")
+        except redis.ResponseError as err:
+            errors.append(str(err))
+
+    thread = threading.Thread(target=consume)
+    thread.start()
+    wait_for(lambda: blocked(r) == 1, 5, message="blocked")
+    assert r.execute_command("CLUSTER", "LEAVING", "yes") == b"OK"
+    thread.join(5)
+    assert errors and errors[0].startswith("LEAVING ")
+    assert r.execute_command("CLUSTER", "LEAVING") == b"yes"
+    hello = r.execute_command("HELLO")
+    assert hello[2][3] == b"100"  # worst priority: clients pick another node
+    assert r.execute_command("CLUSTER", "LEAVING", "no") == b"OK"
+    assert r.execute_command("HELLO")[2][3] == b"1"
