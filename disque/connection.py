@@ -131,7 +131,6 @@ class ClientConnection(asyncio.Protocol):
     def _run(self, commands: list[list[bytes]]) -> None:
         """Run commands in order, writing all replies at once."""
         state = self.state
-        resp3 = self.resp3
         out: list[bytes] = []
         for index, argv in enumerate(commands):
             if self._closing:
@@ -142,8 +141,8 @@ class ClientConnection(asyncio.Protocol):
             if reply is BLOCKED:
                 self.pending.extend(commands[index + 1:])
                 break
-            out.append(encode(reply, resp3))
-            resp3 = self.resp3  # HELLO may switch protocol for what follows
+            # Read resp3 after the command: HELLO 3 answers in RESP3 already.
+            out.append(encode(reply, self.resp3))
         if out:
             self._write(b"".join(out))
         if self._closing:

@@ -89,7 +89,7 @@ def test_working_and_toolate(r: redis.Redis) -> None:
 
     wait_for(too_late, 5, message="TOOLATE")
     assert time.monotonic() - started >= 0.5
-    with pytest.raises(redis.ResponseError, match="^NOJOB Job not known"):
+    with pytest.raises(redis.ResponseError, match=r"^NOJOB Job not known"):
         r.execute_command("WORKING", "D-00000000-AAAAAAAAAAAAAAAAAAAAAAAA-0001")
 
 
@@ -137,16 +137,16 @@ def test_getjob_timeout_returns_null(r: redis.Redis) -> None:
 def test_maxlen_and_paused_in(r: redis.Redis) -> None:
     r.execute_command("ADDJOB", "q", "1", 0)
     r.execute_command("ADDJOB", "q", "2", 0, "MAXLEN", 2)
-    with pytest.raises(redis.ResponseError, match="^MAXLEN Queue is already longer"):
+    with pytest.raises(redis.ResponseError, match=r"^MAXLEN Queue is already longer"):
         r.execute_command("ADDJOB", "q", "3", 0, "MAXLEN", 2)
     assert r.execute_command("PAUSE", "q", "in") == b"in"
-    with pytest.raises(redis.ResponseError, match="^PAUSED Queue paused in input"):
+    with pytest.raises(redis.ResponseError, match=r"^PAUSED Queue paused in input"):
         r.execute_command("ADDJOB", "q", "4", 0)
     assert r.execute_command("QLEN", "q") == 2
 
 
 def test_replication_beyond_cluster_size_is_norepl(r: redis.Redis) -> None:
-    with pytest.raises(redis.ResponseError, match="^NOREPL Not enough reachable nodes"):
+    with pytest.raises(redis.ResponseError, match=r"^NOREPL Not enough reachable nodes"):
         r.execute_command("ADDJOB", "q", "x", 0, "REPLICATE", 2)
     with pytest.raises(redis.ResponseError, match="please explicitly set  REPLICATE to 1"):
         r.execute_command("ADDJOB", "q", "x", 0, "REPLICATE", 3, "RETRY", 0)

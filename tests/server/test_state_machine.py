@@ -9,7 +9,6 @@ import pytest
 from disque.ack import gc_retry_delay_ms
 from disque.cluster import ClusterNode
 from disque.job import JobState, ttl_minutes_from_id
-from disque.jobs import JOB_OVERHEAD_BYTES
 from disque.protocol import NULL_ARRAY, ReplyError
 
 from .statekit import Node

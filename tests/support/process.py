@@ -17,6 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import hiredis
 import redis
 
 READY = re.compile(rb"Ready to accept connections on \S+:(\d+)")
@@ -125,3 +126,26 @@ class DisqueProcess:
         port = self.port
         self.stop()
         return self.start(timeout, port=port)
+
+
+def raw_command(port: int, *args: object, timeout: float = 10.0) -> object:
+    """Send one command over a fresh socket and return the parsed reply as is.
+
+    For replies that redis-py would post-process (INFO, PING, COMMAND...).
+    Error replies come back as ``hiredis.ReplyError`` instances.
+    """
+    import socket
+
+    parts = [a if isinstance(a, bytes) else str(a).encode() for a in args]
+    payload = b"*%d\r\n" % len(parts) + b"".join(b"$%d\r\n%s\r\n" % (len(p), p) for p in parts)
+    reader = hiredis.Reader()
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as sock:
+        sock.sendall(payload)
+        while True:
+            reply = reader.gets()
+            if reply is not False:
+                return reply
+            chunk = sock.recv(65536)
+            if not chunk:
+                raise ConnectionError("connection closed before a reply")
+            reader.feed(chunk)
