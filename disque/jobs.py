@@ -202,6 +202,7 @@ def process_job(state: ServerState, job: Job, now: int) -> None:
     # 1. Expired: the job goes away whatever its state.
     if now >= job.etime:
         unregister_job(state, job)
+        state.stats.expired_jobs += 1
         return
     state_ = job.state
     # 2. 500 ms before requeueing, warn the other copies so that one that has

@@ -10,7 +10,7 @@ from ..clock import random_time_error
 from ..job import FLAG_BCAST_WILLQUEUE, Job, JobState
 from ..jobs import register_job, unregister_job, update_awake_time
 from ..protocol import NULL_ARRAY, Map, ReplyError, Status
-from ..queue import dequeue_job, enqueue_job, fetch_job
+from ..queue import PAUSED_OUT, dequeue_job, enqueue_job, fetch_job
 from .registry import (
     BLOCKED,
     SYNTAX_ERROR,
@@ -198,7 +198,7 @@ def getjob(state: ServerState, client: ClientConnection, argv: list[bytes]) -> A
         before = len(emitted)
         for name in queues:
             q = lookup(name)
-            if q is None or not q.jobs or q.flags & 2:  # PAUSED_OUT
+            if q is None or not q.jobs or q.flags & PAUSED_OUT:
                 continue
             job = fetch_job(state, q)
             if job is None:

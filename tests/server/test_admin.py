@@ -221,8 +221,8 @@ def test_default_start_serves_127_0_0_1_7711(tmp_path: Path) -> None:
         pytest.skip("port 7711 is in use on this machine; the default port cannot be tested")
     finally:
         probe.close()
-    proc = subprocess.Popen(["disque-server"], cwd=tmp_path, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(["disque-server"], cwd=tmp_path, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
     try:
         client = redis.Redis(host="127.0.0.1", port=7711, protocol=2)
         wait_for(lambda: _pings(client), 15, message="default server")
