@@ -121,6 +121,8 @@ class ClusterState:
     @property
     def size(self) -> int:
         """Nodes in the table that finished the handshake, failed ones included."""
+        if len(self.nodes) == 1:  # the common single-node case, on every ADDJOB
+            return 1
         return sum(1 for n in self.nodes.values() if FLAG_HANDSHAKE not in n.flags)
 
     def reachable_nodes(self) -> list[ClusterNode]:
@@ -130,6 +132,8 @@ class ClusterState:
 
     @property
     def reachable_count(self) -> int:
+        if len(self.nodes) == 1:
+            return 0
         return len(self.reachable_nodes())
 
     def other_node_ids(self) -> Iterator[str]:
