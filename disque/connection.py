@@ -221,7 +221,7 @@ class ClientConnection(asyncio.Protocol):
         return self.transport.get_write_buffer_size() if self.transport else 0
 
     def input_pending(self) -> int:
-        return self.parser._pending
+        return self.parser.pending_bytes
 
     def describe(self) -> str:
         now = time.monotonic()

@@ -41,7 +41,7 @@ is identical to RESP2, which is what the original Disque speaks.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, NoReturn
 
 import hiredis
 
@@ -112,24 +112,40 @@ OK = Status("OK")
 
 
 class CommandParser:
-    """Incremental request parser: ``feed(data)`` then ``commands()``.
+    """Incremental request parser: ``commands = parser.feed(data)``.
 
-    ``max_bulk_len`` bounds one argument and ``max_query_buffer`` the bytes a
-    client may send before its request is complete.  Both protect the node
-    from a client that would otherwise make it buffer without limit.
+    hiredis parses multi-bulk frames but does not say where one frame ends
+    inside the bytes it was fed.  The parser needs that to know when the
+    next request may be an inline command, so it counts: every completed
+    frame has an exact encoded size (clients encode canonically), and
+    ``_unparsed`` (bytes fed minus bytes of completed frames) is zero exactly
+    at a request boundary.
+
+    Limits: ``max_bulk_len`` bounds the declared argument count and length of
+    each request's headers (checked before hiredis buffers anything) and
+    ``max_query_buffer`` the bytes a client may send before its request is
+    complete.  Both protect the node from a client that would otherwise make
+    it buffer without limit.
     """
 
-    __slots__ = ("_inline", "_pending", "_reader", "max_bulk_len", "max_query_buffer")
+    __slots__ = ("_head", "_inline", "_reader", "_unparsed", "max_bulk_len",
+                 "max_query_buffer")
 
     def __init__(self, max_bulk_len: int = 512 * 1024 * 1024,
                  max_query_buffer: int = 1024 * 1024 * 1024) -> None:
-        self._reader: hiredis.Reader | None = None
+        self._reader = hiredis.Reader(protocolError=ProtocolError)
         self._inline = bytearray()
-        # Bytes fed to hiredis since it last produced a whole frame: an upper
-        # bound for the size of the frame it is still waiting for.
-        self._pending = 0
+        # The start of a request whose headers are not complete yet; held
+        # back until they can be checked (a few dozen bytes at most).
+        self._head = b""
+        self._unparsed = 0
         self.max_bulk_len = max_bulk_len
         self.max_query_buffer = max_query_buffer
+
+    @property
+    def pending_bytes(self) -> int:
+        """Bytes of a request that is not complete yet."""
+        return self._unparsed + len(self._inline) + len(self._head)
 
     def feed(self, data: bytes) -> list[list[bytes]]:
         """Consume ``data`` and return the complete commands it finished.
@@ -147,80 +163,96 @@ class CommandParser:
 
     def _feed(self, data: bytes, out: list[list[bytes]]) -> None:
         while data:
-            if self._reader is not None:
+            if self._unparsed or self._head:
                 data = self._feed_multibulk(data, out)
-            elif self._inline or data[0] != 0x2A:  # not '*'
+            elif self._inline or data[0] != 0x2A:  # not '*': an inline command
                 data = self._feed_inline(data, out)
             else:
-                self._reader = hiredis.Reader(protocolError=ProtocolError)
-                self._pending = 0
+                data = self._feed_multibulk(data, out)
 
     def _feed_multibulk(self, data: bytes, out: list[list[bytes]]) -> bytes:
+        if self._unparsed == 0:
+            # At a request boundary: check the headers before buffering.
+            if self._head:
+                data = self._head + data
+                self._head = b""
+            if not self._headers_ok(data):
+                self._head = data  # too short to judge yet
+                return b""
         reader = self._reader
-        assert reader is not None
-        self._check_header(data)
         reader.feed(data)
-        produced = False
+        unparsed = self._unparsed + len(data)
         gets = reader.gets
         while True:
             try:
                 frame = gets()
             except ProtocolError as err:
-                self._reader = None
-                raise ProtocolError(f"Protocol error: {err}") from None
+                # After complete frames, a non-'*' byte may start an inline
+                # command (clients may mix the two): resume there.
+                boundary = len(data) - unparsed
+                if 0 < boundary < len(data) and data[boundary] != 0x2A:
+                    self._reader = hiredis.Reader(protocolError=ProtocolError)
+                    self._unparsed = 0
+                    return data[boundary:]
+                self._fail(f"Protocol error: {err}")
             if frame is False:
                 break
-            produced = True
-            if frame is None:  # "*-1\r\n": a null request, ignored like the original.
+            if frame is None:  # "*-1": a null request, ignored like the original
+                unparsed -= 5
                 continue
             if type(frame) is not list:
-                self._reader = None
-                raise ProtocolError("Protocol error: expected '*', got something else")
+                self._fail("Protocol error: expected '*', got something else")
+            size = _digits(len(frame)) + 3
             for arg in frame:
                 if type(arg) is not bytes:
-                    self._reader = None
-                    raise ProtocolError("Protocol error: expected '$', got something else")
+                    self._fail("Protocol error: expected '$', got something else")
+                n = len(arg)
+                size += _digits(n) + n + 5
+            unparsed -= size
             if frame:
                 out.append(frame)
-        if produced:
-            self._pending = 0
-        self._pending += len(data)
-        if not reader.has_data():
-            # No partial frame left: the next request may be inline again.
-            self._reader = None
-        elif self._pending > self.max_query_buffer:
-            self._reader = None
-            raise ProtocolError("Protocol error: query buffer limit reached")
+        if unparsed < 0:
+            # Shorter than its canonical encoding: an element was not a bulk
+            # string (e.g. "+PING" inside a request).
+            self._fail("Protocol error: expected '$', got something else")
+        self._unparsed = unparsed
+        if unparsed > self.max_query_buffer:
+            self._fail("Protocol error: query buffer limit reached")
         return b""
 
-    def _check_header(self, data: bytes) -> None:
-        """Reject absurd lengths before hiredis buffers them.
+    def _headers_ok(self, data: bytes) -> bool:
+        """Check ``*count`` and the first ``$len``; False if more bytes are needed."""
+        end = data.find(CRLF, 0, 32)
+        if end < 0:
+            if len(data) >= 32:
+                self._fail("Protocol error: invalid multibulk length")
+            return False
+        count = _parse_int(data[1:end])
+        if count is None or count > MAX_MULTIBULK_LENGTH:
+            self._fail("Protocol error: invalid multibulk length")
+        if count <= 0:
+            return True
+        start = end + 2
+        if len(data) <= start:
+            return False
+        if data[start] != 0x24:  # '$'
+            return True  # hiredis reports the bad element type
+        end2 = data.find(CRLF, start, start + 32)
+        if end2 < 0:
+            if len(data) >= start + 32:
+                self._fail("Protocol error: invalid bulk length")
+            return False
+        size = _parse_int(data[start + 1:end2])
+        if size is None or size > self.max_bulk_len:
+            self._fail("Protocol error: invalid bulk length")
+        return True
 
-        Only the headers visible at the start of ``data`` are checked; that
-        catches the common abuse (a huge declared length) cheaply.  Bodies
-        that really are streamed in are bounded by ``max_query_buffer``.
-        """
-        if data[:1] == b"*":
-            end = data.find(CRLF, 0, 32)
-            if end > 0:
-                count = _parse_int(data[1:end])
-                if count is None or count > MAX_MULTIBULK_LENGTH:
-                    self._reader = None
-                    raise ProtocolError("Protocol error: invalid multibulk length")
-                if data[end + 2:end + 3] == b"$":
-                    end2 = data.find(CRLF, end + 2, end + 40)
-                    if end2 > 0:
-                        size = _parse_int(data[end + 3:end2])
-                        if size is None or size > self.max_bulk_len:
-                            self._reader = None
-                            raise ProtocolError("Protocol error: invalid bulk length")
-        elif data[:1] == b"$":
-            end = data.find(CRLF, 0, 32)
-            if end > 0:
-                size = _parse_int(data[1:end])
-                if size is None or size > self.max_bulk_len:
-                    self._reader = None
-                    raise ProtocolError("Protocol error: invalid bulk length")
+    def _fail(self, message: str) -> NoReturn:
+        self._reader = hiredis.Reader(protocolError=ProtocolError)
+        self._unparsed = 0
+        self._head = b""
+        self._inline.clear()
+        raise ProtocolError(message)
 
     def _feed_inline(self, data: bytes, out: list[list[bytes]]) -> bytes:
         buf = self._inline
@@ -228,20 +260,29 @@ class CommandParser:
         if nl < 0:
             buf += data
             if len(buf) > MAX_INLINE_SIZE:
-                buf.clear()
-                raise ProtocolError("Protocol error: too big inline request")
+                self._fail("Protocol error: too big inline request")
             return b""
         buf += data[:nl]
         rest = data[nl + 1:]
         if len(buf) > MAX_INLINE_SIZE:
-            buf.clear()
-            raise ProtocolError("Protocol error: too big inline request")
+            self._fail("Protocol error: too big inline request")
         line = bytes(buf).rstrip(b"\r")
         buf.clear()
         args = split_inline(line)
         if args:
             out.append(args)
         return rest
+
+
+def _digits(n: int) -> int:
+    """Decimal digits of a non-negative int (the length of its RESP header)."""
+    if n < 10:
+        return 1
+    if n < 100:
+        return 2
+    if n < 1000:
+        return 3
+    return len(str(n))
 
 
 def _parse_int(raw: bytes) -> int | None:
@@ -323,6 +364,14 @@ _NULL3 = b"_\r\n"
 _SMALL_INTS = [b":%d\r\n" % i for i in range(0, 1024)]
 
 
+def _utf8(text: str) -> bytes:
+    """Text to bytes; client bytes decoded with surrogateescape come back as sent."""
+    try:
+        return text.encode()
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "surrogateescape")
+
+
 def encode(value: Any, resp3: bool = False) -> bytes:
     """Encode one reply value (see the module docstring for the mapping)."""
     out: list[bytes] = []
@@ -342,7 +391,7 @@ def _encode_into(value: Any, out: list[bytes], resp3: bool) -> None:
         else:
             out.append(b":%d\r\n" % value)
     elif t is str:
-        raw = value.encode()
+        raw = _utf8(value)
         out.append(b"$%d\r\n%s\r\n" % (len(raw), raw))
     elif t is list or t is tuple:
         out.append(b"*%d\r\n" % len(value))
@@ -358,7 +407,8 @@ def _encode_into(value: Any, out: list[bytes], resp3: bool) -> None:
         for item in value:
             _encode_into(item, out, resp3)
     elif t is ReplyError:
-        out.append(b"-" + value.message.replace("\r", " ").replace("\n", " ").encode() + CRLF)
+        message = value.message.replace("\r", " ").replace("\n", " ")
+        out.append(b"-" + _utf8(message) + CRLF)
     elif value is NULL_ARRAY:
         out.append(_NULL3 if resp3 else _NULL_ARRAY2)
     elif t is bool:
