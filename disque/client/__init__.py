@@ -1,0 +1,45 @@
+"""The Disque client library: :class:`Client` (sync) and :class:`AsyncClient`.
+
+Both speak RESP2 through redis-py (with the hiredis parser when installed),
+so they work against this server and the original C Disque alike, and use
+only commands and replies the original has.  See docs/CLIENT.md.
+
+>>> from disque import Client
+>>> with Client(["10.0.0.1:7711", "10.0.0.2:7711"]) as c:   # doctest: +SKIP
+...     job_id = c.add_job("emails", b"hello", retry=60)
+...     for job in c.get_jobs("emails", count=10, timeout_ms=1000):
+...         c.ack(job.id)
+"""
+
+from ..exceptions import (
+    Acked,
+    AuthError,
+    BadId,
+    ConnectionFailed,
+    DisqueError,
+    Leaving,
+    Loading,
+    MaxLen,
+    Misconf,
+    NoAuth,
+    NoJob,
+    NoRepl,
+    OutOfMemory,
+    Paused,
+    ProtocolError,
+    ResponseError,
+    TooLate,
+)
+from ._base import DEFAULTS
+from ._cluster import parse_address, parse_addresses
+from ._wire import Hello, Job, NodeInfo
+from .aio import AsyncClient
+from .sync import Client
+
+__all__ = [
+    "Client", "AsyncClient", "Job", "Hello", "NodeInfo", "DEFAULTS",
+    "parse_address", "parse_addresses",
+    "DisqueError", "ConnectionFailed", "ProtocolError", "ResponseError", "NoJob", "BadId",
+    "NoRepl", "Paused", "Leaving", "MaxLen", "TooLate", "OutOfMemory", "Acked", "Loading",
+    "Misconf", "AuthError", "NoAuth",
+]

@@ -1,0 +1,119 @@
+"""Settings and node bookkeeping common to :class:`Client` and :class:`AsyncClient`."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from ._cluster import Address, Affinity, NodeTable, format_address, parse_addresses
+from ._wire import Job, NodeInfo
+
+__all__ = ["ClientBase", "DEFAULTS"]
+
+#: Documented defaults (see the Client docstring and docs/CLIENT.md).
+DEFAULTS: dict[str, Any] = {
+    "socket_timeout": 30.0,
+    "connect_timeout": 2.0,
+    "max_retries": 3,
+    "reconnect_timeout": 10.0,
+    "retry_backoff": 0.05,
+    "retry_backoff_max": 1.0,
+    "affinity_window": 200,
+    "affinity_threshold": 0.6,
+    "batch_size": 1000,
+}
+
+
+class ClientBase:
+    """Constructor parameters and node bookkeeping (no I/O here)."""
+
+    def __init__(
+        self,
+        addresses: str | tuple[str, int] | Iterable[str | tuple[str, int]] = "127.0.0.1:7711",
+        *,
+        password: str | None = None,
+        socket_timeout: float | None = DEFAULTS["socket_timeout"],
+        connect_timeout: float | None = DEFAULTS["connect_timeout"],
+        max_retries: int = DEFAULTS["max_retries"],
+        reconnect_timeout: float = DEFAULTS["reconnect_timeout"],
+        retry_backoff: float = DEFAULTS["retry_backoff"],
+        retry_backoff_max: float = DEFAULTS["retry_backoff_max"],
+        randomize: bool = True,
+        affinity: bool = False,
+        affinity_window: int = DEFAULTS["affinity_window"],
+        affinity_threshold: float = DEFAULTS["affinity_threshold"],
+        client_name: str | None = None,
+        connection_kwargs: Mapping[str, Any] | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
+        if max_retries < 0 or reconnect_timeout < 0 or retry_backoff < 0:
+            raise ValueError("max_retries, reconnect_timeout and retry_backoff must be >= 0")
+        self.password = password
+        self.socket_timeout = socket_timeout
+        self.connect_timeout = connect_timeout
+        self.max_retries = max_retries
+        self.reconnect_timeout = reconnect_timeout
+        self.retry_backoff = retry_backoff
+        self.retry_backoff_max = max(retry_backoff, retry_backoff_max)
+        self.client_name = client_name
+        self.connection_kwargs = dict(connection_kwargs or {})
+        self._table = NodeTable(parse_addresses(addresses), randomize, rng)
+        self._affinity = Affinity(affinity_window, affinity_threshold) if affinity else None
+        self._address: Address | None = None
+        self._node_id: str | None = None
+        #: Address to try last at the next connect (it just failed or left).
+        self._avoid: Address | None = None
+        self._init_connection_state()
+
+    def _init_connection_state(self) -> None:
+        """Subclasses set up their connection and lock here (keeps one signature)."""
+
+    # ----------------------------------------------------------------- state
+
+    @property
+    def seeds(self) -> list[str]:
+        """The addresses this client was given, as ``host:port``."""
+        return [format_address(a) for a in self._table.seeds]
+
+    @property
+    def address(self) -> str | None:
+        """``host:port`` of the node currently connected, or None."""
+        return format_address(self._address) if self._address else None
+
+    @property
+    def node_id(self) -> str | None:
+        """ID of the node currently connected (from its HELLO), or None."""
+        return self._node_id
+
+    @property
+    def nodes(self) -> list[NodeInfo]:
+        """Every node learned from HELLO replies, with priorities as last seen."""
+        table = self._table
+        return [NodeInfo(n.id, n.host, n.port, table.priority(n.id))
+                for n in table.nodes.values()]
+
+    def _reconnect_delays(self) -> Iterable[float]:
+        """Backoff pauses between rounds over all candidates (doubling, capped)."""
+        delay = self.retry_backoff
+        while True:
+            yield delay
+            delay = min(delay * 2, self.retry_backoff_max)
+
+    def _read_timeout(self, wait: float | None) -> float | None:
+        """Socket read timeout for a command the server may hold ``wait`` s."""
+        if wait is None or self.socket_timeout is None:
+            return None
+        return self.socket_timeout + wait
+
+    def _affinity_target(self, jobs: list[Job]) -> str | None:
+        if self._affinity is None or not jobs:
+            return None
+        self._affinity.observe(job.id for job in jobs)
+        target = self._affinity.pick(self._node_id, self._table)
+        if target is not None:
+            self._affinity.reset()
+        return target
+
+    def _describe_errors(self, errors: dict[str, BaseException]) -> str:
+        return "; ".join(f"{addr}: {err}" for addr, err in errors.items()) or "no address"

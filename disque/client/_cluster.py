@@ -1,0 +1,205 @@
+"""Which node to talk to: seed addresses, the HELLO node table, affinity.
+
+This is the "Client libraries" part of the Disque spec, kept free of I/O so
+that the sync and async clients share it and it can be tested alone:
+
+1. the client is given several addresses and tries them in random order
+   until one answers;
+2. after connecting it runs HELLO and remembers the node table with each
+   node's priority (1 reachable ... 100 failing or leaving);
+3. when a node answers ``-LEAVING`` or the connection drops, the client moves
+   to another node, lower priority numbers first;
+4. optionally (``affinity=True``) a consumer watches the node-ID prefix of
+   the job IDs it receives (``job_id[2:10]``) and moves to the node that
+   produces most of them, so jobs stop being shipped between nodes for it.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import Counter, deque
+from collections.abc import Iterable, Sequence
+
+from ._wire import DEFAULT_PORT, Hello, NodeInfo, format_address
+
+__all__ = ["Address", "parse_address", "parse_addresses", "NodeTable", "Affinity",
+           "format_address"]
+
+Address = tuple[str, int]
+
+#: Priority HELLO gives a failing or leaving node; also what we assume for a
+#: node that told us ``-LEAVING`` until it says otherwise.
+LEAVING_PRIORITY = 100
+
+
+def parse_address(value: str | tuple[str, int], default_port: int = DEFAULT_PORT) -> Address:
+    """``"host:port"``, ``"host"``, ``"[::1]:7711"`` or ``(host, port)``."""
+    if isinstance(value, tuple):
+        host, port = value
+        return str(host), int(port)
+    value = value.strip()
+    if value.startswith("["):
+        host, _, rest = value[1:].partition("]")
+        port = rest[1:] if rest.startswith(":") else ""
+    elif value.count(":") == 1:
+        host, _, port = value.partition(":")
+    else:  # bare host, or a bare IPv6 address
+        host, port = value, ""
+    if not host:
+        raise ValueError(f"invalid address {value!r}")
+    try:
+        return host, int(port) if port else default_port
+    except ValueError:
+        raise ValueError(f"invalid port in address {value!r}") from None
+
+
+def parse_addresses(addresses: str | tuple[str, int] | Iterable[str | tuple[str, int]]
+                    ) -> list[Address]:
+    """One address, a comma separated string, or an iterable of addresses."""
+    if isinstance(addresses, tuple) and len(addresses) == 2 and isinstance(addresses[1], int):
+        items: list[str | tuple[str, int]] = [addresses]  # type: ignore[list-item]
+    elif isinstance(addresses, str):
+        items = [a for a in addresses.split(",") if a.strip()]
+    else:
+        items = list(addresses)  # type: ignore[arg-type]
+    seeds: list[Address] = []
+    for item in items:
+        address = parse_address(item)
+        if address not in seeds:
+            seeds.append(address)
+    if not seeds:
+        raise ValueError("at least one address is needed")
+    return seeds
+
+
+class NodeTable:
+    """Seeds plus what HELLO told us, and the order to try nodes in."""
+
+    def __init__(self, seeds: Sequence[Address], randomize: bool = True,
+                 rng: random.Random | None = None) -> None:
+        self.seeds = list(seeds)
+        self.randomize = randomize
+        self.rng = rng or random.Random()
+        #: node ID -> its HELLO entry (the union of every HELLO seen, newest wins).
+        self.nodes: dict[str, NodeInfo] = {}
+        #: addresses we actually connected through -> node ID behind them.
+        self.address_ids: dict[Address, str] = {}
+        #: node ID -> priority we saw ourselves (``-LEAVING``), until the node
+        #: itself reports something else in its own HELLO.
+        self.overrides: dict[str, int] = {}
+
+    def learn(self, address: Address, hello: Hello) -> None:
+        """Record a HELLO reply read through ``address``."""
+        self.address_ids[address] = hello.node_id
+        for node in hello.nodes:
+            if node.id == hello.node_id and (not node.host or node.port <= 0):
+                # The original server reports an empty IP for itself before
+                # CLUSTER MEET: the address we used is the right one.
+                node = NodeInfo(node.id, address[0], address[1], node.priority)
+            self.nodes[node.id] = node
+        self.overrides.pop(hello.node_id, None)
+
+    def mark_leaving(self, node_id: str | None) -> None:
+        if node_id:
+            self.overrides[node_id] = LEAVING_PRIORITY
+
+    def priority(self, node_id: str | None) -> int:
+        if node_id is None:
+            return 1  # an address never reached: assume healthy, like the user does
+        if node_id in self.overrides:
+            return self.overrides[node_id]
+        node = self.nodes.get(node_id)
+        return node.priority if node is not None else 1
+
+    def address_of(self, node_id: str) -> Address | None:
+        """How to reach a node: an address that worked before, else its HELLO one."""
+        for address, nid in self.address_ids.items():
+            if nid == node_id:
+                return address
+        node = self.nodes.get(node_id)
+        if node is None or not node.host or node.port <= 0:
+            return None
+        return node.host, node.port
+
+    def node_by_prefix(self, prefix: str) -> NodeInfo | None:
+        for node in self.nodes.values():
+            if node.id.startswith(prefix):
+                return node
+        return None
+
+    def candidates(self, avoid: Address | None = None) -> list[Address]:
+        """Addresses to try, best first.
+
+        Every known node once (seeds and HELLO entries that are the same
+        node are merged), sorted by priority; equal priorities in random
+        order (or in the order given when ``randomize`` is off).  ``avoid``
+        (the node that just failed or said LEAVING) goes last: it is still
+        worth a try when nothing else answers, e.g. a lone node restarting.
+        """
+        entries: list[tuple[Address, str | None]] = []
+        seen_ids: set[str] = set()
+        for seed in self.seeds:
+            node_id = self.address_ids.get(seed)
+            if node_id is not None:
+                if node_id in seen_ids:
+                    continue
+                seen_ids.add(node_id)
+            entries.append((seed, node_id))
+        for node_id in self.nodes:
+            if node_id in seen_ids:
+                continue
+            address = self.address_of(node_id)
+            if address is None:
+                continue
+            seen_ids.add(node_id)
+            entries.append((address, node_id))
+        if self.randomize:
+            self.rng.shuffle(entries)
+        avoid_id = self.address_ids.get(avoid) if avoid is not None else None
+
+        def rank(entry: tuple[Address, str | None]) -> tuple[bool, int]:
+            address, node_id = entry
+            avoided = address == avoid or (avoid_id is not None and node_id == avoid_id)
+            return avoided, self.priority(node_id)
+
+        entries.sort(key=rank)
+        return [address for address, _ in entries]
+
+
+class Affinity:
+    """Consumer-side affinity: which node produces most of our jobs?
+
+    Keeps the node prefixes of the last ``window`` jobs received.  Once
+    ``min_jobs`` were seen, if one prefix accounts for at least ``threshold``
+    of them, it is not the current node's, and that node is known from
+    HELLO with a usable priority, :meth:`pick` names it.
+    """
+
+    def __init__(self, window: int = 200, threshold: float = 0.6,
+                 min_jobs: int | None = None) -> None:
+        if window < 1 or not 0 < threshold <= 1:
+            raise ValueError("affinity window must be >= 1 and threshold in (0, 1]")
+        self.window: deque[str] = deque(maxlen=window)
+        self.threshold = threshold
+        self.min_jobs = window if min_jobs is None else min(min_jobs, window)
+
+    def observe(self, job_ids: Iterable[str]) -> None:
+        self.window.extend(job_id[2:10] for job_id in job_ids)
+
+    def reset(self) -> None:
+        self.window.clear()
+
+    def pick(self, current_node_id: str | None, table: NodeTable) -> str | None:
+        if len(self.window) < self.min_jobs:
+            return None
+        prefix, count = Counter(self.window).most_common(1)[0]
+        if count / len(self.window) < self.threshold:
+            return None
+        if current_node_id is not None and current_node_id.startswith(prefix):
+            return None
+        node = table.node_by_prefix(prefix)
+        if node is None or table.priority(node.id) >= LEAVING_PRIORITY:
+            return None
+        if table.address_of(node.id) is None:
+            return None
+        return node.id

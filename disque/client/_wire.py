@@ -1,0 +1,528 @@
+"""What goes on the wire, shared by :class:`Client` and :class:`AsyncClient`.
+
+Each command is described once as a :class:`Request`: the encoded arguments,
+how long the server may legitimately hold the reply, and how to turn the raw
+RESP2 reply into Python values.  The sync and async clients only differ in
+how they send a request, so all parsing lives here and is tested once.
+
+Encoding rules (why): bodies are opaque bytes to Disque, so they go out and
+come back as ``bytes`` and are never decoded.  Queue names, job IDs and
+option values are text for the user; ``str`` is encoded as UTF-8 with
+``surrogateescape``, and names coming back are decoded the same way, so any
+queue name (even one that is not valid UTF-8) survives a round trip.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import redis.asyncio.connection as _async_connection
+import redis.connection as _sync_connection
+from redis._parsers import _AsyncHiredisParser, _AsyncRESP2Parser, _HiredisParser, _RESP2Parser
+from redis.utils import HIREDIS_AVAILABLE
+
+from ..exceptions import DisqueError, ProtocolError, error_from_reply
+
+__all__ = [
+    "Arg", "Job", "NodeInfo", "Hello", "Request", "encode_arg", "text",
+    "SYNC_PARSER", "ASYNC_PARSER", "connection_options", "raise_if_error",
+    "parse_info", "parse_hello", "DEFAULT_PORT",
+]
+
+DEFAULT_PORT = 7711
+
+#: What a command argument may be.
+Arg = str | bytes | bytearray | memoryview | int
+
+
+# --------------------------------------------------------------------------
+# Values
+# --------------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    """A job as GETJOB or QPEEK returned it.
+
+    ``nacks`` and ``additional_deliveries`` are ``None`` unless the job was
+    fetched with ``with_counters=True`` (the server only sends them then).
+    """
+
+    queue: str
+    id: str
+    body: bytes
+    nacks: int | None = None
+    additional_deliveries: int | None = None
+
+    @property
+    def node_prefix(self) -> str:
+        """The first 8 hex chars of the ID of the node that created the job."""
+        return self.id[2:10]
+
+
+@dataclass(frozen=True, slots=True)
+class NodeInfo:
+    """One entry of the HELLO node table."""
+
+    id: str
+    host: str
+    port: int
+    priority: int
+
+    @property
+    def address(self) -> str:
+        return format_address((self.host, self.port))
+
+
+@dataclass(frozen=True, slots=True)
+class Hello:
+    """The HELLO handshake: format version, the answering node's ID, all nodes."""
+
+    version: int
+    node_id: str
+    nodes: tuple[NodeInfo, ...]
+
+    @property
+    def myself(self) -> NodeInfo | None:
+        for node in self.nodes:
+            if node.id == self.node_id:
+                return node
+        return None
+
+
+def format_address(address: tuple[str, int]) -> str:
+    host, port = address
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+# --------------------------------------------------------------------------
+# Encoding and the reply parsers
+# --------------------------------------------------------------------------
+
+def encode_arg(value: Arg) -> bytes:
+    """One command argument as bytes (see the module docstring for why)."""
+    if isinstance(value, bytes):
+        return value
+    if isinstance(value, str):
+        return value.encode("utf-8", "surrogateescape")
+    if isinstance(value, bool):
+        raise TypeError("a bool is not a valid Disque argument")
+    if isinstance(value, int):
+        return str(value).encode()
+    if isinstance(value, bytearray | memoryview):
+        return bytes(value)
+    raise TypeError(f"cannot send {type(value).__name__} as a Disque argument")
+
+
+def text(value: Any) -> str:
+    """A name/ID from a reply as str (lossless, see the module docstring)."""
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "surrogateescape")
+    if isinstance(value, int):
+        return str(value)
+    raise ProtocolError(f"expected a string, got {value!r}")
+
+
+def integer(value: Any) -> int:
+    if isinstance(value, int):
+        return value
+    if isinstance(value, bytes) and value.lstrip(b"-").isdigit():
+        return int(value)
+    raise ProtocolError(f"expected an integer, got {value!r}")
+
+
+def raise_if_error(reply: Any) -> Any:
+    if isinstance(reply, DisqueError):
+        raise reply
+    return reply
+
+
+class _DisqueErrors:
+    """Parser mixin: error replies become :mod:`disque.exceptions` values.
+
+    redis-py strips known prefixes (``ERR``, ``OOM``, ``NOAUTH``...) from
+    the text and picks Redis classes; Disque clients match the first word,
+    so the parser keeps the whole text and builds our class instead.  The
+    error is *returned*, not raised, which keeps the connection usable and
+    lets a pipeline collect one result per command.
+    """
+
+    def parse_error(self, response: Any) -> DisqueError:  # type: ignore[override]
+        if isinstance(response, bytes):
+            response = response.decode("utf-8", "replace")
+        return error_from_reply(str(response))
+
+
+class DisqueRESP2Parser(_DisqueErrors, _RESP2Parser):
+    """Pure-Python RESP2 parser (used when hiredis is missing, and by the CLI)."""
+
+
+class DisqueHiredisParser(_DisqueErrors, _HiredisParser):
+    """hiredis RESP2 parser."""
+
+
+class AsyncDisqueRESP2Parser(_DisqueErrors, _AsyncRESP2Parser):
+    pass
+
+
+class AsyncDisqueHiredisParser(_DisqueErrors, _AsyncHiredisParser):
+    pass
+
+
+SYNC_PARSER: type = DisqueHiredisParser if HIREDIS_AVAILABLE else DisqueRESP2Parser
+ASYNC_PARSER: type = AsyncDisqueHiredisParser if HIREDIS_AVAILABLE else AsyncDisqueRESP2Parser
+
+
+def _accepts(cls: type, name: str) -> bool:
+    try:
+        return name in inspect.signature(cls.__init__).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+# redis-py >= 7 sends CLIENT SETINFO on connect unless driver_info is None:
+# one useless round trip (and an error on the original C Disque).
+_SYNC_EXTRA = ({"driver_info": None}
+               if _accepts(_sync_connection.AbstractConnection, "driver_info") else {})
+_ASYNC_EXTRA = ({"driver_info": None}
+                if _accepts(_async_connection.AbstractConnection, "driver_info") else {})
+
+
+def connection_options(asynchronous: bool) -> dict[str, Any]:
+    """redis-py Connection arguments every Disque connection uses.
+
+    ``protocol=2`` always: the original Disque rejects ``HELLO 3`` and its
+    bare ``HELLO`` is the Disque handshake.  No redis-py level retries: the
+    client decides where to retry (maybe on another node).
+    """
+    if asynchronous:
+        from redis.asyncio.retry import Retry as AsyncRetry
+        from redis.backoff import NoBackoff
+        return {"protocol": 2, "parser_class": ASYNC_PARSER,
+                "retry": AsyncRetry(NoBackoff(), 0), **_ASYNC_EXTRA}
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
+    return {"protocol": 2, "parser_class": SYNC_PARSER, "retry": Retry(NoBackoff(), 0),
+            **_SYNC_EXTRA}
+
+
+# --------------------------------------------------------------------------
+# Requests
+# --------------------------------------------------------------------------
+
+class Request(NamedTuple):
+    """One command.
+
+    ``wait`` is how long (seconds) the server may hold the reply on purpose:
+    0 for ordinary commands, the GETJOB/ADDJOB timeout for blocking ones,
+    ``None`` when it may block forever.  The client adds its socket timeout
+    on top, so a blocking command is never cut short by the socket timeout.
+    """
+
+    args: tuple[bytes, ...]
+    parse: Callable[[Any], Any]
+    wait: float | None = 0.0
+
+
+def request(*args: Arg, parse: Callable[[Any], Any] = lambda r: r,
+            wait: float | None = 0.0) -> Request:
+    return Request(tuple(encode_arg(a) for a in args), parse, wait)
+
+
+def _kv(reply: Any, raw_keys: frozenset[str] = frozenset()) -> dict[str, Any] | None:
+    """A flat key/value array as a dict; text values decoded except ``raw_keys``."""
+    if reply is None:
+        return None
+    if not isinstance(reply, list) or len(reply) % 2:
+        raise ProtocolError(f"expected a key/value array, got {reply!r}")
+    out: dict[str, Any] = {}
+    for key, value in zip(reply[::2], reply[1::2], strict=True):
+        name = text(key)
+        if name in raw_keys:
+            out[name] = value
+        elif isinstance(value, bytes):
+            out[name] = text(value)
+        elif isinstance(value, list):
+            out[name] = [text(v) if isinstance(v, bytes) else v for v in value]
+        else:
+            out[name] = value
+    return out
+
+
+def parse_show(reply: Any) -> dict[str, Any] | None:
+    return _kv(reply, frozenset({"body"}))
+
+
+def parse_job(entry: Any) -> Job:
+    if not isinstance(entry, list) or len(entry) < 3:
+        raise ProtocolError(f"expected a job entry [queue, id, body, ...], got {entry!r}")
+    body = entry[2]
+    if not isinstance(body, bytes):
+        raise ProtocolError(f"expected a job body, got {body!r}")
+    counters = _kv(entry[3:]) or {}
+    nacks = counters.get("nacks")
+    extra = counters.get("additional-deliveries")
+    return Job(text(entry[0]), text(entry[1]), body,
+               None if nacks is None else integer(nacks),
+               None if extra is None else integer(extra))
+
+
+def parse_jobs(reply: Any) -> list[Job]:
+    if reply is None:
+        return []
+    if not isinstance(reply, list):
+        raise ProtocolError(f"expected an array of jobs, got {reply!r}")
+    return [parse_job(entry) for entry in reply]
+
+
+def parse_hello(reply: Any) -> Hello:
+    if (not isinstance(reply, list) or len(reply) < 2 or not isinstance(reply[0], int)
+            or not all(isinstance(n, list) and len(n) >= 4 for n in reply[2:])):
+        raise ProtocolError(f"not a Disque HELLO reply: {reply!r}")
+    nodes = tuple(NodeInfo(text(n[0]), text(n[1]), integer(n[2]), integer(n[3]))
+                  for n in reply[2:])
+    return Hello(reply[0], text(reply[1]), nodes)
+
+
+def _number(value: str) -> int | float | str:
+    try:
+        return int(value)
+    except ValueError:
+        pass
+    try:
+        return float(value)
+    except ValueError:
+        return value
+
+
+def parse_info(reply: Any) -> dict[str, dict[str, int | float | str]]:
+    """INFO text as ``{section: {field: value}}``; numbers become int/float.
+
+    Section names are lowercased (``"# Server"`` -> ``"server"``), the form
+    ``INFO <section>`` takes.  Fields before any header go to ``""``.
+    """
+    if isinstance(reply, bytes):
+        reply = reply.decode("utf-8", "replace")
+    if not isinstance(reply, str):
+        raise ProtocolError(f"expected INFO text, got {reply!r}")
+    sections: dict[str, dict[str, int | float | str]] = {}
+    current = ""
+    for line in reply.splitlines():
+        line = line.strip()
+        if not line:
+            continue
+        if line.startswith("#"):
+            current = line[1:].strip().lower()
+            sections.setdefault(current, {})
+            continue
+        key, sep, value = line.partition(":")
+        if sep:
+            sections.setdefault(current, {})[key] = _number(value)
+    return sections
+
+
+def _ok(reply: Any) -> None:
+    if reply != b"OK":
+        raise ProtocolError(f"expected OK, got {reply!r}")
+
+
+def _int(reply: Any) -> int:
+    return integer(reply)
+
+
+def _text_list(reply: Any) -> list[str]:
+    if not isinstance(reply, list):
+        raise ProtocolError(f"expected an array, got {reply!r}")
+    return [text(x) for x in reply]
+
+
+def _scan_page(parse_item: Callable[[Any], Any]) -> Callable[[Any], tuple[int, list[Any]]]:
+    def parse(reply: Any) -> tuple[int, list[Any]]:
+        if not isinstance(reply, list) or len(reply) != 2 or not isinstance(reply[1], list):
+            raise ProtocolError(f"expected [cursor, items], got {reply!r}")
+        return integer(reply[0]), [parse_item(item) for item in reply[1]]
+    return parse
+
+
+def _seconds(ms: int | None) -> float | None:
+    return None if not ms else ms / 1000.0
+
+
+# One builder per command.  Each validates what the server could not
+# report well (or at all) and returns a Request.
+
+def add_job(queue: Arg, body: Arg, timeout_ms: int = 0, replicate: int | None = None,
+            delay: int | None = None, retry: int | None = None, ttl: int | None = None,
+            maxlen: int | None = None, async_: bool = False) -> Request:
+    args: list[Arg] = ["ADDJOB", queue, body, int(timeout_ms)]
+    for name, value in (("REPLICATE", replicate), ("DELAY", delay), ("RETRY", retry),
+                        ("TTL", ttl), ("MAXLEN", maxlen)):
+        if value is not None:
+            args += [name, int(value)]
+    if async_:
+        args.append("ASYNC")
+    # Without ASYNC the node may hold the reply until the job is replicated:
+    # up to timeout_ms, forever when it is 0.
+    wait = 0.0 if async_ else _seconds(timeout_ms)
+    return request(*args, parse=text, wait=wait)
+
+
+def get_jobs(queues: Sequence[Arg], count: int = 1, timeout_ms: int | None = None,
+             nohang: bool = False, with_counters: bool = False) -> Request:
+    if not queues:
+        raise ValueError("get_jobs needs at least one queue")
+    args: list[Arg] = ["GETJOB"]
+    if nohang:
+        args.append("NOHANG")
+    if timeout_ms is not None:
+        args += ["TIMEOUT", int(timeout_ms)]
+    if count != 1:
+        args += ["COUNT", int(count)]
+    if with_counters:
+        args.append("WITHCOUNTERS")
+    args += ["FROM", *queues]
+    wait = 0.0 if nohang else _seconds(timeout_ms)
+    return request(*args, parse=parse_jobs, wait=wait)
+
+
+def job_ids_command(name: str, ids: Iterable[Arg]) -> Request:
+    return request(name, *ids, parse=_int)
+
+
+def working(job_id: Arg) -> Request:
+    return request("WORKING", job_id, parse=_int)
+
+
+def show(job_id: Arg) -> Request:
+    return request("SHOW", job_id, parse=parse_show)
+
+
+def qlen(queue: Arg) -> Request:
+    return request("QLEN", queue, parse=_int)
+
+
+def qstat(queue: Arg) -> Request:
+    return request("QSTAT", queue, parse=_kv)
+
+
+def qpeek(queue: Arg, count: int) -> Request:
+    return request("QPEEK", queue, int(count), parse=parse_jobs)
+
+
+def qscan_page(cursor: int, count: int | None = None, busyloop: bool = False,
+               minlen: int | None = None, maxlen: int | None = None,
+               importrate: int | None = None) -> Request:
+    args: list[Arg] = ["QSCAN", int(cursor)]
+    if count is not None:
+        args += ["COUNT", int(count)]
+    if busyloop:
+        args.append("BUSYLOOP")
+    for name, value in (("MINLEN", minlen), ("MAXLEN", maxlen), ("IMPORTRATE", importrate)):
+        if value is not None:
+            args += [name, int(value)]
+    return request(*args, parse=_scan_page(text))
+
+
+def jscan_page(cursor: int, count: int | None = None, busyloop: bool = False,
+               queue: Arg | None = None, states: Iterable[str] = (),
+               reply: str = "id") -> Request:
+    if reply not in ("id", "all"):
+        raise ValueError("reply must be 'id' or 'all'")
+    args: list[Arg] = ["JSCAN", int(cursor)]
+    if count is not None:
+        args += ["COUNT", int(count)]
+    if busyloop:
+        args.append("BUSYLOOP")
+    if queue is not None:
+        args += ["QUEUE", queue]
+    for state in states:
+        args += ["STATE", state]
+    args += ["REPLY", reply]
+    return request(*args, parse=_scan_page(parse_show if reply == "all" else text))
+
+
+def pause(queue: Arg, options: Sequence[str], bcast: bool = False) -> Request:
+    opts = list(options) or ["state"]
+    if bcast:
+        opts.append("bcast")
+    return request("PAUSE", queue, *opts, parse=text)
+
+
+def info(section: str | None = None) -> Request:
+    args: list[Arg] = ["INFO"] if section is None else ["INFO", section]
+    return request(*args, parse=parse_info)
+
+
+def hello() -> Request:
+    return request("HELLO", parse=parse_hello)
+
+
+def ping(message: Arg | None = None) -> Request:
+    args: list[Arg] = ["PING"] if message is None else ["PING", message]
+    return request(*args)
+
+
+def cluster_meet(host: str, port: int) -> Request:
+    return request("CLUSTER", "MEET", host, int(port), parse=_ok)
+
+
+def cluster_leaving(value: bool | None = None) -> Request:
+    if value is None:
+        return request("CLUSTER", "LEAVING", parse=lambda r: text(r) == "yes")
+
+    def parse(reply: Any) -> bool:
+        _ok(reply)
+        return value
+
+    return request("CLUSTER", "LEAVING", "yes" if value else "no", parse=parse)
+
+
+def cluster_myid() -> Request:
+    return request("CLUSTER", "MYID", parse=text)
+
+
+def cluster_forget(node_id: str) -> Request:
+    return request("CLUSTER", "FORGET", node_id, parse=_ok)
+
+
+def cluster_reset(hard: bool = False) -> Request:
+    return request("CLUSTER", "RESET", "HARD" if hard else "SOFT", parse=_ok)
+
+
+def _parse_cluster_nodes(reply: Any) -> list[dict[str, Any]]:
+    nodes = []
+    for line in text(reply).splitlines():
+        fields = line.split()
+        if len(fields) < 6:
+            continue
+        host, _, port = fields[1].rpartition(":")
+        try:
+            nodes.append({
+                "id": fields[0], "host": host.strip("[]"), "port": int(port.split("@")[0]),
+                "flags": fields[2].split(","), "ping_sent": int(fields[3]),
+                "pong_recv": int(fields[4]), "link_state": fields[5],
+            })
+        except ValueError:
+            raise ProtocolError(f"unexpected CLUSTER NODES line: {line!r}") from None
+    return nodes
+
+
+def cluster_nodes() -> Request:
+    return request("CLUSTER", "NODES", parse=_parse_cluster_nodes)
+
+
+def cluster_info() -> Request:
+    return request("CLUSTER", "INFO", parse=lambda r: parse_info(r).get("", {}))
+
+
+def config_get(pattern: str) -> Request:
+    def parse(reply: Any) -> dict[str, str]:
+        items = _text_list(reply)
+        return dict(zip(items[::2], items[1::2], strict=True))
+    return request("CONFIG", "GET", pattern, parse=parse)
+
+
+def config_set(name: str, value: Arg) -> Request:
+    return request("CONFIG", "SET", name, value, parse=_ok)

@@ -1,0 +1,564 @@
+"""The synchronous Disque client."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+import time
+from collections.abc import Iterable, Iterator
+from typing import Any, Literal, overload
+
+import redis
+import redis.exceptions
+
+from ..exceptions import (
+    AuthError,
+    ConnectionFailed,
+    DisqueError,
+    Leaving,
+    ProtocolError,
+    ResponseError,
+)
+from . import _wire as w
+from ._base import DEFAULTS, ClientBase
+from ._cluster import Address, format_address
+from ._wire import Arg, Hello, Job, Request
+
+__all__ = ["Client"]
+
+log = logging.getLogger("disque.client")
+
+#: Errors that mean "this connection is gone": retry elsewhere.
+NETWORK_ERRORS: tuple[type[BaseException], ...] = (
+    redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError,
+)
+#: Commands per round trip in ack_many & co (each carries up to batch_size IDs).
+PIPELINE_COMMANDS = 32
+
+
+def chunks(items: Iterable[Any], size: int) -> Iterator[list[Any]]:
+    """Lists of at most ``size`` items, lazily (works on generators)."""
+    if size < 1:
+        raise ValueError("batch_size must be >= 1")
+    iterator = iter(items)
+    while chunk := list(itertools.islice(iterator, size)):
+        yield chunk
+
+
+class Client(ClientBase):
+    """A synchronous, cluster-aware Disque client built on redis-py.
+
+    The client holds one connection, to one node at a time.  It connects
+    lazily (first command, or :meth:`connect`): it tries the given
+    addresses in random order until one answers, authenticates, runs
+    ``HELLO`` and remembers the node table.  When a node answers
+    ``-LEAVING`` or the connection drops, it moves to another node (lower
+    HELLO priority first; the failed one last) and re-sends the command, at
+    most ``max_retries`` times.  Re-sending after a dropped connection may
+    run a command twice (an ADDJOB may add a second copy): Disque is an
+    at-least-once system anyway; set ``max_retries=0`` to never re-send.
+
+    Parameters (defaults in :data:`disque.client.DEFAULTS`):
+
+    addresses
+        ``"host:port"``, a comma separated list, or an iterable of
+        ``"host:port"`` / ``(host, port)``.  Default ``127.0.0.1:7711``.
+    password
+        Sent with ``AUTH`` on every new connection (``requirepass``).
+    socket_timeout
+        Seconds to wait for a reply (30).  Blocking commands (GETJOB with a
+        timeout, synchronous ADDJOB) get their own timeout added on top, and
+        wait forever when the command itself may block forever.  ``None``
+        disables it.
+    connect_timeout
+        Seconds to wait for a TCP connection to one node (2).
+    max_retries
+        How many times one command is re-sent after a dropped connection or
+        ``-LEAVING`` (3).
+    reconnect_timeout
+        Seconds one search for a node may take (10): rounds over every known
+        node, with a pause between rounds of ``retry_backoff`` seconds
+        (0.05) doubling up to ``retry_backoff_max`` (1.0).  At least one
+        round is always made; 0 means exactly one.  Then ConnectionFailed.
+    randomize
+        Try nodes of equal priority in random order (True, as the spec
+        says); False keeps the order given, for a preferred local node.
+    affinity, affinity_window, affinity_threshold
+        Consumer affinity (off): after ``affinity_window`` (200) received
+        jobs, if one node created at least ``affinity_threshold`` (0.6) of
+        them and HELLO lists it as usable, move to it.
+    client_name
+        ``CLIENT SETNAME`` on every connection (shows in CLIENT LIST).
+    connection_kwargs
+        Extra keyword arguments for ``redis.Connection`` (advanced).
+    rng
+        The ``random.Random`` used to shuffle nodes (seed it to replay an order).
+
+    A Client is thread-safe (commands are serialized on its connection);
+    give each consumer thread its own Client so blocking GETJOBs do not
+    queue behind one another.
+    """
+
+    def _init_connection_state(self) -> None:
+        self._conn: redis.Connection | None = None
+        self._hello: Hello | None = None
+        self._lock = threading.RLock()
+
+    # ---------------------------------------------------------- connection
+
+    def connect(self) -> Hello:
+        """Connect now (if not connected) and return the node's HELLO."""
+        with self._lock:
+            self._connection()
+            assert self._hello is not None
+            return self._hello
+
+    def close(self) -> None:
+        """Close the connection; the next command reconnects."""
+        with self._lock:
+            conn, self._conn = self._conn, None
+            self._address = self._node_id = None
+            if conn is not None:
+                conn.disconnect()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        where = self.address or "not connected"
+        return f"<disque.Client {where} seeds={','.join(self.seeds)}>"
+
+    def _connection(self) -> redis.Connection:
+        if self._conn is None:
+            self._connect_any()
+        assert self._conn is not None
+        return self._conn
+
+    def _connect_any(self) -> None:
+        deadline = time.monotonic() + self.reconnect_timeout
+        errors: dict[str, BaseException] = {}
+        delays = self._reconnect_delays()
+        while True:
+            for address in self._table.candidates(self._avoid):
+                try:
+                    conn, hello = self._open(address)
+                except AuthError:
+                    raise
+                except (*NETWORK_ERRORS, ResponseError, ProtocolError,
+                        redis.exceptions.RedisError) as exc:
+                    errors[format_address(address)] = exc
+                    continue
+                self._adopt(address, conn, hello)
+                return
+            delay = next(delays)
+            if time.monotonic() + delay > deadline:
+                raise ConnectionFailed("no Disque node reachable: "
+                                       + self._describe_errors(errors), errors)
+            time.sleep(delay)
+
+    def _open(self, address: Address) -> tuple[redis.Connection, Hello]:
+        """A new connection to ``address``, authenticated, with its HELLO."""
+        options = {**w.connection_options(asynchronous=False), **self.connection_kwargs}
+        conn = redis.Connection(host=address[0], port=address[1],
+                                socket_timeout=self.socket_timeout,
+                                socket_connect_timeout=self.connect_timeout,
+                                socket_keepalive=True, **options)
+        try:
+            conn.connect()
+            if self.password is not None:
+                self._roundtrip(conn, w.request("AUTH", self.password))
+            if self.client_name:
+                self._roundtrip(conn, w.request("CLIENT", "SETNAME", self.client_name))
+            hello = w.parse_hello(self._roundtrip(conn, w.hello()))
+        except BaseException:
+            conn.disconnect()
+            raise
+        return conn, hello
+
+    def _adopt(self, address: Address, conn: redis.Connection, hello: Hello) -> None:
+        old = self._conn
+        self._table.learn(address, hello)
+        self._conn, self._address, self._node_id, self._hello = conn, address, hello.node_id, hello
+        self._avoid = None
+        if old is not None and old is not conn:
+            old.disconnect()
+        log.debug("connected to %s (node %s)", format_address(address), hello.node_id)
+
+    def _drop(self) -> None:
+        """Forget the current connection; the next connect tries it last."""
+        conn, self._conn = self._conn, None
+        if self._address is not None:
+            self._avoid = self._address
+        self._address = self._node_id = None
+        if conn is not None:
+            try:
+                conn.disconnect()
+            except Exception:  # already broken: nothing more to do
+                pass
+
+    def _roundtrip(self, conn: redis.Connection, req: Request) -> Any:
+        conn.send_command(*req.args)
+        return w.raise_if_error(conn.read_response(timeout=self._read_timeout(req.wait)))
+
+    # ------------------------------------------------------------ execution
+
+    def _execute(self, req: Request) -> Any:
+        """Run one request, moving to another node on LEAVING or a lost link."""
+        with self._lock:
+            attempt = 0
+            while True:
+                conn = self._connection()
+                address = self.address or "?"
+                try:
+                    reply = self._roundtrip(conn, req)
+                except Leaving:
+                    self._table.mark_leaving(self._node_id)
+                    self._drop()
+                    if attempt >= self.max_retries:
+                        raise
+                except DisqueError:
+                    raise  # an error reply: the connection is fine
+                except NETWORK_ERRORS as exc:
+                    self._drop()
+                    if attempt >= self.max_retries:
+                        raise ConnectionFailed(f"connection to {address} lost: {exc}",
+                                               {address: exc}) from exc
+                except redis.exceptions.InvalidResponse as exc:
+                    self._drop()
+                    raise ProtocolError(str(exc)) from exc
+                except BaseException:
+                    self._drop()  # e.g. KeyboardInterrupt mid-read: reply pending
+                    raise
+                else:
+                    return req.parse(reply)
+                attempt += 1
+                log.info("retrying %s on another node (attempt %d)",
+                         req.args[0].decode(errors="replace"), attempt)
+
+    def _execute_many(self, reqs: list[Request]) -> list[Any]:
+        """Pipeline requests; one result or DisqueError per request, in order.
+
+        Requests answered ``-LEAVING`` are re-sent on another node; after a
+        dropped connection every unanswered request is re-sent.
+        """
+        results: list[Any] = [None] * len(reqs)
+        pending = list(range(len(reqs)))
+        attempt = 0
+        with self._lock:
+            while pending:
+                conn = self._connection()
+                address = self.address or "?"
+                try:
+                    conn.send_packed_command(conn.pack_commands([reqs[i].args for i in pending]))
+                    replies = [conn.read_response(timeout=self._read_timeout(reqs[i].wait))
+                               for i in pending]
+                except NETWORK_ERRORS as exc:
+                    self._drop()
+                    if attempt >= self.max_retries:
+                        raise ConnectionFailed(f"connection to {address} lost: {exc}",
+                                               {address: exc}) from exc
+                    attempt += 1
+                    continue
+                except BaseException:
+                    self._drop()
+                    raise
+                again = []
+                for i, reply in zip(pending, replies, strict=True):
+                    if isinstance(reply, Leaving):
+                        again.append(i)
+                        results[i] = reply
+                    elif isinstance(reply, DisqueError):
+                        results[i] = reply
+                    else:
+                        try:
+                            results[i] = reqs[i].parse(reply)
+                        except ProtocolError as exc:
+                            results[i] = exc
+                if again:
+                    self._table.mark_leaving(self._node_id)
+                    self._drop()
+                    if attempt >= self.max_retries:
+                        break
+                    attempt += 1
+                pending = again
+        return results
+
+    def execute_command(self, *args: Arg) -> Any:
+        """Send any command; the raw reply (bytes, int, None, lists) comes back.
+
+        Error replies raise the matching :mod:`disque.exceptions` class.
+        Use it for commands without a method (CONFIG REWRITE, DEBUG ...).
+        """
+        if not args:
+            raise ValueError("execute_command needs a command name")
+        return self._execute(w.request(*args))
+
+    # ---------------------------------------------------------------- jobs
+
+    def add_job(self, queue: Arg, body: Arg, *, timeout_ms: int = 0,
+                replicate: int | None = None, delay: int | None = None,
+                retry: int | None = None, ttl: int | None = None, maxlen: int | None = None,
+                async_: bool = False) -> str:
+        """ADDJOB: queue ``body`` and return the job ID.
+
+        ``timeout_ms`` is how long the node may wait for replication (0 =
+        forever, as in Disque); ``delay``, ``retry`` and ``ttl`` are seconds;
+        ``async_`` replicates in the background and answers at once.
+        """
+        return self._execute(w.add_job(queue, body, timeout_ms, replicate, delay, retry, ttl,
+                                       maxlen, async_))
+
+    @overload
+    def add_jobs(self, queue: Arg, bodies: Iterable[Arg], *,
+                 return_exceptions: Literal[False] = ..., batch_size: int = ...,
+                 **options: Any) -> list[str]: ...
+
+    @overload
+    def add_jobs(self, queue: Arg, bodies: Iterable[Arg], *,
+                 return_exceptions: Literal[True], batch_size: int = ...,
+                 **options: Any) -> list[str | DisqueError]: ...
+
+    def add_jobs(self, queue: Arg, bodies: Iterable[Arg], *, return_exceptions: bool = False,
+                 batch_size: int = DEFAULTS["batch_size"], **options: Any) -> list[Any]:
+        """Add many jobs with pipelined ADDJOBs (``batch_size`` per round trip).
+
+        ``options`` are those of :meth:`add_job`.  Returns the job IDs in
+        order.  On an error reply, without ``return_exceptions`` the first
+        error is raised once the batch containing it was sent (jobs of that
+        batch may have been added; later batches are not sent); with it,
+        the error takes that job's place in the list.
+        """
+        out: list[Any] = []
+        for chunk in chunks(bodies, batch_size):
+            results = self._execute_many([w.add_job(queue, body, **options) for body in chunk])
+            out.extend(results)
+            if not return_exceptions:
+                for result in results:
+                    if isinstance(result, DisqueError):
+                        raise result
+        return out
+
+    def get_jobs(self, *queues: Arg, count: int = 1, timeout_ms: int | None = None,
+                 nohang: bool = False, with_counters: bool = False) -> list[Job]:
+        """GETJOB: up to ``count`` jobs from the first queues that have some.
+
+        Blocks until a job arrives, or ``timeout_ms`` (``None``/0 = forever)
+        passes (then ``[]``); ``nohang`` never blocks.  ``with_counters``
+        fills :attr:`Job.nacks` and :attr:`Job.additional_deliveries`.
+        """
+        jobs: list[Job] = self._execute(w.get_jobs(queues, count, timeout_ms, nohang,
+                                                   with_counters))
+        target = self._affinity_target(jobs)
+        if target is not None:
+            self._switch_to(target)
+        return jobs
+
+    def get_job(self, *queues: Arg, timeout_ms: int | None = None, nohang: bool = False,
+                with_counters: bool = False) -> Job | None:
+        """One job (see :meth:`get_jobs`), or None on timeout / NOHANG."""
+        jobs = self.get_jobs(*queues, timeout_ms=timeout_ms, nohang=nohang,
+                             with_counters=with_counters)
+        return jobs[0] if jobs else None
+
+    def _switch_to(self, node_id: str) -> None:
+        """Affinity: move to ``node_id`` if it answers; stay put otherwise."""
+        address = self._table.address_of(node_id)
+        if address is None:
+            return
+        with self._lock:
+            try:
+                conn, hello = self._open(address)
+            except (*NETWORK_ERRORS, DisqueError, redis.exceptions.RedisError) as exc:
+                log.info("affinity: could not move to %s: %s", format_address(address), exc)
+                return
+            log.info("affinity: moving to %s (node %s)", format_address(address), node_id)
+            self._adopt(address, conn, hello)
+
+    def _ids(self, name: str, job_ids: tuple[Arg, ...]) -> int:
+        if not job_ids:
+            return 0
+        return self._execute(w.job_ids_command(name, job_ids))
+
+    def ack(self, *job_ids: Arg) -> int:
+        """ACKJOB: acknowledge jobs; returns how many were known and newly acked."""
+        return self._ids("ACKJOB", job_ids)
+
+    def fastack(self, *job_ids: Arg) -> int:
+        """FASTACK: best-effort delete everywhere; returns jobs known and deleted."""
+        return self._ids("FASTACK", job_ids)
+
+    def nack(self, *job_ids: Arg) -> int:
+        """NACK: put jobs back in the queue now, counting a failed attempt."""
+        return self._ids("NACK", job_ids)
+
+    def enqueue(self, *job_ids: Arg) -> int:
+        """ENQUEUE: queue jobs that are not queued; returns how many were."""
+        return self._ids("ENQUEUE", job_ids)
+
+    def dequeue(self, *job_ids: Arg) -> int:
+        """DEQUEUE: take queued jobs out of their queue; returns how many."""
+        return self._ids("DEQUEUE", job_ids)
+
+    def del_job(self, *job_ids: Arg) -> int:
+        """DELJOB: delete jobs from this node only; returns how many existed."""
+        return self._ids("DELJOB", job_ids)
+
+    def _ids_many(self, name: str, job_ids: Iterable[Arg], batch_size: int) -> int:
+        total = 0
+        for group in chunks(chunks(job_ids, batch_size), PIPELINE_COMMANDS):
+            results = self._execute_many([w.job_ids_command(name, ids) for ids in group])
+            for result in results:
+                if isinstance(result, DisqueError):
+                    raise result
+                total += result
+        return total
+
+    def ack_many(self, job_ids: Iterable[Arg], *,
+                 batch_size: int = DEFAULTS["batch_size"]) -> int:
+        """ACKJOB for any number of IDs: ``batch_size`` IDs per command, pipelined.
+
+        Returns the sum of the replies.  A BADID error rejects only the
+        command holding the bad ID; it is raised after its pipeline ran.
+        """
+        return self._ids_many("ACKJOB", job_ids, batch_size)
+
+    def fastack_many(self, job_ids: Iterable[Arg], *,
+                     batch_size: int = DEFAULTS["batch_size"]) -> int:
+        """FASTACK for any number of IDs, like :meth:`ack_many`."""
+        return self._ids_many("FASTACK", job_ids, batch_size)
+
+    def working(self, job_id: Arg) -> int:
+        """WORKING: postpone redelivery; returns the seconds it was postponed by."""
+        return self._execute(w.working(job_id))
+
+    def show(self, job_id: Arg) -> dict[str, Any] | None:
+        """SHOW: the job's fields as a dict (``body`` stays bytes), or None."""
+        return self._execute(w.show(job_id))
+
+    # -------------------------------------------------------------- queues
+
+    def qlen(self, queue: Arg) -> int:
+        """QLEN: jobs queued in this node's queue."""
+        return self._execute(w.qlen(queue))
+
+    def qstat(self, queue: Arg) -> dict[str, Any] | None:
+        """QSTAT: the queue's statistics as a dict, or None if it does not exist."""
+        return self._execute(w.qstat(queue))
+
+    def qpeek(self, queue: Arg, count: int) -> list[Job]:
+        """QPEEK: the ``count`` oldest jobs (newest first if ``count`` < 0)."""
+        return self._execute(w.qpeek(queue, count))
+
+    def pause(self, queue: Arg, *options: str, bcast: bool = False) -> str:
+        """PAUSE queue in|out|all|none|state: returns the resulting state.
+
+        Without options it only reads the state; ``bcast`` sends the same
+        PAUSE to every reachable node.
+        """
+        return self._execute(w.pause(queue, options, bcast))
+
+    def _scan(self, make: Any) -> Iterator[Any]:
+        """Follow a QSCAN/JSCAN cursor to 0.
+
+        The cursor only means something on the node that issued it: if the
+        client moved to another node in between, the scan restarts there
+        (SCAN semantics already allow duplicates).
+        """
+        cursor, node = 0, None
+        while True:
+            with self._lock:
+                if cursor and self._node_id != node:
+                    cursor = 0
+                self._connection()
+                node = self._node_id
+                cursor, items = self._execute(make(cursor))
+                if self._node_id != node:
+                    cursor, node = 0, self._node_id
+                    continue
+            yield from items
+            if cursor == 0:
+                return
+
+    def qscan(self, *, count: int | None = None, busyloop: bool = False,
+              minlen: int | None = None, maxlen: int | None = None,
+              importrate: int | None = None) -> Iterator[str]:
+        """Iterate queue names with QSCAN (all pages; options as in Disque)."""
+        return self._scan(lambda c: w.qscan_page(c, count, busyloop, minlen, maxlen, importrate))
+
+    @overload
+    def jscan(self, *, count: int | None = ..., busyloop: bool = ..., queue: Arg | None = ...,
+              states: Iterable[str] = ..., reply: Literal["id"] = ...) -> Iterator[str]: ...
+
+    @overload
+    def jscan(self, *, count: int | None = ..., busyloop: bool = ..., queue: Arg | None = ...,
+              states: Iterable[str] = ...,
+              reply: Literal["all"]) -> Iterator[dict[str, Any]]: ...
+
+    def jscan(self, *, count: int | None = None, busyloop: bool = False,
+              queue: Arg | None = None, states: Iterable[str] = (),
+              reply: str = "id") -> Iterator[Any]:
+        """Iterate jobs with JSCAN: IDs, or SHOW-like dicts with ``reply="all"``.
+
+        ``states`` filters by job state (``queued``, ``active``, ...; OR-ed).
+        """
+        states = tuple(states)
+        return self._scan(lambda c: w.jscan_page(c, count, busyloop, queue, states, reply))
+
+    # -------------------------------------------------------------- server
+
+    def hello(self) -> Hello:
+        """HELLO: the node table (also refreshes the client's copy)."""
+        with self._lock:
+            hello: Hello = self._execute(w.hello())
+            if self._address is not None:
+                self._table.learn(self._address, hello)
+                self._hello = hello
+            return hello
+
+    def ping(self, message: Arg | None = None) -> bytes:
+        """PING: ``b"PONG"``, or ``message`` echoed."""
+        return self._execute(w.ping(message))
+
+    def info(self, section: str | None = None) -> dict[str, dict[str, Any]]:
+        """INFO as ``{"server": {"tcp_port": 7711, ...}, "jobs": {...}, ...}``."""
+        return self._execute(w.info(section))
+
+    def cluster_meet(self, host: str, port: int) -> None:
+        """CLUSTER MEET: ask the node to join the cluster of ``host:port``."""
+        self._execute(w.cluster_meet(host, port))
+
+    def cluster_leaving(self, leaving: bool | None = None) -> bool:
+        """CLUSTER LEAVING [yes|no]: set, or read, the node's leaving state."""
+        return self._execute(w.cluster_leaving(leaving))
+
+    def cluster_myid(self) -> str:
+        """CLUSTER MYID: this node's ID."""
+        return self._execute(w.cluster_myid())
+
+    def cluster_nodes(self) -> list[dict[str, Any]]:
+        """CLUSTER NODES, one dict per node (id, host, port, flags, ...)."""
+        return self._execute(w.cluster_nodes())
+
+    def cluster_info(self) -> dict[str, Any]:
+        """CLUSTER INFO fields."""
+        return self._execute(w.cluster_info())
+
+    def cluster_forget(self, node_id: str) -> None:
+        """CLUSTER FORGET: drop a node from this node's table."""
+        self._execute(w.cluster_forget(node_id))
+
+    def cluster_reset(self, hard: bool = False) -> None:
+        """CLUSTER RESET [HARD]: forget all peers and drop all jobs of this node."""
+        self._execute(w.cluster_reset(hard))
+
+    def config_get(self, pattern: str) -> dict[str, str]:
+        """CONFIG GET pattern."""
+        return self._execute(w.config_get(pattern))
+
+    def config_set(self, name: str, value: Arg) -> None:
+        """CONFIG SET name value."""
+        self._execute(w.config_set(name, value))

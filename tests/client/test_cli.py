@@ -1,0 +1,241 @@
+"""The ``disque`` command-line tool, run as a subprocess against real servers."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pexpect
+import pytest
+
+from disque import Client
+from tests.client.conftest import address, fake_job_id
+from tests.support.process import DisqueProcess, wait_for
+
+CLI = [sys.executable, "-m", "disque.cli"]
+JOB_ID = re.compile(r"D-[0-9a-f]{8}-[A-Za-z0-9+/]{24}-[0-9a-f]{4}")
+
+
+def disque(port: int, *args: str, env: dict[str, str] | None = None,
+           timeout: float = 20) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*CLI, "-p", str(port), *args], capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ, **(env or {})})
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_one_shot_formatted_output(server: DisqueProcess) -> None:
+    p = server.port
+    assert disque(p, "--no-raw", "ping").stdout == "PONG\n"
+    added = disque(p, "--no-raw", "addjob", "q", 'say "hi"\n', "0")
+    assert added.returncode == 0 and JOB_ID.fullmatch(added.stdout.strip())
+    job_id = added.stdout.strip()
+    assert disque(p, "--no-raw", "qlen", "q").stdout == "(integer) 1\n"
+    got = disque(p, "--no-raw", "getjob", "from", "q").stdout
+    assert got == f'1) 1) "q"\n   2) "{job_id}"\n   3) "say \\"hi\\"\\n"\n'
+    assert disque(p, "--no-raw", "getjob", "nohang", "from", "q").stdout == "(nil)\n"
+    assert disque(p, "--no-raw", "qpeek", "q", "5").stdout == "(empty array)\n"
+    stat = disque(p, "--no-raw", "qstat", "q").stdout
+    assert stat.startswith(' 1) "name"\n 2) "q"\n 3) "len"\n 4) (integer) 0\n')
+    assert '12) (empty array)\n' in stat
+    assert disque(p, "--no-raw", "cluster", "leaving").stdout == "no\n"
+    info = disque(p, "--no-raw", "info", "server").stdout  # INFO is always raw text
+    assert info.startswith("# Server") and f"tcp_port:{p}" in info
+
+
+def test_one_shot_raw_output_when_piped(server: DisqueProcess) -> None:
+    p = server.port
+    assert disque(p, "ping").stdout == "PONG\n"
+    job_id = disque(p, "--raw", "addjob", "q", "body", "0").stdout.strip()
+    assert JOB_ID.fullmatch(job_id)
+    assert disque(p, "getjob", "from", "q").stdout == f"q\n{job_id}\nbody\n"
+    assert disque(p, "qlen", "q").stdout == "0\n"
+    assert disque(p, "getjob", "nohang", "from", "q").stdout == "\n"
+
+
+def test_error_replies_exit_non_zero(server: DisqueProcess) -> None:
+    p = server.port
+    result = disque(p, "--no-raw", "working", fake_job_id())
+    assert result.returncode == 1
+    assert result.stdout == "(error) NOJOB Job not known in the context of this node.\n"
+    raw = disque(p, "ackjob", "bad")
+    assert (raw.returncode, raw.stdout) == (1, "BADID Invalid Job ID format.\n")
+    unknown = disque(p, "--no-raw", "nosuchcommand")
+    assert unknown.stdout == "(error) ERR unknown command 'nosuchcommand'\n"
+
+
+def test_cluster_meet_is_passed_through(server: DisqueProcess) -> None:
+    result = disque(server.port, "--no-raw", "cluster", "meet", "127.0.0.1", "7712")
+    # The server has no cluster bus yet and says so; the CLI prints it as is.
+    assert result.returncode == 1
+    assert result.stdout.startswith("(error) ERR ")
+    assert "127.0.0.1:7712" in result.stdout
+    bad = disque(server.port, "--no-raw", "cluster", "meet", "not-an-ip", "7712")
+    assert bad.stdout == "(error) ERR Invalid node address specified: not-an-ip:7712\n"
+
+
+def test_connection_failure() -> None:
+    port = free_port()
+    result = disque(port, "ping")
+    assert result.returncode == 1
+    assert result.stdout == ""
+    assert result.stderr.startswith(f"Could not connect to Disque at 127.0.0.1:{port}: ")
+
+
+def test_password(server_factory) -> None:
+    secured = server_factory("--requirepass", "pw")
+    denied = disque(secured.port, "--no-raw", "ping")
+    assert (denied.returncode, denied.stdout) == (1, "(error) NOAUTH Authentication required.\n")
+    assert disque(secured.port, "-a", "pw", "ping").stdout == "PONG\n"
+    assert disque(secured.port, "ping", env={"DISQUE_PASSWORD": "pw"}).stdout == "PONG\n"
+    wrong = disque(secured.port, "-a", "nope", "ping")
+    assert wrong.returncode == 1 and "invalid password" in wrong.stdout
+
+
+def test_host_option_and_help(server: DisqueProcess) -> None:
+    result = subprocess.run([*CLI, "-h", "127.0.0.1", "-p", str(server.port), "ping"],
+                            capture_output=True, text=True, timeout=20)
+    assert result.stdout == "PONG\n"
+    helped = subprocess.run([*CLI, "--help"], capture_output=True, text=True, timeout=20)
+    assert helped.returncode == 0 and "-a PASSWORD" in helped.stdout
+    version = subprocess.run([*CLI, "--version"], capture_output=True, text=True, timeout=20)
+    assert version.stdout.startswith("disque ")
+
+
+def test_monitor_queues(server: DisqueProcess) -> None:
+    with Client(address(server)) as c:
+        c.add_jobs("emails", [b"x"] * 3)
+        c.add_job("sms", b"y")
+        c.pause("sms", "in")
+    result = disque(server.port, "monitor-queues", "--interval", "0.05", "--count", "2")
+    assert result.returncode == 0, result.stderr
+    tables = result.stdout.split("\n\n")
+    assert len(tables) == 2
+    for table in tables:
+        lines = table.strip().splitlines()
+        assert lines[0].startswith(f"127.0.0.1:{server.port}") and "queues: 2" in lines[0]
+        assert lines[1].split() == ["QUEUE", "LEN", "AGE", "IDLE", "BLOCKED", "IMPORT-RATE",
+                                    "IN/S", "OUT/S", "JOBS-IN", "JOBS-OUT", "PAUSE"]
+        emails, sms = (line.split() for line in lines[2:])
+        assert (emails[0], emails[1], emails[-1]) == ("emails", "3", "none")
+        assert (sms[0], sms[1], sms[-1]) == ("sms", "1", "in")
+    assert "0.0" in tables[1]  # rates appear from the second refresh on
+    filtered = disque(server.port, "monitor-queues", "--count", "1", "--minlen", "2")
+    assert "emails" in filtered.stdout and "sms" not in filtered.stdout
+    assert disque(server.port, "monitor-queues", "--bogus").returncode == 2
+
+
+def test_installed_script() -> None:
+    script = shutil.which("disque")
+    if script is None:
+        pytest.skip("the disque script is not installed (pip install -e .)")
+    result = subprocess.run([script, "--version"], capture_output=True, text=True, timeout=20)
+    assert result.returncode == 0 and result.stdout.startswith("disque ")
+
+
+# ------------------------------------------------------------------ interactive
+
+def spawn(port: int, history: Path) -> pexpect.spawn:
+    env = {**os.environ, "DISQUE_HISTFILE": str(history), "TERM": "dumb"}
+    return pexpect.spawn(sys.executable, [*CLI[1:], "-p", str(port)], env=env,
+                         encoding="utf-8", timeout=15, dimensions=(40, 200))
+
+
+def test_interactive_session_with_history(server: DisqueProcess, tmp_path: Path) -> None:
+    history = tmp_path / "history"
+    prompt = f"127.0.0.1:{server.port}> "
+    child = spawn(server.port, history)
+    child.expect_exact(prompt)
+    child.sendline("ping")
+    child.expect_exact("PONG")
+    child.expect_exact(prompt)
+    child.sendline('addjob q "hello world" 0')
+    child.expect(JOB_ID.pattern)
+    child.sendline("qlen q")
+    child.expect_exact("(integer) 1")
+    child.sendline("getjob from q")
+    child.expect_exact('3) "hello world"')
+    child.sendline("nosuch")
+    child.expect_exact("(error) ERR unknown command 'nosuch'")
+    child.sendline('echo "unbalanced')
+    child.expect_exact("Invalid argument(s)")
+    child.sendline("help")
+    child.expect_exact("monitor-queues")
+    child.sendline("monitor-queues --count 1")
+    child.expect_exact("QUEUE")
+    child.expect_exact(prompt)
+    child.sendline("cluster meet 127.0.0.1 7712")
+    child.expect_exact("(error) ERR")
+    child.expect_exact(prompt)
+    child.sendline("quit")
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 0
+    saved = history.read_text().splitlines()
+    assert saved[:2] == ["ping", 'addjob q "hello world" 0']
+    assert saved[-1] == "quit"
+
+    # A new session loads the history: Ctrl-P recalls the last line ("quit").
+    child = spawn(server.port, history)
+    child.expect_exact(prompt)
+    child.send("\x10\r")
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 0
+
+
+def test_interactive_not_connected_then_reconnects(server_factory, tmp_path: Path) -> None:
+    node = server_factory()
+    port = node.port
+    node.stop()
+    child = spawn(port, tmp_path / "history")
+    child.expect_exact(f"Could not connect to Disque at 127.0.0.1:{port}")
+    child.expect_exact("not connected> ")
+    child.sendline("ping")
+    child.expect_exact("Could not connect")
+    child.expect_exact("not connected> ")
+    node.start(port=port)
+    child.sendline("ping")
+    child.expect_exact("PONG")
+    child.expect_exact(f"127.0.0.1:{port}> ")
+    node.restart()  # the connection drops under the session: re-sent once
+    child.sendline("ping")
+    child.expect_exact("PONG")
+    child.sendeof()
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 0
+
+
+def test_interactive_auth_and_ctrl_c(server_factory, tmp_path: Path) -> None:
+    secured = server_factory("--requirepass", "pw")
+    prompt = f"127.0.0.1:{secured.port}> "
+    child = spawn(secured.port, tmp_path / "history")
+    child.expect_exact("(error) NOAUTH Authentication required.")
+    child.expect_exact("not connected> ")
+    child.sendline("auth wrong")
+    child.expect_exact("(error) ERR invalid password")
+    child.sendline("auth pw")
+    child.expect_exact("OK")
+    child.expect_exact(prompt)
+    child.sendline("getjob from nothing-here")  # blocks until Ctrl-C
+    with Client(address(secured), password="pw") as c:
+        wait_for(lambda: c.info("clients")["clients"]["blocked_clients"] == 1,
+                 message="CLI blocked in GETJOB")
+    child.sendintr()
+    child.expect_exact(prompt)
+    child.sendline("ping")
+    child.expect_exact("PONG")
+    child.sendline("exit")
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 0
