@@ -46,8 +46,9 @@ def _check_password(state: ServerState, client: ClientConnection, user: bytes | 
     expected = state.config.requirepass
     if not expected:
         raise CommandError("ERR Client sent AUTH, but no password is set")
+    # CONFIG SET keeps client bytes as surrogate-escaped text: compare bytes.
     if (user is not None and user != b"default") or not hmac.compare_digest(
-            password, expected.encode()):
+            password, expected.encode("utf-8", "surrogateescape")):
         client.authenticated = False
         raise CommandError("ERR invalid password")
     client.authenticated = True
@@ -150,7 +151,7 @@ def config(state: ServerState, client: ClientConnection, argv: list[bytes]) -> A
         if sub == b"get" and len(argv) == 3:
             out: list[bytes] = []
             for name, value in state.config.matching(argv[2].decode("utf-8", "replace")):
-                out += [name.encode(), value.encode()]
+                out += [name.encode(), value.encode("utf-8", "surrogateescape")]
             return out
         if sub == b"set" and len(argv) == 4:
             state.config.set(argv[2].decode("utf-8", "replace"),
@@ -306,14 +307,19 @@ def _client_kill(state: ServerState, me: ClientConnection, args: list[bytes]) ->
 # SHUTDOWN
 # --------------------------------------------------------------------------
 
+_SHUTDOWN_MODES = {b"nosave": "nosave", b"save": "save", b"rewrite-aof": "rewrite-aof"}
+
+
 @command("shutdown", -1, "admin")
 def shutdown(state: ServerState, client: ClientConnection, argv: list[bytes]) -> Any:
     """SHUTDOWN [NOSAVE|SAVE|REWRITE-AOF]: stop the node (no reply on success)."""
     if len(argv) > 2:
         raise CommandError(SYNTAX_ERROR)
-    mode = argv[1].lower().decode() if len(argv) == 2 else ""
-    if mode not in ("", "nosave", "save", "rewrite-aof"):
-        raise CommandError(SYNTAX_ERROR)
+    mode = ""
+    if len(argv) == 2:
+        mode = _SHUTDOWN_MODES.get(argv[1].lower(), "")
+        if not mode:
+            raise CommandError(SYNTAX_ERROR)
     if state.shutdown_requested is None:
         raise CommandError("ERR Errors trying to SHUTDOWN. Check logs.")
     error = state.shutdown_requested(mode)
