@@ -79,6 +79,8 @@ class DisqueServer:
         state._schedule_hook = self._schedule_changed
         state.shutdown_requested = self._shutdown_requested
         self.state = state
+        from .aof import setup_persistence
+        setup_persistence(self, state)  # loads the AOF before listening
 
         for address in config.bind:
             host = None if address == "*" else address
@@ -158,6 +160,8 @@ class DisqueServer:
             now = time.monotonic()
             state.sample_ops()
             state.memory.used  # noqa: B018 - updates the peak
+            if state.aof is not None:
+                state.aof.cron()
             if now - self._last_queue_eviction >= QUEUE_EVICTION_PERIOD_S:
                 self._last_queue_eviction = now
                 state.evict_idle_queues()

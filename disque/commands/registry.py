@@ -17,6 +17,7 @@ Flags:
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -33,6 +34,8 @@ __all__ = [
     "Command", "CommandError", "COMMANDS", "command", "execute", "BLOCKED",
     "parse_int", "parse_job_ids", "SYNTAX_ERROR", "INT_ERROR",
 ]
+
+log = logging.getLogger("disque.commands")
 
 Handler = Callable[["ServerState", "ClientConnection", list[bytes]], Any]
 
@@ -105,11 +108,20 @@ def execute(state: ServerState, client: ClientConnection, argv: list[bytes]) -> 
     if ("denyoom" in cmd.flags and state.memory.level() >= 2
             and free_memory_if_needed(state) >= 3):
         return OOM
+    aof = state.aof if "write" in cmd.flags else None
+    if aof is not None and (refused := aof.refuse_write()) is not None:
+        return refused  # -MISCONF while the AOF cannot be written
     state.stats.commands_processed += 1
     try:
-        return cmd.handler(state, client, argv)
+        reply = cmd.handler(state, client, argv)
     except CommandError as err:
-        return ReplyError(err.message)
+        reply = ReplyError(err.message)
+    except Exception as err:  # a bug: answer it, keep the connection and the node
+        log.exception("Internal error running %r", cmd.name)
+        reply = ReplyError(f"ERR internal error running '{cmd.name}': "
+                           f"{type(err).__name__}: {err}")
+    # The command's AOF records are written before it may answer.
+    return reply if aof is None else aof.after_command(reply)
 
 
 # --------------------------------------------------------------------------
