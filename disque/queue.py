@@ -197,8 +197,9 @@ def dequeue_job(state: ServerState, job: Job) -> bool:
         else:
             q.jobs_out += 1
             state.memory.sub(QUEUE_ENTRY_BYTES)
+    # Queued and active jobs wake at the same time (see update_awake_time),
+    # so the schedule needs no update here.
     job.state = JobState.ACTIVE
-    jobs_mod.update_awake_time(state, job)
     return True
 
 
@@ -215,5 +216,5 @@ def fetch_job(state: ServerState, q: Queue) -> Job | None:
     if job.retry == 0:
         # At-most-once and delivered: may now be evicted under memory pressure.
         state.jobs.evictable_add(job)
-    jobs_mod.update_awake_time(state, job)
+    # The awake time is the same for queued and active jobs: no schedule update.
     return job

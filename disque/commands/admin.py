@@ -11,7 +11,7 @@ from .. import __version__
 from ..config import ConfigError
 from ..info import info_text
 from ..protocol import OK, Map, ReplyError, Status
-from .registry import COMMANDS, SYNTAX_ERROR, CommandError, command, parse_int
+from .registry import COMMANDS, SYNTAX_ERROR, CommandError, command, lookup, parse_int
 
 if TYPE_CHECKING:
     from ..connection import ClientConnection
@@ -215,7 +215,7 @@ def command_(state: ServerState, client: ClientConnection, argv: list[bytes]) ->
     if sub == b"info":
         out = []
         for name in argv[2:]:
-            cmd = COMMANDS.get(name.lower())
+            cmd = lookup(name)
             out.append(_command_entry(cmd) if cmd else None)
         return out
     if sub == b"docs":

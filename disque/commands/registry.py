@@ -86,6 +86,7 @@ def command(name: str, arity: int, flags: str = "") -> Callable[[Handler], Handl
 
 
 def lookup(name: bytes) -> Command | None:
+    """The command called ``name``, in any letter case."""
     cmd = COMMANDS.get(name)
     if cmd is None:
         cmd = COMMANDS.get(name.lower())
@@ -94,12 +95,10 @@ def lookup(name: bytes) -> Command | None:
 
 def execute(state: ServerState, client: ClientConnection, argv: list[bytes]) -> Any:
     """Run one command and return its reply (or ``BLOCKED``)."""
-    cmd = COMMANDS.get(argv[0])
+    cmd = lookup(argv[0])
     if cmd is None:
-        cmd = COMMANDS.get(argv[0].lower())
-        if cmd is None:
-            name = argv[0][:128].decode("utf-8", "replace")
-            return ReplyError(f"ERR unknown command '{name}'")
+        name = argv[0][:128].decode("utf-8", "replace")
+        return ReplyError(f"ERR unknown command '{name}'")
     client.last_command = cmd.name
     if not cmd.arity_ok(len(argv)):
         return ReplyError(f"ERR wrong number of arguments for '{cmd.name}' command")
@@ -156,6 +155,3 @@ def parse_job_ids(ids: list[bytes]) -> list[bytes]:
             raise CommandError(BADID)
     return ids
 
-
-def option_name(raw: bytes) -> bytes:
-    return raw.lower()
