@@ -48,9 +48,12 @@ def parse_address(value: str | tuple[str, int], default_port: int = DEFAULT_PORT
     if not host:
         raise ValueError(f"invalid address {value!r}")
     try:
-        return host, int(port) if port else default_port
+        number = int(port) if port else default_port
     except ValueError:
         raise ValueError(f"invalid port in address {value!r}") from None
+    if not 0 < number < 65536:
+        raise ValueError(f"port out of range (1-65535) in address {value!r}")
+    return host, number
 
 
 def parse_addresses(addresses: str | tuple[str, int] | Iterable[str | tuple[str, int]]

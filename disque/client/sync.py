@@ -435,6 +435,17 @@ class Client(ClientBase):
         """WORKING: postpone redelivery; returns the seconds it was postponed by."""
         return self._execute(w.working(job_id))
 
+    def working_many(self, job_ids: Iterable[Arg]) -> list[int | DisqueError]:
+        """WORKING for each ID, pipelined: per ID the seconds or the error.
+
+        Errors (``NoJob``, ``TooLate``, ``Acked`` ...) are returned in place,
+        not raised, so one lost job does not hide the others' answers.
+        """
+        out: list[int | DisqueError] = []
+        for group in chunks(job_ids, PIPELINE_COMMANDS * 32):
+            out.extend(self._execute_many([w.working(job_id) for job_id in group]))
+        return out
+
     def show(self, job_id: Arg) -> dict[str, Any] | None:
         """SHOW: the job's fields as a dict (``body`` stays bytes), or None."""
         return self._execute(w.show(job_id))

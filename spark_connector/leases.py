@@ -1,0 +1,178 @@
+"""Keeping staged jobs leased: WORKING heartbeats from a driver thread.
+
+A job handed out by GETJOB is queued again by its node after RETRY seconds
+unless somebody acknowledges it or sends WORKING.  Between staging a batch and
+acknowledging it Spark may take a long time (a slow sink, a restart), so the
+driver keeps every staged, unacknowledged job leased: it sends WORKING right
+after a batch is registered (which also tells it each job's RETRY), and then
+again after a third of the smallest RETRY seen in the batch.  Jobs with
+RETRY 0 are never queued again and need no heartbeat.
+
+When a heartbeat cannot be delivered the lease is lost and the node will
+queue the job again: ``NOJOB`` (the job is gone: TTL expired, or it was
+acknowledged elsewhere) and ``TOOLATE`` (more than half the TTL elapsed, the
+node refuses to postpone).  Those jobs are counted in ``leases_lost`` and
+logged; their next delivery has ``additional_deliveries`` > 0.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from disque.exceptions import Acked, DisqueError, NoJob, TooLate
+
+__all__ = ["LeaseKeeper"]
+
+log = logging.getLogger("spark_connector.leases")
+
+#: Heartbeat at this fraction of the job's RETRY: two more tries fit before
+#: the lease expires if one heartbeat is delayed or fails.
+RENEW_FRACTION = 1 / 3
+#: Never heartbeat more often than this, even for RETRY 1 jobs.
+MIN_INTERVAL_S = 0.2
+
+
+@dataclass
+class _Lease:
+    ids: list[str]
+    due: float = 0.0                      # monotonic time of the next heartbeat
+    interval: float | None = None         # learned from WORKING replies
+    lost: set[str] = field(default_factory=set)
+
+
+class LeaseKeeper:
+    """Background WORKING heartbeats for the jobs of staged batches.
+
+    ``discover`` is called on every tick before renewing, to pick up jobs
+    staged by someone else (executor fetch mode) while Spark runs the batch.
+
+    ``working`` is the pipelined WORKING call (``Client.working_many``); it is
+    only ever called from the keeper's own thread, so the caller can give the
+    keeper a client of its own and never contend with the fetching thread.
+    """
+
+    def __init__(self, working: Callable[[list[str]], list[int | DisqueError]], *,
+                 interval_s: float | None = None, tick_s: float = 0.25,
+                 clock: Callable[[], float] = time.monotonic,
+                 discover: Callable[[], None] | None = None) -> None:
+        self._working = working
+        self._discover = discover
+        self._fixed_interval = interval_s
+        self._tick = tick_s
+        self._clock = clock
+        self._leases: dict[int, _Lease] = {}
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._stopped = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.heartbeats_sent = 0
+        self.leases_lost = 0
+
+    # -------------------------------------------------------------- API
+
+    def hold(self, seq: int, ids: Iterable[str], *, start: bool = True) -> None:
+        """Start (or extend) leasing the jobs of batch ``seq``; first WORKING soon.
+
+        ``start=False`` leaves the thread alone: the caller renews itself
+        first (recovery) and calls :meth:`start` after.
+        """
+        ids = list(ids)
+        if not ids:
+            return
+        with self._lock:
+            lease = self._leases.get(seq)
+            if lease is None:
+                self._leases[seq] = _Lease(ids)
+            else:
+                lease.ids.extend(i for i in ids if i not in set(lease.ids))
+                lease.due = 0.0
+        if start:
+            self.start()
+
+    def start(self) -> None:
+        """Run the heartbeat thread (idempotent)."""
+        self._ensure_thread()
+        self._wake.set()
+
+    def release_through(self, seq: int) -> list[int]:
+        """Stop leasing every batch <= ``seq`` (about to be acknowledged)."""
+        with self._lock:
+            done = [s for s in self._leases if s <= seq]
+            for s in done:
+                del self._leases[s]
+        return done
+
+    def held(self) -> dict[int, int]:
+        with self._lock:
+            return {seq: len(lease.ids) for seq, lease in self._leases.items()}
+
+    def stop(self) -> None:
+        self._stopped.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    # --------------------------------------------------------- the thread
+
+    def _ensure_thread(self) -> None:
+        if self._thread is None or not self._thread.is_alive():
+            self._thread = threading.Thread(target=self._run, name="disque-lease-keeper",
+                                            daemon=True)
+            self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stopped.is_set():
+            try:
+                if self._discover is not None:
+                    self._discover()  # jobs staged by executors since the last tick
+                self.renew_due()
+            except DisqueError as exc:  # node unreachable: try again next tick
+                log.warning("WORKING heartbeats failed, will retry: %s", exc)
+            except Exception:  # never let the keeper die silently
+                log.exception("lease keeper error")
+            self._wake.wait(self._tick)
+            self._wake.clear()
+
+    def renew_due(self) -> int:
+        """Send WORKING for every batch whose heartbeat is due; returns how many IDs."""
+        now = self._clock()
+        with self._lock:
+            due = [(seq, lease) for seq, lease in self._leases.items() if lease.due <= now]
+            for _, lease in due:  # claimed: a concurrent call skips them
+                lease.due = float("inf")
+        sent = 0
+        for seq, lease in due:
+            ids = [i for i in lease.ids if i not in lease.lost]
+            if not ids:
+                continue
+            replies = self._working(ids)
+            sent += len(ids)
+            retries = []
+            for job_id, reply in zip(ids, replies, strict=True):
+                if isinstance(reply, int):
+                    if reply > 0:
+                        retries.append(reply)
+                elif isinstance(reply, NoJob | TooLate | Acked):
+                    lease.lost.add(job_id)
+                    self.leases_lost += 1
+                    log.warning("lease on job %s of batch %d lost (%s): the node may "
+                                "deliver it again", job_id, seq, reply)
+                elif isinstance(reply, Exception):
+                    raise reply
+            with self._lock:
+                if seq not in self._leases:  # acknowledged meanwhile
+                    continue
+                if self._fixed_interval is not None:
+                    lease.interval = self._fixed_interval
+                elif retries:
+                    lease.interval = max(MIN_INTERVAL_S, min(retries) * RENEW_FRACTION)
+                if lease.interval is None:  # RETRY 0 everywhere: nothing to renew
+                    lease.due = float("inf")
+                else:
+                    lease.due = self._clock() + lease.interval
+        self.heartbeats_sent += sent
+        return sent

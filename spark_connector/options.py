@@ -1,0 +1,232 @@
+"""Data source options, parsed once on the driver into typed, validated configs.
+
+Spark hands a data source its options as a case-insensitive ``str -> str``
+mapping.  Everything the connector reads from it goes through this module, so
+that a typo or a bad value fails the query *before* anything touches a queue,
+with an error that names the option, the value and what was expected.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
+
+from disque.client._cluster import parse_address
+
+if TYPE_CHECKING:
+    from disque.client import Client
+
+__all__ = [
+    "OptionError", "ConnectionConfig", "SourceConfig",
+    "option_str", "option_int", "option_bool", "option_duration_ms", "option_choice",
+]
+
+#: Spark-style durations: "500ms", "30s", "5m", "1h", or a bare number of ms.
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|sec|m|min|h)?\s*$", re.IGNORECASE)
+_UNIT_MS = {None: 1, "ms": 1, "s": 1000, "sec": 1000, "m": 60_000, "min": 60_000,
+            "h": 3_600_000}
+
+
+#: A batch's jobs are held in the driver's memory while staged: a ceiling
+#: that catches typos (an extra zero or three) before they cost an OOM.
+MAX_JOBS_PER_BATCH = 10_000_000
+
+
+class OptionError(ValueError):
+    """A data source option is missing or has a bad value."""
+
+    def __init__(self, name: str, message: str) -> None:
+        super().__init__(f"disque data source: option '{name}' {message}")
+        self.option = name
+
+
+def _get(options: Mapping[str, str], name: str) -> str | None:
+    """Case-insensitive lookup, like Spark's own option maps."""
+    value = options.get(name)
+    if value is None:
+        wanted = name.lower()
+        for key, candidate in options.items():
+            if key.lower() == wanted:
+                return candidate
+    return value
+
+
+def option_str(options: Mapping[str, str], name: str, default: str | None = None,
+               *, required: bool = False) -> str | None:
+    value = _get(options, name)
+    if value is None or value.strip() == "":
+        if required:
+            raise OptionError(name, "is required")
+        return default
+    return value.strip()
+
+
+def option_int(options: Mapping[str, str], name: str, default: int | None,
+               *, minimum: int | None = None, maximum: int | None = None) -> int | None:
+    raw = _get(options, name)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        value = int(raw.strip())
+    except ValueError:
+        raise OptionError(name, f"must be an integer, got {raw!r}") from None
+    if minimum is not None and value < minimum:
+        raise OptionError(name, f"must be >= {minimum}, got {value}")
+    if maximum is not None and value > maximum:
+        raise OptionError(name, f"must be <= {maximum}, got {value}")
+    return value
+
+
+def option_bool(options: Mapping[str, str], name: str, default: bool) -> bool:
+    raw = _get(options, name)
+    if raw is None or raw.strip() == "":
+        return default
+    value = raw.strip().lower()
+    if value in ("true", "1", "yes", "on"):
+        return True
+    if value in ("false", "0", "no", "off"):
+        return False
+    raise OptionError(name, f"must be true or false, got {raw!r}")
+
+
+def option_duration_ms(options: Mapping[str, str], name: str, default: int | None,
+                       *, minimum: int = 0) -> int | None:
+    raw = _get(options, name)
+    if raw is None or raw.strip() == "":
+        return default
+    match = _DURATION.match(raw)
+    if not match:
+        raise OptionError(name, f"must be a duration like 500ms, 30s, 5m or 1h, got {raw!r}")
+    unit = match.group(2).lower() if match.group(2) else None
+    value = int(float(match.group(1)) * _UNIT_MS[unit])
+    if value < minimum:
+        raise OptionError(name, f"must be at least {minimum} ms, got {raw!r}")
+    return value
+
+
+def option_choice(options: Mapping[str, str], name: str, choices: tuple[str, ...],
+                  default: str) -> str:
+    raw = _get(options, name)
+    if raw is None or raw.strip() == "":
+        return default
+    value = raw.strip().lower()
+    if value not in choices:
+        raise OptionError(name, f"must be one of {', '.join(choices)}, got {raw!r}")
+    return value
+
+
+def _split_list(raw: str) -> list[str]:
+    return [item.strip() for item in raw.split(",") if item.strip()]
+
+
+@dataclass(frozen=True)
+class ConnectionConfig:
+    """How to reach the Disque cluster (shared by the source and the sink).
+
+    ``nodes`` is the seed list ("host:port,host:port"); the client learns the
+    rest of the cluster from HELLO.
+    """
+
+    nodes: tuple[str, ...] = ("127.0.0.1:7711",)
+    password: str | None = None
+    connect_timeout_s: float = 2.0
+    socket_timeout_s: float = 30.0
+
+    @classmethod
+    def from_options(cls, options: Mapping[str, str]) -> ConnectionConfig:
+        raw = option_str(options, "nodes", "127.0.0.1:7711")
+        assert raw is not None
+        nodes = _split_list(raw)
+        if not nodes:
+            raise OptionError("nodes", f"must list at least one host:port, got {raw!r}")
+        for node in nodes:
+            try:
+                parse_address(node)
+            except ValueError as exc:
+                raise OptionError("nodes", f"has a bad address {node!r}: {exc}") from None
+        connect_ms = option_int(options, "connectTimeoutMs", 2000, minimum=1)
+        socket_ms = option_int(options, "socketTimeoutMs", 30_000, minimum=1)
+        assert connect_ms is not None and socket_ms is not None
+        return cls(tuple(nodes), option_str(options, "password"),
+                   connect_ms / 1000, socket_ms / 1000)
+
+    def client(self, *, node: str | None = None, client_name: str = "spark-disque",
+               reconnect_timeout_s: float = 10.0) -> Client:
+        """A new synchronous client (seeded with ``node`` only, when given)."""
+        from disque.client import Client
+
+        return Client(node or ",".join(self.nodes), password=self.password,
+                      connect_timeout=self.connect_timeout_s,
+                      socket_timeout=self.socket_timeout_s, client_name=client_name,
+                      reconnect_timeout=reconnect_timeout_s)
+
+
+@dataclass(frozen=True)
+class SourceConfig:
+    """Options of ``spark.readStream.format("disque")`` / ``spark.read.format("disque")``.
+
+    See docs/SPARK.md for what each one does; the defaults favour safety
+    (ACKJOB, not FASTACK) and an idle queue that costs almost nothing.
+    """
+
+    connection: ConnectionConfig
+    queues: tuple[str, ...]
+    staging_path: str | None
+    body_format: Literal["binary", "string"] = "binary"
+    ack_mode: Literal["ackjob", "fastack"] = "ackjob"
+    fetch_mode: Literal["driver", "executor"] = "driver"
+    max_jobs_per_trigger: int | None = None
+    min_jobs_per_trigger: int | None = None
+    max_trigger_delay_ms: int = 15 * 60_000
+    fetch_batch_size: int = 1000
+    fetch_timeout_ms: int = 500
+    num_partitions: int = 1
+    jobs_per_partition: int = 10_000
+    working_interval_ms: int | None = None
+    # Batch reads (spark.read) only:
+    drain: bool = False
+    max_jobs: int | None = None
+
+    @classmethod
+    def from_options(cls, options: Mapping[str, str], *, streaming: bool) -> SourceConfig:
+        raw_queues = option_str(options, "queues", required=True)
+        assert raw_queues is not None
+        queues = tuple(dict.fromkeys(_split_list(raw_queues)))
+        if not queues:
+            raise OptionError("queues", f"must name at least one queue, got {raw_queues!r}")
+        staging = option_str(options, "stagingPath", required=streaming)
+        max_jobs = option_int(options, "maxJobsPerTrigger", None, minimum=1,
+                              maximum=MAX_JOBS_PER_BATCH)
+        min_jobs = option_int(options, "minJobsPerTrigger", None, minimum=1,
+                              maximum=MAX_JOBS_PER_BATCH)
+        if max_jobs is not None and min_jobs is not None and min_jobs > max_jobs:
+            raise OptionError("minJobsPerTrigger",
+                              f"({min_jobs}) must not exceed maxJobsPerTrigger ({max_jobs})")
+        working = option_duration_ms(options, "workingIntervalMs", None, minimum=100)
+        return cls(
+            connection=ConnectionConfig.from_options(options),
+            queues=queues,
+            staging_path=staging,
+            body_format=option_choice(options, "bodyFormat", ("binary", "string"),
+                                      "binary"),  # type: ignore[arg-type]
+            ack_mode=option_choice(options, "ackMode", ("ackjob", "fastack"),
+                                   "ackjob"),  # type: ignore[arg-type]
+            fetch_mode=option_choice(options, "fetchMode", ("driver", "executor"),
+                                     "driver"),  # type: ignore[arg-type]
+            max_jobs_per_trigger=max_jobs,
+            min_jobs_per_trigger=min_jobs,
+            max_trigger_delay_ms=option_duration_ms(options, "maxTriggerDelay",
+                                                    15 * 60_000) or 0,
+            fetch_batch_size=option_int(options, "fetchBatchSize", 1000,
+                                        minimum=1, maximum=100_000) or 1000,
+            fetch_timeout_ms=option_duration_ms(options, "fetchTimeoutMs", 500) or 0,
+            num_partitions=option_int(options, "numPartitions", 1,
+                                      minimum=1, maximum=10_000) or 1,
+            jobs_per_partition=option_int(options, "jobsPerPartition", 10_000, minimum=1,
+                                          maximum=MAX_JOBS_PER_BATCH) or 10_000,
+            working_interval_ms=working,
+            drain=option_bool(options, "drain", False),
+            max_jobs=option_int(options, "maxJobs", None, minimum=1, maximum=2**62),
+        )

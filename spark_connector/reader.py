@@ -1,0 +1,613 @@
+"""The streaming and batch readers of the ``disque`` data source.
+
+Delivery contract (docs/SPARK.md explains it for users):
+
+* An offset is ``{"batch": n}``, a batch sequence number.  Before offset n is
+  returned, the jobs of batch n are durably staged under ``stagingPath``
+  (see :mod:`.staging`), so a restarted query replays exactly that batch.
+* Jobs are acknowledged only for batches Spark has committed: at the start
+  of ``latestOffset(start)`` (Spark calls it only once the batch ending at
+  ``start`` is in the commit log; it is the only hook that runs after the
+  last batch of an availableNow run) and again, idempotently, in
+  ``commit(end)``.
+* Staged jobs that are not acknowledged yet are kept leased with WORKING
+  heartbeats (:mod:`.leases`).
+
+Where the methods run (pyspark 4.3): ``initialOffset``, ``latestOffset``,
+``partitions`` and ``commit`` in one long-lived Python process on the
+driver; ``read`` on executors, on a *different* reader object, with only
+what travels in the :class:`InputPartition`.  So everything driver-side
+lives in :class:`_DriverSide`, created on first use and never pickled, and
+``read`` is a pure function of its partition.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import shutil
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxRows,
+    ReadMinRows,
+    SupportsTriggerAvailableNow,
+)
+
+from disque.exceptions import ConnectionFailed, DisqueError
+
+from .fetch import fetch_table, jobs_to_table
+from .leases import LeaseKeeper
+from .options import ConnectionConfig, SourceConfig
+from .schema import to_rows
+from .staging import StagingArea, publish_part, read_table
+
+if TYPE_CHECKING:
+    from pyspark.sql.types import StructType
+
+    from disque.client import Client
+
+__all__ = ["DisqueStreamReader", "DisqueBatchReader", "DEFAULT_MAX_JOBS_PER_TRIGGER"]
+
+log = logging.getLogger("spark_connector.reader")
+
+#: Without maxJobsPerTrigger a batch holds at most this many jobs: every job
+#: of a batch sits in the driver's memory while it is staged.
+DEFAULT_MAX_JOBS_PER_TRIGGER = 100_000
+
+
+# ---------------------------------------------------------------------------
+# Partitions (what travels to executors)
+# ---------------------------------------------------------------------------
+
+@dataclass
+class StagedPartition(InputPartition):
+    """Driver fetch mode: the rows themselves, as Arrow IPC bytes.
+
+    Shipping the rows inside the partition means executors need no access
+    to ``stagingPath``: it only has to be durable for the driver.
+    """
+
+    seq: int
+    arrow_ipc: bytes
+
+
+@dataclass
+class FetchPartition(InputPartition):
+    """Executor fetch mode: fetch from one node into one staged part file."""
+
+    seq: int
+    staging_path: str
+    file: str
+    node: str
+    queues: tuple[str, ...]
+    count: int
+    connection: ConnectionConfig
+    batch_size: int
+
+
+@dataclass
+class ScanPartition(InputPartition):
+    """Batch reads: one queue on one node, peeked (JSCAN) or drained (GETJOB)."""
+
+    node: str
+    queue: str
+    connection: ConnectionConfig
+    drain: bool
+    max_jobs: int | None
+    batch_size: int
+    ack_mode: str
+
+
+def _ipc_bytes(table: pa.Table) -> bytes:
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    return sink.getvalue().to_pybytes()
+
+
+def _record_batches(staged: pa.Table, schema: StructType) -> Iterator[pa.RecordBatch]:
+    if staged.num_rows:
+        yield from to_rows(staged, schema).combine_chunks().to_batches()
+
+
+# ---------------------------------------------------------------------------
+# Streaming reader
+# ---------------------------------------------------------------------------
+
+class DisqueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """``spark.readStream.format("disque")``: at-least-once, replayable batches."""
+
+    def __init__(self, config: SourceConfig, schema: StructType) -> None:
+        assert config.staging_path is not None
+        self.config = config
+        self.schema = schema
+        self._driver: _DriverSide | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Executors get a pickled copy: the driver's clients, threads and
+        # caches must not travel (and cannot be pickled).
+        state = self.__dict__.copy()
+        state["_driver"] = None
+        return state
+
+    @property
+    def driver(self) -> _DriverSide:
+        if self._driver is None:
+            self._driver = _DriverSide(self.config)
+        return self._driver
+
+    # --------------------------------------------------------- driver side
+
+    def initialOffset(self) -> dict:
+        return {"batch": 0}
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        if self.config.min_jobs_per_trigger is not None:
+            return ReadMinRows(self.config.min_jobs_per_trigger)
+        return ReadMaxRows(self.config.max_jobs_per_trigger or DEFAULT_MAX_JOBS_PER_TRIGGER)
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        self.driver.prepare_available_now()
+
+    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+        return {"batch": self.driver.latest(int(start["batch"]), limit)}
+
+    def reportLatestOffset(self) -> dict | None:
+        # Shown as sources[0].latestOffset in query progress: the only place
+        # the Python API lets a source report per-query metrics.
+        return self.driver.metrics()
+
+    def partitions(self, start: dict, end: dict) -> list[InputPartition]:
+        return self.driver.partitions(int(start["batch"]), int(end["batch"]))
+
+    def commit(self, end: dict) -> None:
+        self.driver.ack_through(int(end["batch"]))
+
+    def stop(self) -> None:
+        if self._driver is not None:
+            self._driver.close()
+            self._driver = None
+
+    # ------------------------------------------------------- executor side
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        if isinstance(partition, StagedPartition):
+            staged = pa.ipc.open_stream(partition.arrow_ipc).read_all()
+        elif isinstance(partition, FetchPartition):
+            staged = fetch_or_replay(partition)
+        else:
+            raise TypeError(f"unexpected partition {partition!r}")
+        return _record_batches(staged, self.schema)
+
+
+def fetch_or_replay(part: FetchPartition) -> pa.Table:
+    """Executor fetch mode: the part file if it exists, else fetch and publish it.
+
+    Two attempts of the same task (a retry, a speculative copy, a replay
+    after a driver crash) may both fetch; :func:`publish_part` lets exactly
+    one create the file, and the loser puts what it fetched back in the
+    queue (ENQUEUE: it never reached Spark, so it is not a failed attempt).
+    """
+    path = StagingArea(part.staging_path).part_path(part.seq, part.file)
+    if path.exists():
+        return read_table(path)
+    client = part.connection.client(node=part.node, client_name="spark-disque-fetch")
+    try:
+        table = fetch_table(client, part.queues, part.count, batch_size=part.batch_size)
+        return publish_fetched(part, client, table)
+    finally:
+        client.close()
+
+
+def publish_fetched(part: FetchPartition, client: Client, table: pa.Table) -> pa.Table:
+    """Publish what this attempt fetched, or give it back if another attempt won."""
+    path = StagingArea(part.staging_path).part_path(part.seq, part.file)
+    if publish_part(path, table):
+        return table
+    ids = table.column("id").to_pylist()
+    if ids:
+        client.enqueue(*ids)
+        log.info("batch %d %s: another attempt won, re-queued %d jobs",
+                 part.seq, part.file, len(ids))
+    return read_table(path)
+
+
+class _DriverSide:
+    """State and connections of the streaming reader on the driver."""
+
+    def __init__(self, config: SourceConfig) -> None:
+        assert config.staging_path is not None
+        self.config = config
+        self.staging = StagingArea(config.staging_path)
+        self.staging.ensure()
+        self.fetchers = [config.connection.client(node=n, client_name="spark-disque-driver")
+                         for n in config.connection.nodes]
+        self._next_blocking = 0
+        self.acker = config.connection.client(client_name="spark-disque-ack")
+        heartbeat_client = config.connection.client(client_name="spark-disque-lease")
+        self._heartbeat_client = heartbeat_client
+        interval = (None if config.working_interval_ms is None
+                    else config.working_interval_ms / 1000)
+        self.keeper = LeaseKeeper(
+            heartbeat_client.working_many, interval_s=interval,
+            discover=self._discover_executor_parts if config.fetch_mode == "executor" else None)
+        #: Guards seen_parts: the keeper thread discovers parts too.
+        self._parts_lock = threading.Lock()
+        #: seq -> staged table, for batches staged (or recovered) and not acked.
+        self.tables: dict[int, pa.Table] = {}
+        #: executor mode: seq -> part files already handed to the keeper.
+        self.seen_parts: dict[int, set[str]] = {}
+        #: executor mode: seq -> jobs planned (the availableNow budget is
+        #: charged when planning and refunded what the tasks did not find).
+        self.planned: dict[int, int] = {}
+        self.available_now_budget: int | None = None
+        self.last_batch_at = time.monotonic()
+        self.idle = threading.Event()
+        self.counters = {"jobsFetched": 0, "jobsAcked": 0, "redeliveredSeen": 0,
+                         "queueLength": 0, "batchesStaged": 0}
+        self.last_staged = 0
+        self._recover()
+
+    # ------------------------------------------------------------ recovery
+
+    def _recover(self) -> None:
+        """Pick up batches a previous run staged: lease them again, first thing."""
+        for directory in self.staging.abandoned_dirs():
+            part = directory / "part-00000.arrow"
+            seq = int(directory.name.split("-")[1])
+            if part.exists():
+                # Staged in driver mode, crashed before plan.json: complete
+                # (the part was renamed into place), so promote it.
+                self.staging.stage_driver_batch(seq, read_table(part))
+            else:  # nothing was staged: only temporary files can be left
+                shutil.rmtree(directory, ignore_errors=True)
+        batches = self.staging.batches()
+        for seq in batches:
+            self._hold(seq)
+        if batches:
+            self.last_staged = batches[-1]
+            log.info("recovered staged batches %s from %s", batches, self.staging.root)
+            try:
+                self.keeper.renew_due()  # WORKING before anything else happens
+            except DisqueError as exc:
+                log.warning("could not renew leases of recovered batches yet: %s", exc)
+            self.keeper.start()
+
+    def _hold(self, seq: int) -> None:
+        plan = self.staging.plan(seq)
+        if plan.mode == "driver":
+            table = pa.concat_tables([t for _, t in self.staging.read_parts(seq)])
+            self.tables[seq] = table
+            self.keeper.hold(seq, table.column("id").to_pylist(), start=False)
+        else:
+            self._discover_parts(seq, start=False)
+
+    def _discover_parts(self, seq: int, *, start: bool = True) -> None:
+        """Executor mode: start leasing part files the tasks have published."""
+        with self._parts_lock:
+            seen = self.seen_parts.setdefault(seq, set())
+            if not self.staging.batch_dir(seq).exists():
+                return  # acknowledged and removed meanwhile
+            for name, table in self.staging.read_parts(seq):
+                if name not in seen:
+                    seen.add(name)
+                    self.keeper.hold(seq, table.column("id").to_pylist(), start=start)
+
+    # ------------------------------------------------------------- offsets
+
+    def prepare_available_now(self) -> None:
+        """Fix the target: at most the jobs queued right now (plus staged ones)."""
+        self.available_now_budget = self._queue_length()
+        log.info("availableNow: will read at most %d jobs", self.available_now_budget)
+
+    def latest(self, start: int, limit: ReadLimit) -> int:
+        self.ack_through(start)
+        self._discover_executor_parts()
+        staged_after = [s for s in self.staging.batches() if s > start]
+        if staged_after:
+            # Staged before a crash but never (or not yet) in Spark's offset
+            # log: reuse it instead of fetching, it holds leased jobs.
+            return staged_after[0]
+        budget = self.available_now_budget
+        if budget is not None and budget <= 0:
+            return start
+        max_jobs, min_jobs = self._limits(limit)
+        if budget is not None:
+            max_jobs = budget if max_jobs is None else min(max_jobs, budget)
+        try:
+            if min_jobs is not None and not self._min_jobs_ready(min_jobs):
+                return start
+            seq = start + 1
+            if self.config.fetch_mode == "driver":
+                staged = self._fetch_and_stage(seq, max_jobs)
+            else:
+                staged = self._plan_executor_batch(seq, max_jobs)
+        except ConnectionFailed as exc:
+            log.warning("no Disque node reachable, no new batch this time: %s", exc)
+            return start
+        if not staged:
+            return start
+        self.last_batch_at = time.monotonic()
+        self.last_staged = seq
+        self.counters["batchesStaged"] += 1
+        return seq
+
+    def _limits(self, limit: ReadLimit) -> tuple[int | None, int | None]:
+        if isinstance(limit, ReadAllAvailable):
+            return None, None
+        configured_max = self.config.max_jobs_per_trigger or DEFAULT_MAX_JOBS_PER_TRIGGER
+        if isinstance(limit, ReadMaxRows):
+            return limit.max_rows, None
+        if isinstance(limit, ReadMinRows):
+            return configured_max, limit.min_rows
+        return configured_max, None
+
+    def _min_jobs_ready(self, min_jobs: int) -> bool:
+        waited_ms = (time.monotonic() - self.last_batch_at) * 1000
+        if waited_ms >= self.config.max_trigger_delay_ms:
+            return True
+        return self._queue_length() >= min_jobs
+
+    def _queue_length(self) -> int:
+        return sum(sum(self._node_queue_lengths(client)) for client in self.fetchers)
+
+    def _node_queue_lengths(self, client: Client) -> list[int]:
+        return [client.qlen(q) for q in self.config.queues]
+
+    def _fetch_and_stage(self, seq: int, max_jobs: int | None) -> bool:
+        config = self.config
+        tables = []
+        remaining = max_jobs
+        for client in self.fetchers:  # a quick NOHANG pass over every node first
+            table = fetch_table(client, config.queues, remaining,
+                                batch_size=config.fetch_batch_size)
+            tables.append(table)
+            if remaining is not None:
+                remaining -= table.num_rows
+                if remaining <= 0:
+                    break
+        if (sum(t.num_rows for t in tables) == 0 and config.fetch_timeout_ms > 0
+                and self.available_now_budget is None):
+            # Idle: wait (bounded) for a job on one node, rotating, so an
+            # idle query costs one blocked GETJOB per fetchTimeoutMs.
+            client = self.fetchers[self._next_blocking % len(self.fetchers)]
+            self._next_blocking += 1
+            tables.append(fetch_table(client, config.queues, max_jobs,
+                                      batch_size=config.fetch_batch_size,
+                                      block_ms=config.fetch_timeout_ms))
+        table = pa.concat_tables(tables)
+        if table.num_rows == 0:
+            return False
+        self.staging.stage_driver_batch(seq, table)
+        self.tables[seq] = table
+        ids = table.column("id").to_pylist()
+        self.keeper.hold(seq, ids)
+        self._count_fetched(seq, table)
+        return True
+
+    def _count_fetched(self, seq: int, table: pa.Table) -> None:
+        fetched = table.num_rows
+        redelivered = pa.compute.sum(pa.compute.greater(
+            table.column("additional_deliveries"), 0)).as_py() or 0
+        self.counters["jobsFetched"] += fetched
+        self.counters["redeliveredSeen"] += redelivered
+        if self.available_now_budget is not None:
+            self.available_now_budget -= fetched
+        try:
+            self.counters["queueLength"] = self._queue_length()
+        except DisqueError:
+            pass
+        log.info("batch %d: staged %d jobs (%d delivered before) from %s; %d still queued",
+                 seq, fetched, redelivered, ",".join(self.config.queues),
+                 self.counters["queueLength"])
+
+    def _plan_executor_batch(self, seq: int, max_jobs: int | None) -> bool:
+        """Executor mode: split the work over nodes by their queue lengths."""
+        config = self.config
+        per_node = [(addr, sum(self._node_queue_lengths(client)))
+                    for addr, client in zip(config.connection.nodes, self.fetchers,
+                                            strict=True)]
+        total = sum(n for _, n in per_node)
+        self.counters["queueLength"] = total
+        if total == 0:
+            if self.available_now_budget is not None:
+                self.available_now_budget = 0  # nothing left: finish the run
+            elif config.fetch_timeout_ms > 0:
+                self.idle.wait(config.fetch_timeout_ms / 1000)  # bounded idle wait
+            return False
+        wanted = total if max_jobs is None else min(total, max_jobs)
+        parts = []
+        for addr, queued in per_node:
+            if queued == 0:
+                continue
+            share = math.ceil(wanted * queued / total)
+            splits = max(config.num_partitions, math.ceil(share / config.jobs_per_partition))
+            for k in range(splits):
+                count = share // splits + (1 if k < share % splits else 0)
+                if count:
+                    parts.append({"file": f"part-{len(parts):05d}.arrow", "node": addr,
+                                  "queues": list(config.queues), "count": count})
+        self.staging.stage_executor_plan(seq, parts)
+        with self._parts_lock:
+            self.seen_parts[seq] = set()
+        self.keeper.start()  # it discovers the parts as tasks publish them
+        self.planned[seq] = wanted
+        if self.available_now_budget is not None:
+            self.available_now_budget -= wanted
+        log.info("batch %d: %d executor partitions to fetch up to %d jobs (%d queued)",
+                 seq, len(parts), wanted, total)
+        return True
+
+    def _discover_executor_parts(self) -> None:
+        with self._parts_lock:
+            pending = list(self.seen_parts)
+        for seq in pending:
+            self._discover_parts(seq)
+
+    # ----------------------------------------------------------- partitions
+
+    def partitions(self, start: int, end: int) -> list[InputPartition]:
+        out: list[InputPartition] = []
+        for seq in range(start + 1, end + 1):
+            if not self.staging.batch_dir(seq).exists():
+                raise RuntimeError(
+                    f"disque source: batch {seq} is in Spark's offset log but not staged "
+                    f"under {self.staging.root}; was stagingPath changed or cleaned? "
+                    "Each query needs its own stagingPath, kept as long as its checkpoint.")
+            plan = self.staging.plan(seq)
+            if plan.mode == "driver":
+                out.extend(self._staged_partitions(seq))
+            else:
+                out.extend(self._fetch_partitions(seq, plan.parts))
+        return out
+
+    def _staged_partitions(self, seq: int) -> list[InputPartition]:
+        table = self.tables.get(seq)
+        if table is None:
+            table = pa.concat_tables([t for _, t in self.staging.read_parts(seq)])
+            self.tables[seq] = table
+        rows = table.num_rows
+        splits = max(1, min(rows, max(self.config.num_partitions,
+                                      math.ceil(rows / self.config.jobs_per_partition))))
+        step = math.ceil(rows / splits) if rows else 0
+        return [StagedPartition(seq, _ipc_bytes(table.slice(offset, step)))
+                for offset in range(0, rows, step or 1)] if rows else []
+
+    def _fetch_partitions(self, seq: int, parts: list[dict]) -> list[InputPartition]:
+        config = self.config
+        return [FetchPartition(seq, str(self.staging.root), p["file"], p["node"],
+                               tuple(p["queues"]), int(p["count"]), config.connection,
+                               config.fetch_batch_size)
+                for p in parts]
+
+    # ------------------------------------------------------------------ ACK
+
+    def ack_through(self, end: int) -> None:
+        """Acknowledge every staged batch <= ``end``, then forget it (idempotent)."""
+        for seq in [s for s in self.staging.batches() if s <= end]:
+            if seq in self.seen_parts:
+                self._discover_parts(seq)
+            table = self.tables.get(seq)
+            if table is None:
+                parts = [t for _, t in self.staging.read_parts(seq)]
+                table = pa.concat_tables(parts) if parts else None
+            ids = [] if table is None else table.column("id").to_pylist()
+            try:
+                if ids:
+                    if self.config.ack_mode == "fastack":
+                        self.acker.fastack_many(ids)
+                    else:
+                        self.acker.ack_many(ids)
+            except ConnectionFailed as exc:
+                log.warning("could not acknowledge batch %d yet (will retry): %s", seq, exc)
+                return
+            with self._parts_lock:
+                self.keeper.release_through(seq)
+                self.staging.remove(seq)
+                self.seen_parts.pop(seq, None)
+            self.tables.pop(seq, None)
+            planned = self.planned.pop(seq, None)
+            if planned is not None:
+                self.counters["jobsFetched"] += len(ids)
+                if self.available_now_budget is not None:
+                    self.available_now_budget += max(0, planned - len(ids))
+            self.counters["jobsAcked"] += len(ids)
+            log.info("batch %d: acknowledged %d jobs", seq, len(ids))
+
+    # -------------------------------------------------------------- metrics
+
+    def metrics(self) -> dict[str, Any]:
+        return {"batch": self.last_staged, **self.counters,
+                "jobsLeased": sum(self.keeper.held().values()),
+                "leasesLost": self.keeper.leases_lost}
+
+    def close(self) -> None:
+        self.keeper.stop()
+        for client in [*self.fetchers, self.acker, self._heartbeat_client]:
+            client.close()
+
+
+# ---------------------------------------------------------------------------
+# Batch reader
+# ---------------------------------------------------------------------------
+
+class DisqueBatchReader(DataSourceReader):
+    """``spark.read.format("disque")``: peek at queues, or drain them (``drain=true``).
+
+    Peeking (the default) changes nothing on the nodes: it lists the queued
+    jobs with JSCAN.  Draining takes jobs with GETJOB and acknowledges each
+    chunk once Spark has pulled it from the reader; a failure after that
+    point (e.g. the write of the result fails) loses those jobs.  For
+    at-least-once draining use the streaming source with
+    ``trigger(availableNow=True)``.
+    """
+
+    def __init__(self, config: SourceConfig, schema: StructType) -> None:
+        self.config = config
+        self.schema = schema
+
+    def partitions(self) -> list[InputPartition]:
+        config = self.config
+        return [ScanPartition(node, queue, config.connection, config.drain, config.max_jobs,
+                              config.fetch_batch_size, config.ack_mode)
+                for node in config.connection.nodes for queue in config.queues]
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        assert isinstance(partition, ScanPartition)
+        client = partition.connection.client(node=partition.node,
+                                             client_name="spark-disque-batch")
+        try:
+            if partition.drain:
+                yield from self._drain(client, partition)
+            else:
+                yield from _record_batches(_peek(client, partition), self.schema)
+        finally:
+            client.close()
+
+    def _drain(self, client: Client, part: ScanPartition) -> Iterator[pa.RecordBatch]:
+        taken = 0
+        while part.max_jobs is None or taken < part.max_jobs:
+            want = part.batch_size if part.max_jobs is None else min(part.batch_size,
+                                                                     part.max_jobs - taken)
+            table = fetch_table(client, [part.queue], want, batch_size=want)
+            if table.num_rows == 0:
+                return
+            ids = table.column("id").to_pylist()
+            handed_over = False
+            try:
+                yield from _record_batches(table, self.schema)
+                handed_over = True
+            finally:
+                if handed_over:
+                    (client.fastack if part.ack_mode == "fastack" else client.ack)(*ids)
+                else:  # the consumer stopped early: these were never read
+                    client.enqueue(*ids)
+            taken += len(ids)
+            if table.num_rows < want:
+                return
+
+
+def _peek(client: Client, part: ScanPartition) -> pa.Table:
+    from disque.client import Job
+
+    jobs: list[Job] = []
+    for info in client.jscan(queue=part.queue, states=("queued",), reply="all",
+                             count=part.batch_size):
+        body = info.get("body")
+        if body is None:
+            continue
+        jobs.append(Job(str(info["queue"]), str(info["id"]), body,
+                        int(info.get("nacks") or 0),
+                        int(info.get("additional-deliveries") or 0)))
+        if part.max_jobs is not None and len(jobs) >= part.max_jobs:
+            break
+    return jobs_to_table(jobs)

@@ -1,0 +1,94 @@
+"""The ``disque`` data source: one class that Spark instantiates per query.
+
+Readers live in :mod:`.reader`, writers in :mod:`.writer`; this class only
+parses options (once, on the driver, failing early with errors that name
+the option) and hands typed configs to them.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from pyspark.sql.datasource import DataSource
+
+from .options import SourceConfig, option_choice
+from .schema import source_schema
+
+if TYPE_CHECKING:
+    from pyspark.sql.datasource import (
+        DataSourceReader,
+        DataSourceStreamReader,
+        DataSourceStreamWriter,
+        DataSourceWriter,
+    )
+    from pyspark.sql.types import StructType
+
+__all__ = ["DisqueDataSource", "check_reachable"]
+
+
+def check_reachable(config: SourceConfig) -> None:
+    """Fail the query now, naming the option, if no node answers."""
+    from disque.exceptions import AuthError, ConnectionFailed
+
+    from .options import OptionError
+
+    for node in config.connection.nodes:
+        client = config.connection.client(node=node, client_name="spark-disque-check",
+                                          reconnect_timeout_s=config.connection.connect_timeout_s)
+        try:
+            client.ping()
+        except AuthError as exc:
+            raise OptionError("password", f"was refused by {node}: {exc}") from None
+        except ConnectionFailed as exc:
+            raise OptionError("nodes", f"lists {node}, which cannot be reached: {exc}") from None
+        finally:
+            client.close()
+
+
+class DisqueDataSource(DataSource):
+    """Read Disque queues into Spark and write DataFrames to Disque queues.
+
+    ``spark.readStream.format("disque").option("queues", "q1,q2")
+    .option("stagingPath", "/durable/dir").load()`` for at-least-once
+    streaming; ``spark.read.format("disque")`` to peek at (or drain) queues.
+    """
+
+    @classmethod
+    def name(cls) -> str:
+        return "disque"
+
+    def schema(self) -> StructType:
+        body_format = option_choice(self.options, "bodyFormat", ("binary", "string"), "binary")
+        return source_schema(body_format)
+
+    def _checked_schema(self, schema: StructType, config: SourceConfig) -> StructType:
+        expected = source_schema(config.body_format)
+        if schema != expected:
+            raise ValueError(
+                "disque data source: the source's schema is fixed; got a user schema "
+                f"{schema.simpleString()}, expected {expected.simpleString()}")
+        return schema
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        from .reader import DisqueStreamReader
+
+        config = SourceConfig.from_options(self.options, streaming=True)
+        check_reachable(config)
+        return DisqueStreamReader(config, self._checked_schema(schema, config))
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        from .reader import DisqueBatchReader
+
+        config = SourceConfig.from_options(self.options, streaming=False)
+        check_reachable(config)
+        return DisqueBatchReader(config, self._checked_schema(schema, config))
+
+    def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
+        from .writer import DisqueBatchWriter
+
+        return DisqueBatchWriter(self.options, schema, overwrite)
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
+        from .writer import DisqueStreamWriter
+
+        return DisqueStreamWriter(self.options, schema, overwrite)

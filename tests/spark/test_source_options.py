@@ -1,0 +1,93 @@
+"""Option parsing of the source: every bad value fails with the option's name."""
+
+from __future__ import annotations
+
+import pytest
+
+from spark_connector.options import OptionError, SourceConfig
+from spark_connector.source import DisqueDataSource, check_reachable
+
+BASE = {"queues": "q1", "stagingPath": "/tmp/staging"}
+
+
+def parse(**overrides: str) -> SourceConfig:
+    return SourceConfig.from_options({**BASE, **overrides}, streaming=True)
+
+
+def test_defaults() -> None:
+    config = parse()
+    assert config.queues == ("q1",)
+    assert config.connection.nodes == ("127.0.0.1:7711",)
+    assert (config.ack_mode, config.fetch_mode, config.body_format) == ("ackjob", "driver",
+                                                                       "binary")
+    assert config.max_jobs_per_trigger is None and config.fetch_timeout_ms == 500
+
+
+def test_options_are_case_insensitive_and_lists_are_trimmed() -> None:
+    config = SourceConfig.from_options(
+        {"QUEUES": " a, b ,a,", "stagingpath": "/x", "NODES": "h1:1, h2:2",
+         "maxjobspertrigger": "10"}, streaming=True)
+    assert config.queues == ("a", "b")
+    assert config.connection.nodes == ("h1:1", "h2:2")
+    assert config.max_jobs_per_trigger == 10
+
+
+@pytest.mark.parametrize(("options", "option", "fragment"), [
+    ({"queues": ""}, "queues", "is required"),
+    ({"queues": " , "}, "queues", "at least one queue"),
+    ({"stagingPath": ""}, "stagingPath", "is required"),
+    ({"nodes": "host:notaport"}, "nodes", "bad address"),
+    ({"nodes": ","}, "nodes", "at least one"),
+    ({"nodes": "h:99999"}, "nodes", "bad address"),
+    ({"maxJobsPerTrigger": "ten"}, "maxJobsPerTrigger", "must be an integer"),
+    ({"maxJobsPerTrigger": "0"}, "maxJobsPerTrigger", ">= 1"),
+    ({"maxJobsPerTrigger": "9" * 400}, "maxJobsPerTrigger", None),
+    ({"minJobsPerTrigger": "5", "maxJobsPerTrigger": "4"}, "minJobsPerTrigger", "must not exceed"),
+    ({"maxTriggerDelay": "soon"}, "maxTriggerDelay", "duration"),
+    ({"fetchTimeoutMs": "-1"}, "fetchTimeoutMs", "duration"),
+    ({"fetchBatchSize": "1000000"}, "fetchBatchSize", "<= 100000"),
+    ({"bodyFormat": "json"}, "bodyFormat", "binary, string"),
+    ({"ackMode": "never"}, "ackMode", "ackjob, fastack"),
+    ({"fetchMode": "magic"}, "fetchMode", "driver, executor"),
+    ({"drain": "maybe"}, "drain", "true or false"),
+    ({"workingIntervalMs": "5ms"}, "workingIntervalMs", "at least 100"),
+])
+def test_bad_options_name_the_option(options: dict, option: str, fragment: str | None) -> None:
+    with pytest.raises(OptionError) as info:
+        parse(**options)
+    assert info.value.option == option
+    assert f"option '{option}'" in str(info.value)
+    if fragment is not None:
+        assert fragment in str(info.value)
+
+
+def test_huge_integer_is_rejected_not_accepted_silently() -> None:
+    with pytest.raises(OptionError, match="<= 100000"):
+        parse(fetchBatchSize=str(10**30))
+
+
+def test_durations() -> None:
+    assert parse(maxTriggerDelay="2s").max_trigger_delay_ms == 2000
+    assert parse(maxTriggerDelay="1.5m").max_trigger_delay_ms == 90_000
+    assert parse(maxTriggerDelay="250").max_trigger_delay_ms == 250
+    assert parse(fetchTimeoutMs="0").fetch_timeout_ms == 0
+
+
+def test_batch_reads_do_not_need_a_staging_path() -> None:
+    config = SourceConfig.from_options({"queues": "q"}, streaming=False)
+    assert config.staging_path is None and config.drain is False
+
+
+def test_unreachable_node_is_named(unused_port: int) -> None:
+    config = SourceConfig.from_options(
+        {**BASE, "nodes": f"127.0.0.1:{unused_port}", "connectTimeoutMs": "200"},
+        streaming=True)
+    with pytest.raises(OptionError, match=f"option 'nodes' lists 127.0.0.1:{unused_port}"):
+        check_reachable(config)
+
+
+def test_schema_follows_body_format() -> None:
+    assert DisqueDataSource({"bodyFormat": "string"}).schema()["body"].dataType.typeName() \
+        == "string"
+    assert DisqueDataSource({}).schema().fieldNames() == [
+        "queue", "id", "body", "nacks", "additional_deliveries", "node", "fetched_at"]

@@ -1,0 +1,338 @@
+"""The stream reader as a plain object against a real node (no JVM).
+
+These tests drive the methods the way Spark's driver does (latestOffset,
+partitions, commit) and run ``read`` on what ``partitions`` returned, which
+is what executors get, so each rule of the delivery contract is checked
+directly: staging before the offset, identical replay, ACK only through a
+committed offset, leases, read limits and availableNow.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows, ReadMinRows
+
+from disque.client import Client
+from spark_connector.fetch import fetch_table
+from spark_connector.options import SourceConfig
+from spark_connector.reader import (
+    DisqueBatchReader,
+    DisqueStreamReader,
+    FetchPartition,
+    fetch_or_replay,
+    publish_fetched,
+)
+from spark_connector.schema import source_schema
+from spark_connector.staging import StagingArea
+from tests.support.process import wait_for
+
+
+@pytest.fixture
+def client(server) -> Client:
+    with Client(f"127.0.0.1:{server.port}") as c:
+        yield c
+
+
+def make_reader(server, staging: Path, **options: str) -> DisqueStreamReader:
+    opts = {"nodes": f"127.0.0.1:{server.port}", "queues": "q", "stagingPath": str(staging),
+            "fetchTimeoutMs": "0", **options}
+    config = SourceConfig.from_options(opts, streaming=True)
+    return DisqueStreamReader(config, source_schema(config.body_format))
+
+
+def rows(reader: DisqueStreamReader, start: int, end: int) -> list[dict]:
+    """What executors would produce for the batch range (start, end]."""
+    out: list[dict] = []
+    for part in reader.partitions({"batch": start}, {"batch": end}):
+        for batch in reader.read(part):
+            out.extend(batch.to_pylist())
+    return out
+
+
+def registered(client: Client) -> int:
+    return int(client.info("jobs")["jobs"]["registered_jobs"])
+
+
+def test_batch_is_staged_before_its_offset_and_acked_only_after_commit(
+        server, client: Client, tmp_path: Path) -> None:
+    ids = [client.add_job("q", f"body-{i}") for i in range(25)]
+    reader = make_reader(server, tmp_path / "staging")
+    start = reader.initialOffset()
+    end = reader.latestOffset(start, ReadMaxRows(10))
+    assert end == {"batch": 1}
+    assert StagingArea(tmp_path / "staging").batches() == [1]
+    got = rows(reader, 0, 1)
+    assert [r["id"] for r in got] == ids[:10]
+    assert got[0]["body"] == b"body-0" and got[0]["queue"] == "q"
+    assert got[0]["nacks"] == 0 and got[0]["additional_deliveries"] == 0
+    assert got[0]["node"] == ids[0][2:10]
+    assert client.qlen("q") == 15 and registered(client) == 25  # leased, not acked
+    # The next batch is planned only after batch 1 committed: ACK happens there.
+    assert reader.latestOffset(end, ReadMaxRows(10)) == {"batch": 2}
+    assert registered(client) == 15
+    assert StagingArea(tmp_path / "staging").batches() == [2]
+    reader.commit({"batch": 2})
+    reader.commit({"batch": 2})  # idempotent
+    assert registered(client) == 5
+    assert StagingArea(tmp_path / "staging").batches() == []
+    reader.stop()
+
+
+def test_no_new_offset_when_the_queue_is_empty(server, client: Client, tmp_path: Path) -> None:
+    reader = make_reader(server, tmp_path / "s")
+    assert reader.latestOffset({"batch": 0}, ReadMaxRows(10)) == {"batch": 0}
+    assert StagingArea(tmp_path / "s").batches() == []
+    reader.stop()
+
+
+def test_idle_fetch_blocks_boundedly_and_wakes_on_a_new_job(server, client: Client,
+                                                             tmp_path: Path) -> None:
+    import threading
+    import time
+
+    reader = make_reader(server, tmp_path / "s", fetchTimeoutMs="5s")
+    timer = threading.Timer(0.3, lambda: Client(f"127.0.0.1:{server.port}").add_job("q", "x"))
+    timer.start()
+    began = time.monotonic()
+    assert reader.latestOffset({"batch": 0}, ReadMaxRows(10)) == {"batch": 1}
+    assert time.monotonic() - began < 4  # woke on the job, did not wait the full 5 s
+    timer.join()
+    reader.stop()
+
+
+def test_restart_replays_the_identical_batch(server, client: Client, tmp_path: Path) -> None:
+    for i in range(30):
+        client.add_job("q", f"b{i}")
+    first = make_reader(server, tmp_path / "s")
+    end = first.latestOffset({"batch": 0}, ReadMaxRows(20))
+    before = rows(first, 0, end["batch"])
+    first.driver.keeper.stop()  # "crash": no stop(), no ACK
+    # A new driver process: Spark asks for the uncommitted batch directly.
+    second = make_reader(server, tmp_path / "s")
+    after = rows(second, 0, end["batch"])
+    assert after == before
+    assert client.qlen("q") == 10
+    second.stop()
+
+
+def test_orphan_staged_batch_is_reused_not_refetched(server, client: Client,
+                                                     tmp_path: Path) -> None:
+    for i in range(30):
+        client.add_job("q", f"b{i}")
+    first = make_reader(server, tmp_path / "s")
+    end = first.latestOffset({"batch": 4}, ReadMaxRows(20))
+    staged = rows(first, 4, end["batch"])
+    first.driver.keeper.stop()  # crash before Spark wrote the offset
+    second = make_reader(server, tmp_path / "s")
+    assert second.latestOffset({"batch": 4}, ReadMaxRows(20)) == end
+    assert rows(second, 4, end["batch"]) == staged
+    assert client.qlen("q") == 10  # nothing more was fetched
+    second.stop()
+
+
+def test_half_written_batch_directory_is_promoted_or_dropped(server, client: Client,
+                                                             tmp_path: Path) -> None:
+    for i in range(5):
+        client.add_job("q", f"b{i}")
+    reader = make_reader(server, tmp_path / "s")
+    end = reader.latestOffset({"batch": 0}, ReadMaxRows(5))
+    reader.driver.keeper.stop()
+    staging = StagingArea(tmp_path / "s")
+    (staging.batch_dir(1) / "plan.json").unlink()  # crash between part and plan
+    staging.batch_dir(7).mkdir()                    # crash before anything was named
+    (staging.batch_dir(7) / ".tmp-x").write_bytes(b"partial")
+    second = make_reader(server, tmp_path / "s")
+    assert second.latestOffset({"batch": 0}, ReadMaxRows(5)) == end
+    assert [r["body"] for r in rows(second, 0, 1)] == [f"b{i}".encode() for i in range(5)]
+    assert not staging.batch_dir(7).exists()
+    second.stop()
+
+
+def test_leases_are_renewed_with_working(server, client: Client, tmp_path: Path) -> None:
+    job_id = client.add_job("q", "slow", retry=1)
+    reader = make_reader(server, tmp_path / "s")
+    reader.latestOffset({"batch": 0}, ReadMaxRows(10))
+    keeper = reader.driver.keeper
+    # RETRY 1: the node would queue it again after 1 s without heartbeats.
+    # Wait until heartbeats have spanned more than 3 RETRY periods.
+    wait_for(lambda: keeper.heartbeats_sent >= 10, timeout=15)
+    info = client.show(job_id)
+    assert info is not None and info["state"] == "active"
+    assert client.qlen("q") == 0 and keeper.leases_lost == 0
+    reader.stop()
+
+
+def test_restart_renews_leases_first(server, client: Client, tmp_path: Path) -> None:
+    client.add_job("q", "x", retry=1)
+    first = make_reader(server, tmp_path / "s")
+    first.latestOffset({"batch": 0}, ReadMaxRows(10))
+    first.driver.keeper.stop()
+    second = make_reader(server, tmp_path / "s")
+    keeper = second.driver.keeper  # recovery happens on first use, before any offset call
+    assert keeper.heartbeats_sent == 1
+    second.stop()
+
+
+def test_lost_lease_is_counted(server, client: Client, tmp_path: Path) -> None:
+    job_id = client.add_job("q", "x", retry=1)
+    reader = make_reader(server, tmp_path / "s")
+    reader.latestOffset({"batch": 0}, ReadMaxRows(10))
+    client.del_job(job_id)  # e.g. its TTL expired
+    wait_for(lambda: reader.driver.keeper.leases_lost == 1, timeout=10)
+    assert reader.reportLatestOffset()["leasesLost"] == 1
+    reader.stop()
+
+
+def test_read_limits(server, client: Client, tmp_path: Path) -> None:
+    for i in range(12):
+        client.add_job("q", f"{i}")
+    reader = make_reader(server, tmp_path / "s", maxJobsPerTrigger="5")
+    assert reader.getDefaultReadLimit() == ReadMaxRows(5)
+    end = reader.latestOffset({"batch": 0}, reader.getDefaultReadLimit())
+    assert len(rows(reader, 0, end["batch"])) == 5
+    end2 = reader.latestOffset(end, ReadAllAvailable())  # engine overrides: take all
+    assert len(rows(reader, end["batch"], end2["batch"])) == 7
+    reader.stop()
+
+
+def test_min_jobs_waits_for_enough_jobs_or_the_max_delay(server, client: Client,
+                                                         tmp_path: Path) -> None:
+    for i in range(3):
+        client.add_job("q", f"{i}")
+    reader = make_reader(server, tmp_path / "s", minJobsPerTrigger="5",
+                         maxTriggerDelay="1h")
+    limit = reader.getDefaultReadLimit()
+    assert limit == ReadMinRows(5)
+    assert reader.latestOffset({"batch": 0}, limit) == {"batch": 0}
+    assert client.qlen("q") == 3  # nothing taken while waiting
+    for i in range(2):
+        client.add_job("q", f"more{i}")
+    assert reader.latestOffset({"batch": 0}, limit) == {"batch": 1}
+    reader.stop()
+    client.add_job("q", "lonely")
+    short = make_reader(server, tmp_path / "s2", minJobsPerTrigger="5",
+                        maxTriggerDelay="200ms")
+    wait_for(lambda: short.latestOffset({"batch": 0}, limit) == {"batch": 1}, timeout=10)
+    short.stop()
+
+
+def test_available_now_reads_only_what_was_queued_at_the_start(server, client: Client,
+                                                               tmp_path: Path) -> None:
+    for i in range(7):
+        client.add_job("q", f"{i}")
+    reader = make_reader(server, tmp_path / "s")
+    reader.prepareForTriggerAvailableNow()
+    for i in range(5):
+        client.add_job("q", f"late{i}")
+    offset, seen = {"batch": 0}, 0
+    while True:
+        end = reader.latestOffset(offset, ReadMaxRows(3))
+        if end == offset:
+            break
+        seen += len(rows(reader, offset["batch"], end["batch"]))
+        offset = end
+    assert seen == 7
+    assert client.qlen("q") == 5
+    assert registered(client) == 5  # every read job acked by the final call
+    reader.stop()
+
+
+def test_body_format_string_and_bad_utf8(server, client: Client, tmp_path: Path) -> None:
+    client.add_job("q", "héllo")
+    reader = make_reader(server, tmp_path / "s", bodyFormat="string")
+    end = reader.latestOffset({"batch": 0}, ReadMaxRows(10))
+    assert rows(reader, 0, end["batch"])[0]["body"] == "héllo"
+    bad = client.add_job("q", b"\xff\xfe")
+    end2 = reader.latestOffset(end, ReadMaxRows(10))
+    with pytest.raises(ValueError, match=re.escape(bad)):
+        rows(reader, end["batch"], end2["batch"])
+    reader.stop()
+
+
+def test_fastack_mode(server, client: Client, tmp_path: Path) -> None:
+    client.add_job("q", "x")
+    reader = make_reader(server, tmp_path / "s", ackMode="fastack")
+    end = reader.latestOffset({"batch": 0}, ReadMaxRows(10))
+    reader.commit(end)
+    assert registered(client) == 0
+    reader.stop()
+
+
+def test_partitions_split_a_big_batch(server, client: Client, tmp_path: Path) -> None:
+    client.add_jobs("q", [f"{i}" for i in range(100)])
+    reader = make_reader(server, tmp_path / "s", numPartitions="3")
+    end = reader.latestOffset({"batch": 0}, ReadMaxRows(100))
+    parts = reader.partitions({"batch": 0}, end)
+    assert len(parts) == 3
+    assert len({r["id"] for r in rows(reader, 0, 1)}) == 100
+    reader.stop()
+
+
+def test_missing_staged_batch_is_a_clear_error(server, tmp_path: Path) -> None:
+    reader = make_reader(server, tmp_path / "s")
+    with pytest.raises(RuntimeError, match="not staged"):
+        reader.partitions({"batch": 0}, {"batch": 1})
+    reader.stop()
+
+
+# ------------------------------------------------------------ executor mode
+
+def test_executor_mode_plans_then_tasks_fetch_and_replay(server, client: Client,
+                                                         tmp_path: Path) -> None:
+    client.add_jobs("q", [f"{i}" for i in range(40)])
+    reader = make_reader(server, tmp_path / "s", fetchMode="executor", numPartitions="2")
+    end = reader.latestOffset({"batch": 0}, ReadMaxRows(30))
+    assert client.qlen("q") == 40  # the driver only planned
+    parts = reader.partitions({"batch": 0}, end)
+    assert len(parts) == 2 and sum(p.count for p in parts) == 30
+    first = [fetch_or_replay(p).column("id").to_pylist() for p in parts]
+    assert client.qlen("q") == 10
+    again = [fetch_or_replay(p).column("id").to_pylist() for p in parts]  # retried tasks
+    assert again == first and client.qlen("q") == 10
+    # The driver's lease keeper finds the published parts while the batch runs.
+    wait_for(lambda: reader.driver.keeper.held().get(1) == 30, timeout=10)
+    next_end = reader.latestOffset(end, ReadMaxRows(30))
+    assert next_end == {"batch": 2} and registered(client) == 10
+    reader.stop()
+
+
+def test_losing_attempt_gives_its_jobs_back(server, client: Client, tmp_path: Path) -> None:
+    client.add_jobs("q", [f"{i}" for i in range(10)])
+    reader = make_reader(server, tmp_path / "s", fetchMode="executor")
+    end = reader.latestOffset({"batch": 0}, ReadMaxRows(4))
+    (part,) = reader.partitions({"batch": 0}, end)
+    assert isinstance(part, FetchPartition)
+    winner = fetch_or_replay(part)
+    loser_fetch = fetch_table(client, ["q"], 4, batch_size=4)
+    result = publish_fetched(part, client, loser_fetch)
+    assert result.column("id").to_pylist() == winner.column("id").to_pylist()
+    assert client.qlen("q") == 6  # the loser's 4 jobs are queued again
+    reader.stop()
+
+
+# --------------------------------------------------------------- batch reads
+
+def batch_rows(server, **options: str) -> list[dict]:
+    opts = {"nodes": f"127.0.0.1:{server.port}", "queues": "q", **options}
+    config = SourceConfig.from_options(opts, streaming=False)
+    reader = DisqueBatchReader(config, source_schema())
+    out = []
+    for part in reader.partitions():
+        for batch in reader.read(part):
+            assert isinstance(batch, pa.RecordBatch)
+            out.extend(batch.to_pylist())
+    return out
+
+
+def test_batch_peek_changes_nothing_and_drain_consumes(server, client: Client) -> None:
+    client.add_jobs("q", [f"{i}" for i in range(25)])
+    peeked = batch_rows(server, fetchBatchSize="7")
+    assert sorted(r["body"] for r in peeked) == sorted(f"{i}".encode() for i in range(25))
+    assert client.qlen("q") == 25
+    assert len(batch_rows(server, maxJobs="4")) == 4
+    drained = batch_rows(server, drain="true", fetchBatchSize="10")
+    assert len(drained) == 25 and client.qlen("q") == 0 and registered(client) == 0
