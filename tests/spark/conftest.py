@@ -32,6 +32,7 @@ def spark() -> Iterator:
     session = (SparkSession.builder.master("local[2]")
                .appName("disque-connector-tests")
                .config("spark.ui.enabled", "false")
+               .config("spark.ui.showConsoleProgress", "false")
                .config("spark.sql.shuffle.partitions", "2")
                .config("spark.sql.streaming.pollingDelay", "50ms")
                .config("spark.driver.memory", "1g")

@@ -24,15 +24,20 @@ READY = re.compile(rb"Ready to accept connections on \S+:(\d+)")
 
 
 def wait_for(predicate: Callable[[], Any], timeout: float = 10.0, interval: float = 0.01,
-             message: str = "condition") -> Any:
-    """Poll ``predicate`` until it returns a truthy value or ``timeout`` passes."""
+             message: str | Callable[[], str] = "condition") -> Any:
+    """Poll ``predicate`` until it returns a truthy value or ``timeout`` passes.
+
+    ``message`` may be a callable, evaluated only on timeout, to describe the
+    state the test was stuck in.
+    """
     deadline = time.monotonic() + timeout
     while True:
         value = predicate()
         if value:
             return value
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {message}")
+            described = message() if callable(message) else message
+            raise AssertionError(f"timed out after {timeout}s waiting for {described}")
         time.sleep(interval)
 
 

@@ -1,0 +1,237 @@
+"""Options and input schema of the ``disque`` sink, checked once on the driver.
+
+``df.write.format("disque")`` and ``df.writeStream.format("disque")`` build
+their writer on the driver before any task runs.  Everything that can be
+known there is checked there: option values (with the helpers of
+:mod:`.options`, so errors look the same as the source's) and the
+DataFrame's columns.  A typo in a column name or an option fails the write
+with an error naming it, before a single job was added; nothing is
+silently ignored, since an ignored ``ttl`` column would only show up as
+jobs expiring at the wrong time, much later.
+
+The result is a :class:`SinkConfig`: frozen, picklable, shipped to every
+task with the writer.  See docs/SPARK_SINK.md for the user-facing tables.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from .options import (
+    ConnectionConfig,
+    OptionError,
+    option_bool,
+    option_duration_ms,
+    option_int,
+    option_str,
+)
+
+if TYPE_CHECKING:
+    from pyspark.sql.types import DataType, StructType
+
+__all__ = [
+    "SchemaError", "SinkColumns", "SinkConfig", "validate_schema",
+    "RETRYABLE_ERRORS", "DEFAULT_RETRY_ERRORS", "KEY_COLUMN", "JOB_OPTION_COLUMNS",
+]
+
+#: The column that carries a caller-chosen dedup key (see docs/SPARK_SINK.md).
+KEY_COLUMN = "_disque_key"
+
+#: Per-row ADDJOB options a column may carry, with the smallest value the
+#: server accepts (TTL and REPLICATE of 0 make no sense; the server refuses them).
+JOB_OPTION_COLUMNS: dict[str, int] = {"delay": 0, "retry": 0, "ttl": 1, "replicate": 1}
+
+#: Failure kinds ``retryErrors`` may name: error reply codes, plus CONNECTION
+#: (no node reachable, or the connection dropped mid-pipeline).
+RETRYABLE_ERRORS = frozenset(
+    {"PAUSED", "NOREPL", "OOM", "LOADING", "LEAVING", "MAXLEN", "MISCONF", "CONNECTION"})
+
+#: Transient by nature: a paused queue gets unpaused, replication catches up,
+#: memory is freed as consumers ACK, a loading or leaving node is replaced.
+#: MAXLEN and MISCONF are not in the default set: a queue at its MAXLEN is the
+#: limit the user asked for, and a node that cannot write its AOF needs a human.
+DEFAULT_RETRY_ERRORS = frozenset({"PAUSED", "NOREPL", "OOM", "LOADING", "LEAVING", "CONNECTION"})
+
+
+class SchemaError(ValueError):
+    """The DataFrame written to the sink has a column the sink cannot use."""
+
+    def __init__(self, column: str, message: str) -> None:
+        super().__init__(f"disque sink: column '{column}' {message}")
+        self.column = column
+
+
+@dataclass(frozen=True)
+class SinkColumns:
+    """Where each input lives: the DataFrame's own column names, or None.
+
+    Names are matched case-insensitively (as Spark resolves columns) but the
+    actual name is kept, since Arrow batches are indexed by it.
+    """
+
+    body: str
+    body_is_string: bool
+    queue: str | None = None
+    delay: str | None = None
+    retry: str | None = None
+    ttl: str | None = None
+    replicate: str | None = None
+    key: str | None = None
+
+    @property
+    def per_row_options(self) -> tuple[tuple[str, str], ...]:
+        """``(ADDJOB option, column)`` for each per-row option column present."""
+        return tuple((name, column) for name in JOB_OPTION_COLUMNS
+                     if (column := getattr(self, name)) is not None)
+
+
+def _type_name(data_type: DataType) -> str:
+    return data_type.simpleString()
+
+
+def validate_schema(schema: StructType) -> SinkColumns:
+    """Map the DataFrame's columns to job fields, or raise :class:`SchemaError`."""
+    from pyspark.sql.types import (
+        BinaryType,
+        ByteType,
+        IntegerType,
+        LongType,
+        ShortType,
+        StringType,
+    )
+
+    integers = (ByteType, ShortType, IntegerType, LongType)
+    accepted = ("body", "queue", *JOB_OPTION_COLUMNS, KEY_COLUMN)
+    found: dict[str, str] = {}
+    for field in schema.fields:
+        role = field.name.lower()
+        if role not in accepted:
+            raise SchemaError(field.name, "is not a job field; the sink accepts only "
+                              f"{', '.join(accepted)} (select or drop the other columns)")
+        if role in found:
+            raise SchemaError(field.name, f"appears twice (also as '{found[role]}')")
+        found[role] = field.name
+        data_type = field.dataType
+        if role == "body":
+            if not isinstance(data_type, BinaryType | StringType):
+                raise SchemaError(field.name, "must be binary or string, got "
+                                  + _type_name(data_type))
+        elif role in ("queue", KEY_COLUMN):
+            if not isinstance(data_type, StringType):
+                raise SchemaError(field.name, f"must be a string, got {_type_name(data_type)}")
+        elif not isinstance(data_type, integers):
+            raise SchemaError(field.name, "must be an integer (tinyint, smallint, int or "
+                              f"bigint) number of {'copies' if role == 'replicate' else 'seconds'}"
+                              f", got {_type_name(data_type)}")
+    if "body" not in found:
+        raise SchemaError("body", "is required (binary or string): the job body; got columns "
+                          + (", ".join(schema.fieldNames()) or "none"))
+    body_field = schema[found["body"]]
+    return SinkColumns(
+        body=found["body"],
+        body_is_string=isinstance(body_field.dataType, StringType),
+        queue=found.get("queue"),
+        delay=found.get("delay"),
+        retry=found.get("retry"),
+        ttl=found.get("ttl"),
+        replicate=found.get("replicate"),
+        key=found.get(KEY_COLUMN),
+    )
+
+
+def _retry_errors(options: Mapping[str, str]) -> frozenset[str]:
+    raw = option_str(options, "retryErrors")
+    if raw is None:
+        return DEFAULT_RETRY_ERRORS
+    if raw.lower() == "none":
+        return frozenset()
+    names = frozenset(part.strip().upper() for part in raw.split(",") if part.strip())
+    unknown = sorted(names - RETRYABLE_ERRORS)
+    if unknown:
+        raise OptionError("retryErrors", f"has unknown error kinds {', '.join(unknown)}; "
+                          f"choose from {', '.join(sorted(RETRYABLE_ERRORS))} or none")
+    return names
+
+
+@dataclass(frozen=True)
+class SinkConfig:
+    """Options of ``df.write`` / ``df.writeStream`` ``.format("disque")``, validated.
+
+    Job option defaults (``delay``, ``retry``, ``ttl`` in seconds,
+    ``replicate``) are ``None`` when not set: ADDJOB then carries no such
+    argument and the node applies its own default, exactly as with the
+    client library.
+    """
+
+    connection: ConnectionConfig
+    columns: SinkColumns
+    queue: str | None = None
+    timeout_ms: int = 5000
+    replicate: int | None = None
+    delay: int | None = None
+    retry: int | None = None
+    ttl: int | None = None
+    maxlen: int | None = None
+    async_: bool = False
+    batch_size: int = 1000
+    max_retries: int = 10
+    retry_backoff_ms: int = 100
+    retry_backoff_max_ms: int = 5000
+    retry_errors: frozenset[str] = DEFAULT_RETRY_ERRORS
+    dedup_key: bool = False
+    write_id: str | None = None
+
+    @classmethod
+    def from_options(cls, options: Mapping[str, str], schema: StructType, *,
+                     overwrite: bool = False, streaming: bool = False) -> SinkConfig:
+        if overwrite:
+            # A queue cannot be replaced atomically, and complete output mode
+            # would re-add the whole result table as new jobs at every trigger.
+            what = ('outputMode("complete")' if streaming else 'mode("overwrite")')
+            raise OptionError("mode", f"{what} is not supported: the disque sink only adds "
+                              "jobs; use " + ('outputMode("append") or "update"' if streaming
+                                              else 'mode("append")'))
+        columns = validate_schema(schema)
+        queue = option_str(options, "queue")
+        if queue is None and columns.queue is None:
+            raise OptionError("queue", "is required unless the DataFrame has a 'queue' column")
+        delay = option_int(options, "delay", None, minimum=0)
+        ttl = option_int(options, "ttl", None, minimum=1)
+        if delay is not None and ttl is not None and delay >= ttl:
+            raise OptionError("delay", f"({delay} s) must be shorter than ttl ({ttl} s)")
+        backoff = option_duration_ms(options, "retryBackoff", 100, minimum=1)
+        backoff_max = option_duration_ms(options, "retryBackoffMax", 5000, minimum=1)
+        assert backoff is not None and backoff_max is not None
+        if backoff_max < backoff:
+            raise OptionError("retryBackoffMax", f"({backoff_max} ms) must be at least "
+                              f"retryBackoff ({backoff} ms)")
+        dedup_raw = option_str(options, "dedupKey")
+        dedup = option_bool(options, "dedupKey", columns.key is not None)
+        if columns.key is not None and dedup_raw is not None and not dedup:
+            raise OptionError("dedupKey", f"is false but the DataFrame has a '{KEY_COLUMN}' "
+                              "column; drop the column or set dedupKey to true")
+        write_id = option_str(options, "writeId")
+        if write_id is not None and ("\n" in write_id or "/" in write_id):
+            raise OptionError("writeId", f"must not contain '/' or a newline, got {write_id!r}")
+        return cls(
+            connection=ConnectionConfig.from_options(options),
+            columns=columns,
+            queue=queue,
+            timeout_ms=option_duration_ms(options, "timeoutMs", 5000) or 0,
+            replicate=option_int(options, "replicate", None, minimum=1),
+            delay=delay,
+            retry=option_int(options, "retry", None, minimum=0),
+            ttl=ttl,
+            maxlen=option_int(options, "maxlen", None, minimum=1),
+            async_=option_bool(options, "async", False),
+            batch_size=option_int(options, "batchSize", 1000, minimum=1,
+                                  maximum=100_000) or 1000,
+            max_retries=option_int(options, "maxRetries", 10, minimum=0) or 0,
+            retry_backoff_ms=backoff,
+            retry_backoff_max_ms=backoff_max,
+            retry_errors=_retry_errors(options),
+            dedup_key=dedup,
+            write_id=write_id,
+        )

@@ -1,0 +1,129 @@
+"""Kill the Spark driver (SIGKILL, whole process group) mid-batch and restart it.
+
+The application is ``tests/spark/driver_app.py`` in its own process group:
+a slow foreachBatch sink writing one Parquet file per batch ID (a replayed
+batch overwrites its own file).  After the kill, before the restart, the test
+checks that no acknowledged job is missing from the sink; after the
+restart (availableNow, so it ends by itself) that every produced job is in
+the sink, the queue is drained and nothing stays leased.  Duplicates can
+only come from jobs whose lease really expired; the tests count them.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from disque.client import Client
+from spark_connector.staging import StagingArea
+from tests.support.process import wait_for
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def start_app(port: int, workdir: Path, *args: str) -> subprocess.Popen:
+    with open(workdir / "app.log", "ab") as log:  # the child keeps its own copy
+        return subprocess.Popen(
+            [sys.executable, "-m", "tests.spark.driver_app", str(port), "events", str(workdir),
+             *args], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            env={**os.environ, "PYSPARK_PYTHON": sys.executable})
+
+
+def kill_group(proc: subprocess.Popen) -> None:
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+
+def sink_ids(workdir: Path) -> list[str]:
+    ids: list[str] = []
+    for path in sorted((workdir / "out").glob("batch-*.parquet")):
+        ids.extend(pq.read_table(path).column("id").to_pylist())
+    return ids
+
+
+def batches_done(workdir: Path) -> int:
+    progress = workdir / "progress"
+    return int(progress.read_text()) + 1 if progress.exists() else 0
+
+
+def staged_ids(workdir: Path) -> set[str]:
+    staging = StagingArea(workdir / "staging")
+    return {i for seq in staging.batches() for _, table in staging.read_parts(seq)
+            for i in table.column("id").to_pylist()}
+
+
+def run_to_completion(port: int, workdir: Path, *args: str) -> None:
+    proc = start_app(port, workdir, "--available-now", *args)
+    try:
+        assert proc.wait(timeout=300) == 0, (workdir / "app.log").read_text()[-3000:]
+    finally:
+        if proc.poll() is None:
+            kill_group(proc)
+
+
+def acked(client: Client, ids: list[str]) -> set[str]:
+    """IDs the node no longer knows: acknowledged (and garbage collected)."""
+    return {i for i in ids if client.show(i) is None}
+
+
+@pytest.mark.parametrize("fetch_mode", ["driver", "executor"])
+def test_driver_sigkill_mid_batch_loses_nothing(server, tmp_path: Path, fetch_mode: str) -> None:
+    client = Client(f"127.0.0.1:{server.port}")
+    produced = client.add_jobs("events", [f"job-{i}" for i in range(1500)])
+    app = start_app(server.port, tmp_path, "--fetch-mode", fetch_mode, "--max-jobs", "200",
+                    "--batch-delay", "1.5")
+    try:
+        wait_for(lambda: batches_done(tmp_path) >= 2, timeout=180, interval=0.2,
+                 message=lambda: (tmp_path / "app.log").read_text()[-3000:])
+    finally:
+        kill_group(app)  # mid-batch: every batch sleeps 1.5 s in the sink
+    in_sink = set(sink_ids(tmp_path))
+    assert acked(client, produced) <= in_sink  # nothing ACKed that the sink lacks
+    assert staged_ids(tmp_path), "the kill should leave a staged, unacknowledged batch"
+
+    run_to_completion(server.port, tmp_path, "--fetch-mode", fetch_mode, "--max-jobs", "200")
+    ids = sink_ids(tmp_path)
+    assert set(ids) == set(produced)
+    # Leases (RETRY 300 s by default) never expired: no job was delivered twice.
+    assert len(ids) == len(produced)
+    assert client.qlen("events") == 0
+    assert int(client.info("jobs")["jobs"]["registered_jobs"]) == 0
+    assert StagingArea(tmp_path / "staging").batches() == []
+
+
+def test_expired_leases_bound_the_duplicates(server, tmp_path: Path) -> None:
+    """With RETRY 1 and the driver dead for longer, staged jobs are queued again.
+
+    The replayed batch is acknowledged before anything new is fetched, so
+    even then a lone consumer sees at most the staged jobs twice.
+    """
+    client = Client(f"127.0.0.1:{server.port}")
+    produced = client.add_jobs("events", [f"job-{i}" for i in range(800)], retry=1)
+    app = start_app(server.port, tmp_path, "--max-jobs", "200", "--batch-delay", "1.5")
+    try:
+        wait_for(lambda: batches_done(tmp_path) >= 1, timeout=180, interval=0.2,
+                 message=lambda: (tmp_path / "app.log").read_text()[-3000:])
+    finally:
+        kill_group(app)
+    leased = staged_ids(tmp_path)
+    assert leased
+    # Without heartbeats the node queues the staged jobs again after RETRY.
+    wait_for(lambda: all((client.show(i) or {}).get("state") == "queued" for i in leased),
+             timeout=30, interval=0.2, message="staged jobs to be queued again")
+
+    run_to_completion(server.port, tmp_path, "--max-jobs", "200")
+    ids = sink_ids(tmp_path)
+    assert set(ids) == set(produced)
+    duplicated = {i for i in ids if ids.count(i) > 1}
+    assert duplicated <= leased
+    assert len(ids) - len(set(ids)) <= len(leased)
+    assert client.qlen("events") == 0
+    assert int(client.info("jobs")["jobs"]["registered_jobs"]) == 0
