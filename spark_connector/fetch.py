@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
+
+from disque.exceptions import ConnectionFailed
 
 from .schema import STAGED_SCHEMA
 
@@ -13,6 +16,8 @@ if TYPE_CHECKING:
     from disque.client import Client, Job
 
 __all__ = ["fetch_table", "jobs_to_table", "empty_table"]
+
+log = logging.getLogger("spark_connector.fetch")
 
 
 def jobs_to_table(jobs: list[Job], fetched_at_us: int | None = None) -> pa.Table:
@@ -45,11 +50,19 @@ def fetch_table(client: Client, queues: tuple[str, ...] | list[str], limit: int 
     first = True
     while limit is None or len(jobs) < limit:
         want = batch_size if limit is None else min(batch_size, limit - len(jobs))
-        if first and block_ms > 0:
-            got = client.get_jobs(*queues, count=want, timeout_ms=block_ms,
-                                  with_counters=True)
-        else:
-            got = client.get_jobs(*queues, count=want, nohang=True, with_counters=True)
+        try:
+            if first and block_ms > 0:
+                got = client.get_jobs(*queues, count=want, timeout_ms=block_ms,
+                                      with_counters=True)
+            else:
+                got = client.get_jobs(*queues, count=want, nohang=True, with_counters=True)
+        except ConnectionFailed:
+            if not jobs:
+                raise
+            # Keep what we hold: those jobs are leased to us and staging
+            # them is better than letting them wait out their RETRY.
+            log.warning("node lost after fetching %d jobs; keeping those", len(jobs))
+            break
         first = False
         jobs.extend(got)
         if len(got) < want:

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
-from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader, InputPartition
+from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import (
     ReadAllAvailable,
     ReadLimit,
@@ -44,7 +44,7 @@ from pyspark.sql.streaming.datasource import (
 
 from disque.exceptions import ConnectionFailed, DisqueError
 
-from .fetch import fetch_table, jobs_to_table
+from .fetch import empty_table, fetch_table
 from .leases import LeaseKeeper
 from .options import ConnectionConfig, SourceConfig
 from .schema import to_rows
@@ -55,7 +55,8 @@ if TYPE_CHECKING:
 
     from disque.client import Client
 
-__all__ = ["DisqueStreamReader", "DisqueBatchReader", "DEFAULT_MAX_JOBS_PER_TRIGGER"]
+__all__ = ["DisqueStreamReader", "DEFAULT_MAX_JOBS_PER_TRIGGER", "StagedPartition",
+           "FetchPartition", "fetch_or_replay", "publish_fetched", "record_batches"]
 
 log = logging.getLogger("spark_connector.reader")
 
@@ -94,19 +95,6 @@ class FetchPartition(InputPartition):
     batch_size: int
 
 
-@dataclass
-class ScanPartition(InputPartition):
-    """Batch reads: one queue on one node, peeked (JSCAN) or drained (GETJOB)."""
-
-    node: str
-    queue: str
-    connection: ConnectionConfig
-    drain: bool
-    max_jobs: int | None
-    batch_size: int
-    ack_mode: str
-
-
 def _ipc_bytes(table: pa.Table) -> bytes:
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, table.schema) as writer:
@@ -114,7 +102,7 @@ def _ipc_bytes(table: pa.Table) -> bytes:
     return sink.getvalue().to_pybytes()
 
 
-def _record_batches(staged: pa.Table, schema: StructType) -> Iterator[pa.RecordBatch]:
+def record_batches(staged: pa.Table, schema: StructType) -> Iterator[pa.RecordBatch]:
     if staged.num_rows:
         yield from to_rows(staged, schema).combine_chunks().to_batches()
 
@@ -186,7 +174,7 @@ class DisqueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             staged = fetch_or_replay(partition)
         else:
             raise TypeError(f"unexpected partition {partition!r}")
-        return _record_batches(staged, self.schema)
+        return record_batches(staged, self.schema)
 
 
 def fetch_or_replay(part: FetchPartition) -> pa.Table:
@@ -202,7 +190,15 @@ def fetch_or_replay(part: FetchPartition) -> pa.Table:
         return read_table(path)
     client = part.connection.client(node=part.node, client_name="spark-disque-fetch")
     try:
-        table = fetch_table(client, part.queues, part.count, batch_size=part.batch_size)
+        try:
+            table = fetch_table(client, part.queues, part.count, batch_size=part.batch_size)
+        except ConnectionFailed as exc:
+            # The node is down: this part of the batch is empty, for good
+            # (a replay must return the same rows), rather than failing the
+            # whole query; the jobs wait on their node for the next batch.
+            log.warning("batch %d %s: %s unreachable, part left empty: %s",
+                        part.seq, part.file, part.node, exc)
+            table = empty_table()
         return publish_fetched(part, client, table)
     finally:
         client.close()
@@ -367,14 +363,23 @@ class _DriverSide:
         config = self.config
         tables = []
         remaining = max_jobs
+        reached = 0
         for client in self.fetchers:  # a quick NOHANG pass over every node first
-            table = fetch_table(client, config.queues, remaining,
-                                batch_size=config.fetch_batch_size)
+            try:
+                table = fetch_table(client, config.queues, remaining,
+                                    batch_size=config.fetch_batch_size)
+            except ConnectionFailed as exc:
+                log.warning("fetch from %s failed, other nodes still read: %s",
+                            client.seeds, exc)
+                continue
+            reached += 1
             tables.append(table)
             if remaining is not None:
                 remaining -= table.num_rows
                 if remaining <= 0:
                     break
+        if not reached:
+            raise ConnectionFailed("no node in 'nodes' answered GETJOB")
         if (sum(t.num_rows for t in tables) == 0 and config.fetch_timeout_ms > 0
                 and self.available_now_budget is None):
             # Idle: wait (bounded) for a job on one node, rotating, so an
@@ -534,80 +539,3 @@ class _DriverSide:
         self.keeper.stop()
         for client in [*self.fetchers, self.acker, self._heartbeat_client]:
             client.close()
-
-
-# ---------------------------------------------------------------------------
-# Batch reader
-# ---------------------------------------------------------------------------
-
-class DisqueBatchReader(DataSourceReader):
-    """``spark.read.format("disque")``: peek at queues, or drain them (``drain=true``).
-
-    Peeking (the default) changes nothing on the nodes: it lists the queued
-    jobs with JSCAN.  Draining takes jobs with GETJOB and acknowledges each
-    chunk once Spark has pulled it from the reader; a failure after that
-    point (e.g. the write of the result fails) loses those jobs.  For
-    at-least-once draining use the streaming source with
-    ``trigger(availableNow=True)``.
-    """
-
-    def __init__(self, config: SourceConfig, schema: StructType) -> None:
-        self.config = config
-        self.schema = schema
-
-    def partitions(self) -> list[InputPartition]:
-        config = self.config
-        return [ScanPartition(node, queue, config.connection, config.drain, config.max_jobs,
-                              config.fetch_batch_size, config.ack_mode)
-                for node in config.connection.nodes for queue in config.queues]
-
-    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        assert isinstance(partition, ScanPartition)
-        client = partition.connection.client(node=partition.node,
-                                             client_name="spark-disque-batch")
-        try:
-            if partition.drain:
-                yield from self._drain(client, partition)
-            else:
-                yield from _record_batches(_peek(client, partition), self.schema)
-        finally:
-            client.close()
-
-    def _drain(self, client: Client, part: ScanPartition) -> Iterator[pa.RecordBatch]:
-        taken = 0
-        while part.max_jobs is None or taken < part.max_jobs:
-            want = part.batch_size if part.max_jobs is None else min(part.batch_size,
-                                                                     part.max_jobs - taken)
-            table = fetch_table(client, [part.queue], want, batch_size=want)
-            if table.num_rows == 0:
-                return
-            ids = table.column("id").to_pylist()
-            handed_over = False
-            try:
-                yield from _record_batches(table, self.schema)
-                handed_over = True
-            finally:
-                if handed_over:
-                    (client.fastack if part.ack_mode == "fastack" else client.ack)(*ids)
-                else:  # the consumer stopped early: these were never read
-                    client.enqueue(*ids)
-            taken += len(ids)
-            if table.num_rows < want:
-                return
-
-
-def _peek(client: Client, part: ScanPartition) -> pa.Table:
-    from disque.client import Job
-
-    jobs: list[Job] = []
-    for info in client.jscan(queue=part.queue, states=("queued",), reply="all",
-                             count=part.batch_size):
-        body = info.get("body")
-        if body is None:
-            continue
-        jobs.append(Job(str(info["queue"]), str(info["id"]), body,
-                        int(info.get("nacks") or 0),
-                        int(info.get("additional-deliveries") or 0)))
-        if part.max_jobs is not None and len(jobs) >= part.max_jobs:
-            break
-    return jobs_to_table(jobs)

@@ -77,7 +77,7 @@ class DisqueDataSource(DataSource):
         return DisqueStreamReader(config, self._checked_schema(schema, config))
 
     def reader(self, schema: StructType) -> DataSourceReader:
-        from .reader import DisqueBatchReader
+        from .batch_reader import DisqueBatchReader
 
         config = SourceConfig.from_options(self.options, streaming=False)
         check_reachable(config)

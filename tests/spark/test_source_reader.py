@@ -17,10 +17,10 @@ import pytest
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows, ReadMinRows
 
 from disque.client import Client
+from spark_connector.batch_reader import DisqueBatchReader
 from spark_connector.fetch import fetch_table
 from spark_connector.options import SourceConfig
 from spark_connector.reader import (
-    DisqueBatchReader,
     DisqueStreamReader,
     FetchPartition,
     fetch_or_replay,

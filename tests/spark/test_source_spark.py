@@ -101,24 +101,26 @@ def test_bad_options_fail_the_query_at_start(spark, server, tmp_path: Path) -> N
          .option("checkpointLocation", str(tmp_path / "c")).start().awaitTermination(30))
 
 
+@pytest.mark.parametrize("fetch_mode", ["driver", "executor"])
 def test_node_crash_and_aof_restart_under_a_running_query(spark, server_factory,
-                                                          tmp_path: Path) -> None:
+                                                          tmp_path: Path, fetch_mode: str) -> None:
     node = server_factory("--appendonly", "yes", "--appendfsync", "always")
     client = Client(f"127.0.0.1:{node.port}", reconnect_timeout=30)
     # A restarted node loads its jobs without queueing them: they are queued
     # again after RETRY (the spec's rule, since another node may have
     # delivered them meanwhile).  RETRY 2 keeps the test short.
     produced = client.add_jobs("events", [f"a{i}" for i in range(600)], retry=2)
-    query = (stream(spark, node, tmp_path, maxJobsPerTrigger="100")
-             .writeStream.format("memory").queryName("node_crash")
+    query = (stream(spark, node, tmp_path, maxJobsPerTrigger="100", fetchMode=fetch_mode)
+             .writeStream.format("memory").queryName(f"node_crash_{fetch_mode}")
              .option("checkpointLocation", str(tmp_path / "checkpoint"))
              .trigger(processingTime="100 milliseconds").start())
+    table = f"node_crash_{fetch_mode}"
     try:
-        wait_for(lambda: len(memory_ids(spark, "node_crash")) >= 200, timeout=120, interval=0.5)
+        wait_for(lambda: len(memory_ids(spark, table)) >= 200, timeout=120, interval=0.5)
         node.kill()     # SIGKILL while batches are staged and leased
         node.start(port=node.port)
         produced += client.add_jobs("events", [f"b{i}" for i in range(300)], retry=2)
-        wait_for(lambda: len(set(memory_ids(spark, "node_crash"))) >= 900, timeout=180,
+        wait_for(lambda: len(set(memory_ids(spark, table))) >= 900, timeout=180,
                  interval=0.5, message=lambda: (
                      f"every job in the sink after the node restart: query "
                      f"{query.status}, {query.exception()}, progress {query.lastProgress}, "
@@ -127,7 +129,7 @@ def test_node_crash_and_aof_restart_under_a_running_query(spark, server_factory,
         assert query.exception() is None
     finally:
         query.stop()
-    ids = memory_ids(spark, "node_crash")
+    ids = memory_ids(spark, table)
     assert set(ids) == set(produced)
     # Duplicates need a lease that expired while the node was down: only
     # jobs of the (at most two) staged, unacknowledged batches qualify.

@@ -1,0 +1,108 @@
+"""``spark.read.format("disque")``: peek at queues, or drain them."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import pyarrow as pa
+from pyspark.sql.datasource import DataSourceReader, InputPartition
+
+from .fetch import fetch_table, jobs_to_table
+from .options import ConnectionConfig, SourceConfig
+from .reader import record_batches
+
+if TYPE_CHECKING:
+    from pyspark.sql.types import StructType
+
+    from disque.client import Client
+
+__all__ = ["DisqueBatchReader", "ScanPartition"]
+
+
+@dataclass
+class ScanPartition(InputPartition):
+    """Batch reads: one queue on one node, peeked (JSCAN) or drained (GETJOB)."""
+
+    node: str
+    queue: str
+    connection: ConnectionConfig
+    drain: bool
+    max_jobs: int | None
+    batch_size: int
+    ack_mode: str
+
+
+
+class DisqueBatchReader(DataSourceReader):
+    """``spark.read.format("disque")``: peek at queues, or drain them (``drain=true``).
+
+    Peeking (the default) changes nothing on the nodes: it lists the queued
+    jobs with JSCAN.  Draining takes jobs with GETJOB and acknowledges each
+    chunk once Spark has pulled it from the reader; a failure after that
+    point (e.g. the write of the result fails) loses those jobs.  For
+    at-least-once draining use the streaming source with
+    ``trigger(availableNow=True)``.
+    """
+
+    def __init__(self, config: SourceConfig, schema: StructType) -> None:
+        self.config = config
+        self.schema = schema
+
+    def partitions(self) -> list[InputPartition]:
+        config = self.config
+        return [ScanPartition(node, queue, config.connection, config.drain, config.max_jobs,
+                              config.fetch_batch_size, config.ack_mode)
+                for node in config.connection.nodes for queue in config.queues]
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        assert isinstance(partition, ScanPartition)
+        client = partition.connection.client(node=partition.node,
+                                             client_name="spark-disque-batch")
+        try:
+            if partition.drain:
+                yield from self._drain(client, partition)
+            else:
+                yield from record_batches(_peek(client, partition), self.schema)
+        finally:
+            client.close()
+
+    def _drain(self, client: Client, part: ScanPartition) -> Iterator[pa.RecordBatch]:
+        taken = 0
+        while part.max_jobs is None or taken < part.max_jobs:
+            want = part.batch_size if part.max_jobs is None else min(part.batch_size,
+                                                                     part.max_jobs - taken)
+            table = fetch_table(client, [part.queue], want, batch_size=want)
+            if table.num_rows == 0:
+                return
+            ids = table.column("id").to_pylist()
+            handed_over = False
+            try:
+                yield from record_batches(table, self.schema)
+                handed_over = True
+            finally:
+                if handed_over:
+                    (client.fastack if part.ack_mode == "fastack" else client.ack)(*ids)
+                else:  # the consumer stopped early: these were never read
+                    client.enqueue(*ids)
+            taken += len(ids)
+            if table.num_rows < want:
+                return
+
+
+def _peek(client: Client, part: ScanPartition) -> pa.Table:
+    from disque.client import Job
+
+    jobs: list[Job] = []
+    for info in client.jscan(queue=part.queue, states=("queued",), reply="all",
+                             count=part.batch_size):
+        body = info.get("body")
+        if body is None:
+            continue
+        jobs.append(Job(str(info["queue"]), str(info["id"]), body,
+                        int(info.get("nacks") or 0),
+                        int(info.get("additional-deliveries") or 0)))
+        if part.max_jobs is not None and len(jobs) >= part.max_jobs:
+            break
+    return jobs_to_table(jobs)
