@@ -1,0 +1,175 @@
+"""The example pipelines in jobs/, run against a real node with small inputs."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+
+from disque.client import Client, Job
+from jobs import produce_events, stream_aggregates, worker
+from tests.support.process import wait_for
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def registered(client: Client) -> int:
+    return int(client.info("jobs")["jobs"]["registered_jobs"])
+
+
+def test_producer_writes_one_json_job_per_event(spark, server, tmp_path: Path) -> None:
+    dataset = produce_events.write_dataset(tmp_path / "data", 300, minutes=10)
+    nodes = f"127.0.0.1:{server.port}"
+    assert produce_events.produce(spark, dataset, nodes, "orders") == 300
+    client = Client(nodes)
+    assert client.qlen("orders") == 300
+    (job,) = client.qpeek("orders", 1)
+    event = json.loads(job.body)
+    assert set(event) == {"order_id", "customer", "product", "quantity", "amount", "event_time"}
+    assert client.show(job.id)["retry"] == 60
+
+
+def expected_windows(count: int, minutes: int, window_minutes: int) -> Counter:
+    """Orders per (window start, product), computed from the dataset directly."""
+    table = produce_events.generate_events(count, minutes)
+    out: Counter = Counter()
+    size = timedelta(minutes=window_minutes)
+    for product, when in zip(table.column("product").to_pylist(),
+                             table.column("event_time").to_pylist(), strict=True):
+        start = produce_events.EPOCH + ((when - produce_events.EPOCH) // size) * size
+        out[(start, product)] += 1
+    return out
+
+
+def test_stream_aggregates_counts_every_order_once(spark, server, tmp_path: Path) -> None:
+    import pyarrow.parquet as pq
+
+    nodes = f"127.0.0.1:{server.port}"
+    dataset = produce_events.write_dataset(tmp_path / "data", 800, minutes=30)
+    produce_events.produce(spark, dataset, nodes, "orders")
+    query = stream_aggregates.build_query(
+        spark, nodes=nodes, queue="orders", output=tmp_path / "out",
+        checkpoint=tmp_path / "checkpoint", staging=tmp_path / "staging",
+        available_now=True, max_jobs_per_trigger=300)
+    query.awaitTermination(300)
+    assert query.exception() is None
+    client = Client(nodes)
+    assert client.qlen("orders") == 0 and registered(client) == 0  # all consumed and ACKed
+    rows = pq.read_table(tmp_path / "out").to_pylist()
+    expected = expected_windows(800, 30, 5)
+    got = {(r["window_start"].astimezone(produce_events.EPOCH.tzinfo), r["product"]): r["orders"]
+           for r in rows}
+    assert got, "closed windows must have been written"
+    for key, orders in got.items():
+        assert orders == expected[key], key
+    # Every window that ended well before the last event time is closed.
+    closed_starts = {start for start, _ in got}
+    assert {produce_events.EPOCH + timedelta(minutes=m) for m in (0, 5, 10, 15)} <= closed_starts
+
+
+def order(amount: float) -> bytes:
+    return json.dumps({"order_id": "o-1", "amount": amount}).encode()
+
+
+def test_worker_acks_nacks_and_dead_letters(server) -> None:
+    nodes = f"127.0.0.1:{server.port}"
+    client = Client(nodes)
+    good = client.add_jobs("orders", [order(10.0) for _ in range(5)])
+    poison = client.add_jobs("orders", [order(-1.0), order(-2.0)])
+    with Client(nodes) as consumer, Client(nodes) as heartbeats:
+        stats = worker.run(consumer, heartbeats, "orders", worker.process_order,
+                           max_attempts=2, idle_exit=1.0)
+    assert (stats.acked, stats.nacked, stats.dead_lettered) == (5, 4, 2)
+    assert client.qlen("orders") == 0
+    dead = client.get_jobs("orders-dead", count=10, nohang=True)
+    assert sorted(j.body for j in dead) == sorted([order(-1.0), order(-2.0)])
+    assert all(client.show(i) is None for i in good + poison)  # originals acknowledged
+
+
+def test_worker_heartbeats_keep_a_slow_job_leased(server) -> None:
+    nodes = f"127.0.0.1:{server.port}"
+    client = Client(nodes)
+    job_id = client.add_job("slow", order(1.0), retry=1)
+    seen_states: list[str] = []
+
+    def slow_handler(job: Job) -> None:
+        # The "work" takes 2.5 RETRY periods; meanwhile the job must stay active.
+        for _ in range(5):
+            time.sleep(0.5)
+            seen_states.append(client.show(job.id)["state"])
+
+    with Client(nodes) as consumer, Client(nodes) as heartbeats:
+        stats = worker.run(consumer, heartbeats, "slow", slow_handler, max_jobs=1)
+    assert stats.acked == 1
+    assert seen_states == ["active"] * 5
+    assert client.show(job_id) is None
+
+
+def session_processes(sid: int) -> list[int]:
+    """PIDs still alive in session ``sid`` (the demo ran as its leader)."""
+    alive = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2:].split()
+        if int(fields[3]) == sid and fields[0] != "Z":
+            alive.append(int(entry.name))
+    return alive
+
+
+def start_demo(tmp_path: Path) -> tuple[subprocess.Popen, Path]:
+    log_path = tmp_path / "demo.log"
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "jobs.demo", "--short", "--port", "0",
+             "--workdir", str(tmp_path / "demo")],
+            cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            env={**os.environ, "PYSPARK_PYTHON": sys.executable})
+    return proc, log_path
+
+
+@pytest.mark.slow
+def test_demo_runs_end_to_end_and_leaves_nothing_behind(tmp_path: Path) -> None:
+    proc, log_path = start_demo(tmp_path)
+    try:
+        code = proc.wait(timeout=600)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    output = log_path.read_text()
+    assert code == 0, output[-3000:]
+    assert "produced:   2000 jobs" in output
+    assert "consumed:   2000 jobs" in output
+    assert "acked:      2000 jobs; 0 still queued, 0 on the node" in output
+    assert "result:     OK" in output
+    wait_for(lambda: not session_processes(proc.pid), timeout=30,
+             message=lambda: f"demo processes to exit: {session_processes(proc.pid)}")
+
+
+@pytest.mark.slow
+def test_demo_ctrl_c_stops_everything(tmp_path: Path) -> None:
+    proc, log_path = start_demo(tmp_path)
+    try:
+        wait_for(lambda: "2/3 produced" in log_path.read_text(), timeout=300, interval=0.2,
+                 message=lambda: log_path.read_text()[-3000:])
+        os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does
+        code = proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert code == 130, log_path.read_text()[-3000:]
+    assert "interrupted" in log_path.read_text()
+    wait_for(lambda: not session_processes(proc.pid), timeout=30,
+             message=lambda: f"demo processes to exit: {session_processes(proc.pid)}")
