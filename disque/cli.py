@@ -382,6 +382,8 @@ class Cli:
             except KeyboardInterrupt:
                 self.out.write(b"\n")
             return EXIT_OK
+        if name == b"shutdown":
+            return self._shutdown(args)
         try:
             if name == b"auth" and len(args) in (2, 3):
                 reply = self._auth(args[-1])
@@ -391,6 +393,26 @@ class Cli:
             reply = exc
         raw = self.raw or (_always_raw(args) and isinstance(reply, bytes))
         self.out.write(format_reply(reply, raw))
+        self.out.flush()
+        return EXIT_ERROR if isinstance(reply, DisqueError) else EXIT_OK
+
+    def _shutdown(self, args: list[bytes]) -> int:
+        """SHUTDOWN: a connection closed without a reply is success (as in redis-cli).
+
+        Never re-sent: after a lost connection the client would move to
+        another node of the cluster and shut that one down too.
+        """
+        self.client.connect()  # connection errors before sending are real errors
+        retries, self.client.max_retries = self.client.max_retries, 0
+        try:
+            reply = self.client.execute_command(*args)
+        except ResponseError as exc:
+            reply = exc
+        except ConnectionFailed:
+            return EXIT_OK  # the node closed the connection: it is going down
+        finally:
+            self.client.max_retries = retries
+        self.out.write(format_reply(reply, self.raw))
         self.out.flush()
         return EXIT_ERROR if isinstance(reply, DisqueError) else EXIT_OK
 

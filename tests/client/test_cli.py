@@ -239,3 +239,12 @@ def test_interactive_auth_and_ctrl_c(server_factory, tmp_path: Path) -> None:
     child.expect(pexpect.EOF)
     child.close()
     assert child.exitstatus == 0
+
+
+def test_shutdown_is_success_and_never_resent(server: DisqueProcess) -> None:
+    result = disque(server.port, "shutdown")
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == ""
+    wait_for(lambda: not server.alive(), message="the node to exit")
+    again = disque(server.port, "shutdown")  # nothing listens: a real error
+    assert again.returncode == 1 and "Could not connect" in again.stderr
