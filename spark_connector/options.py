@@ -185,6 +185,7 @@ class SourceConfig:
     num_partitions: int = 1
     jobs_per_partition: int = 10_000
     working_interval_ms: int | None = None
+    log_level: str = "warning"
     # Batch reads (spark.read) only:
     drain: bool = False
     max_jobs: int | None = None
@@ -227,6 +228,8 @@ class SourceConfig:
             jobs_per_partition=option_int(options, "jobsPerPartition", 10_000, minimum=1,
                                           maximum=MAX_JOBS_PER_BATCH) or 10_000,
             working_interval_ms=working,
+            log_level=option_choice(options, "logLevel", ("debug", "info", "warning", "error"),
+                                    "warning"),
             drain=option_bool(options, "drain", False),
             max_jobs=option_int(options, "maxJobs", None, minimum=1, maximum=2**62),
         )

@@ -26,6 +26,7 @@ from __future__ import annotations
 import logging
 import math
 import shutil
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -217,12 +218,37 @@ def publish_fetched(part: FetchPartition, client: Client, table: pa.Table) -> pa
     return read_table(path)
 
 
+class _StderrHandler(logging.StreamHandler):
+    """Writes to whatever ``sys.stderr`` is at the time (it may be replaced)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.stream = sys.stderr
+        super().emit(record)
+
+
+def _log_to_stderr(level: str) -> None:
+    """Show the source's log lines in the driver's console (``logLevel`` option).
+
+    The driver-side methods run in a Python worker that Spark starts, whose
+    stderr ends up in the driver's output; nobody configures logging there,
+    so the connector does, once, unless the application already did.
+    """
+    logger = logging.getLogger("spark_connector")
+    logger.setLevel(level.upper())
+    if not logger.handlers:
+        handler = _StderrHandler()
+        handler.setFormatter(logging.Formatter(
+            "%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        logger.addHandler(handler)
+
+
 class _DriverSide:
     """State and connections of the streaming reader on the driver."""
 
     def __init__(self, config: SourceConfig) -> None:
         assert config.staging_path is not None
         self.config = config
+        _log_to_stderr(config.log_level)
         self.staging = StagingArea(config.staging_path)
         self.staging.ensure()
         self.fetchers = [config.connection.client(node=n, client_name="spark-disque-driver")

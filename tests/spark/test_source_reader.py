@@ -336,3 +336,16 @@ def test_batch_peek_changes_nothing_and_drain_consumes(server, client: Client) -
     assert len(batch_rows(server, maxJobs="4")) == 4
     drained = batch_rows(server, drain="true", fetchBatchSize="10")
     assert len(drained) == 25 and client.qlen("q") == 0 and registered(client) == 0
+
+
+def test_log_level_info_reports_each_batch(server, client: Client, tmp_path: Path,
+                                           caplog: pytest.LogCaptureFixture) -> None:
+    client.add_jobs("q", ["a", "b", "c"])
+    reader = make_reader(server, tmp_path / "s", logLevel="info")
+    with caplog.at_level("INFO", logger="spark_connector"):
+        end = reader.latestOffset({"batch": 0}, ReadMaxRows(10))
+        reader.commit(end)
+    messages = [r.getMessage() for r in caplog.records if r.name.startswith("spark_connector")]
+    assert "batch 1: staged 3 jobs (0 delivered before) from q; 0 still queued" in messages
+    assert "batch 1: acknowledged 3 jobs" in messages
+    reader.stop()
