@@ -1,0 +1,338 @@
+#!/bin/sh
+# disque-entrypoint: start a Disque node from a config file and/or environment
+# variables, in the foreground, as the process itself (exec), so that signals
+# reach it: SIGTERM is a graceful shutdown (exit 0).
+#
+#   disque-entrypoint [--directive value ...]   start the node (extra directives win)
+#   disque-entrypoint disque-server [conf] [--directive value ...]   the same
+#   disque-entrypoint healthcheck               exit 0 if the local node answers PING
+#   disque-entrypoint print-command [...]       print the server command line, one
+#                                               argument per line, and exit
+#   disque-entrypoint COMMAND [ARG ...]         run any other command (disque, sh, ...)
+#
+# Configuration, later sources winning:
+#   1. the config file: $DISQUE_CONFIG_FILE, else /etc/disque/disque.conf if it
+#      exists (DISQUE_CONFIG_FILE=none: no config file);
+#   2. container defaults, only for directives the config file does not set:
+#      bind 0.0.0.0, dir $DISQUE_DATA_DIR (default /data, created if missing);
+#   3. DISQUE_<DIRECTIVE> variables: DISQUE_PORT=7711 -> --port 7711,
+#      DISQUE_MAXMEMORY_POLICY=acks -> --maxmemory-policy acks (empty = unset);
+#   4. arguments given to the entrypoint.
+# daemonize is always "no": the node must stay in the foreground.
+#
+# DISQUE_JOIN=host:port,...: once the node answers PING, a background loop
+# sends CLUSTER MEET <ip> <port> for each peer (names are resolved first),
+# retrying unreachable ones (DISQUE_JOIN_RETRIES times, every
+# DISQUE_JOIN_INTERVAL seconds). This server has no cluster bus yet: the node
+# answers CLUSTER MEET with an error, which is logged, and keeps running alone.
+#
+# Runs outside a container too (that is how it is tested): every path comes
+# from the variables above, and disque-server / disque are looked up in PATH.
+set -eu
+
+# DISQUE_<NAME> variables turn into --<name> for these directives: the names of
+# DIRECTIVES in disque/config.py (tests/docker checks that the lists match).
+DIRECTIVES="
+port bind dir logfile loglevel daemonize pidfile requirepass hz timeout
+tcp-keepalive tcp-backlog maxclients maxmemory maxmemory-policy
+proto-max-bulk-len client-query-buffer-limit appendonly appendfilename
+appendfsync aof-enqueue-jobs-once aof-load-truncated
+auto-aof-rewrite-percentage auto-aof-rewrite-min-size cluster-config-file
+cluster-node-timeout
+"
+
+# DISQUE_* variables that are settings of this script (or of the disque CLI),
+# not directives.
+OWN_VARS="
+DISQUE_CONFIG_FILE DISQUE_DATA_DIR DISQUE_JOIN DISQUE_JOIN_RETRIES
+DISQUE_JOIN_INTERVAL DISQUE_LOCAL_HOST DISQUE_PASSWORD DISQUE_HISTFILE
+"
+
+DEFAULT_CONFIG_FILE=/etc/disque/disque.conf
+
+log() {
+    printf 'disque-entrypoint: %s\n' "$*" >&2
+}
+
+die() {
+    log "error: $*"
+    exit 1
+}
+
+# DISQUE_ variable name of a directive: maxmemory-policy -> DISQUE_MAXMEMORY_POLICY
+var_name() {
+    printf 'DISQUE_%s' "$1" | tr 'abcdefghijklmnopqrstuvwxyz-' 'ABCDEFGHIJKLMNOPQRSTUVWXYZ_'
+}
+
+# The config file to use, or nothing.
+find_config() {
+    case "${DISQUE_CONFIG_FILE:-}" in
+        none) ;;
+        "")
+            if [ -f "$DEFAULT_CONFIG_FILE" ]; then
+                printf '%s' "$DEFAULT_CONFIG_FILE"
+            fi
+            ;;
+        *)
+            [ -f "$DISQUE_CONFIG_FILE" ] || die "DISQUE_CONFIG_FILE=$DISQUE_CONFIG_FILE: no such file"
+            printf '%s' "$DISQUE_CONFIG_FILE"
+            ;;
+    esac
+}
+
+# Does the config file ($config) set directive $1?
+conf_has() {
+    [ -n "$config" ] || return 1
+    awk -v name="$1" '
+        { sub(/\r$/, ""); sub(/^[ \t]+/, "") }
+        /^#/ || NF < 2 { next }
+        tolower($1) == name { found = 1 }
+        END { exit !found }' "$config"
+}
+
+# The value the config file ($config) gives directive $1 (the last one),
+# without surrounding quotes; empty if none.
+conf_value() {
+    [ -n "$config" ] || return 0
+    awk -v name="$1" '
+        { sub(/\r$/, ""); sub(/^[ \t]+/, "") }
+        /^#/ || NF < 2 { next }
+        tolower($1) == name { sub(/^[^ \t]+[ \t]+/, ""); sub(/[ \t]+$/, ""); value = $0 }
+        END {
+            if (value ~ /^".*"$/ || value ~ /^\047.*\047$/) value = substr(value, 2, length(value) - 2)
+            print value
+        }' "$config"
+}
+
+# Run the disque CLI against the local node ($local_port, $local_pass); the
+# password goes through the environment, not the command line.
+local_cli() {
+    if [ -n "$local_pass" ]; then
+        DISQUE_PASSWORD=$local_pass disque -h "${DISQUE_LOCAL_HOST:-127.0.0.1}" -p "$local_port" "$@"
+    else
+        disque -h "${DISQUE_LOCAL_HOST:-127.0.0.1}" -p "$local_port" "$@"
+    fi
+}
+
+# An IP address for host $1 (CLUSTER MEET takes addresses, not names).
+resolve() {
+    case $1 in
+        *:*) printf '%s\n' "$1"; return 0 ;;                     # IPv6 literal
+        *[!0-9.]*) ;;                                           # a name
+        *) printf '%s\n' "$1"; return 0 ;;                      # IPv4 literal
+    esac
+    addr=""
+    if command -v getent >/dev/null 2>&1; then
+        addr=$(getent ahostsv4 "$1" 2>/dev/null | awk 'NR == 1 { print $1 }')
+        [ -n "$addr" ] || addr=$(getent ahosts "$1" 2>/dev/null | awk 'NR == 1 { print $1 }')
+    else
+        addr=$(python3 -c 'import socket, sys; print(socket.getaddrinfo(sys.argv[1], None)[0][4][0])' \
+            "$1" 2>/dev/null) || addr=""
+    fi
+    [ -n "$addr" ] || return 1
+    printf '%s\n' "$addr"
+}
+
+# CLUSTER MEET one peer. Returns 0 when done with it (met, or an answer that
+# retrying cannot change), 1 to try again later.
+join_one() {
+    peer=$1
+    case $peer in
+        *:*) peer_host=${peer%:*}; peer_port=${peer##*:} ;;
+        *) log "join: ignoring '$peer': expected host:port"; return 0 ;;
+    esac
+    peer_host=${peer_host#\[}
+    peer_host=${peer_host%\]}
+    case $peer_port in
+        "" | *[!0-9]*) log "join: ignoring '$peer': bad port"; return 0 ;;
+    esac
+    if ! ip=$(resolve "$peer_host"); then
+        log "join: cannot resolve $peer_host yet, will retry"
+        return 1
+    fi
+    if reply=$(local_cli cluster meet "$ip" "$peer_port" 2>&1); then
+        log "join: CLUSTER MEET $ip $peer_port ($peer): $reply"
+        return 0
+    fi
+    case $reply in
+        *"cluster bus"*)
+            log "join: CLUSTER MEET $ip $peer_port ($peer) answered: $reply"
+            log "join: this server has no cluster bus yet, so the node cannot join $peer;" \
+                "it keeps running as a single node (joining takes effect once the cluster bus lands)"
+            return 0
+            ;;
+        "Could not connect"* | *"Connection"* | LOADING*)
+            log "join: CLUSTER MEET $peer: $reply; will retry"
+            return 1
+            ;;
+        *)
+            log "join: CLUSTER MEET $ip $peer_port ($peer) failed: $reply"
+            return 0
+            ;;
+    esac
+}
+
+# The background join loop; $1 is the node's pid (this script's, after exec).
+join_cluster() {
+    set +e
+    server_pid=$1
+    retries=${DISQUE_JOIN_RETRIES:-30}
+    interval=${DISQUE_JOIN_INTERVAL:-2}
+    tries=0
+    until [ "$(local_cli ping 2>/dev/null)" = PONG ]; do
+        tries=$((tries + 1))
+        kill -0 "$server_pid" 2>/dev/null || return 0
+        if [ "$tries" -ge "$retries" ]; then
+            log "join: the node did not answer PING on port $local_port after $tries tries; not joining"
+            return 0
+        fi
+        sleep "$interval"
+    done
+    pending=$(printf '%s' "$DISQUE_JOIN" | tr ',' ' ')
+    tries=0
+    while :; do
+        tries=$((tries + 1))
+        again=""
+        for peer in $pending; do
+            join_one "$peer" || again="$again $peer"
+        done
+        pending=$again
+        [ -n "$pending" ] || return 0
+        if [ "$tries" -ge "$retries" ]; then
+            log "join: giving up on$pending after $tries tries"
+            return 0
+        fi
+        kill -0 "$server_pid" 2>/dev/null || return 0
+        sleep "$interval"
+    done
+}
+
+healthcheck() {
+    config=$(find_config)
+    local_port=${DISQUE_PORT:-$(conf_value port)}
+    local_port=${local_port:-7711}
+    local_pass=${DISQUE_PASSWORD:-${DISQUE_REQUIREPASS:-$(conf_value requirepass)}}
+    if [ "$local_port" = 0 ]; then
+        echo "port 0: set DISQUE_PORT to the node's port for the health check"
+        return 1
+    fi
+    reply=$(local_cli ping 2>&1) || true
+    case $reply in
+        PONG) echo PONG; return 0 ;;
+        NOAUTH*)
+            # The node is up and answering; only the password is unknown here.
+            echo "node answers (NOAUTH: set DISQUE_PASSWORD for the health check to log in)"
+            return 0
+            ;;
+    esac
+    printf '%s\n' "$reply"
+    return 1
+}
+
+# ---------------------------------------------------------------------------
+
+dry_run=""
+case "${1:-}" in
+    healthcheck)
+        healthcheck
+        exit $?
+        ;;
+    print-command) dry_run=1; shift ;;
+esac
+case "${1:-}" in
+    disque-server) shift ;;
+    "" | -*) ;;
+    *) [ -n "$dry_run" ] || exec "$@" ;;
+esac
+
+config=$(find_config)
+if [ "$#" -gt 0 ] && [ "${1#-}" = "$1" ]; then
+    config=$1    # disque-server /path/to/disque.conf [...]
+    shift
+fi
+
+# Container defaults, for what the config file leaves out.
+if ! conf_has bind; then
+    : "${DISQUE_BIND:=0.0.0.0}"
+fi
+if ! conf_has dir; then
+    : "${DISQUE_DIR:=${DISQUE_DATA_DIR:-/data}}"
+fi
+if [ -n "${DISQUE_DIR:-}" ] && [ -z "$dry_run" ]; then
+    mkdir -p "$DISQUE_DIR" 2>/dev/null || die "cannot create the data directory $DISQUE_DIR"
+    [ -w "$DISQUE_DIR" ] || die "the data directory $DISQUE_DIR is not writable by uid $(id -u):" \
+        "chown it (the image's user is uid 10001) or use a named volume"
+fi
+
+# Unknown DISQUE_* variables are most likely typos: say so.
+known=" "
+for name in $OWN_VARS; do
+    known="$known$name "
+done
+for directive in $DIRECTIVES; do
+    known="$known$(var_name "$directive") "
+done
+for name in $(env | sed -n 's/^\(DISQUE_[A-Za-z0-9_]*\)=.*/\1/p'); do
+    case $known in
+        *" $name "*) ;;
+        *) log "warning: $name is neither a directive nor a setting of this script: ignored" ;;
+    esac
+done
+
+# The command line, built after the user's arguments, which are then moved to
+# the end (they win): [config] [--directive value ...] [user arguments].
+user_args=$#
+if [ -n "$config" ]; then
+    set -- "$@" "$config"
+fi
+for directive in $DIRECTIVES; do
+    var=$(var_name "$directive")
+    eval "value=\${$var:-}"
+    [ -n "$value" ] || continue
+    if [ "$directive" = daemonize ]; then
+        log "warning: ignoring $var: the node runs in the foreground"
+        continue
+    fi
+    set -- "$@" "--$directive" "$value"
+done
+set -- "$@" --daemonize no
+i=0
+while [ "$i" -lt "$user_args" ]; do
+    set -- "$@" "$1"
+    shift
+    i=$((i + 1))
+done
+
+if [ -n "$dry_run" ]; then
+    printf '%s\n' disque-server "$@"
+    exit 0
+fi
+
+# Port and password the node will have (for the join loop), and the command
+# as logged (password masked).
+local_port=$(conf_value port)
+local_pass=$(conf_value requirepass)
+shown=""
+previous=""
+for arg in "$@"; do
+    case $previous in
+        --port) local_port=$arg ;;
+        --requirepass) local_pass=$arg; arg="(hidden)" ;;
+    esac
+    shown="$shown $arg"
+    previous=$arg
+done
+local_port=${local_port:-7711}
+
+if [ -n "${DISQUE_JOIN:-}" ]; then
+    if [ "$local_port" = 0 ]; then
+        log "join: DISQUE_JOIN needs a fixed port (DISQUE_PORT is 0): not joining"
+    else
+        # A subshell that exits at once: the loop is orphaned (adopted by
+        # init) instead of staying a child, then a zombie, of the node.
+        (join_cluster "$$" &)
+    fi
+fi
+
+log "starting: disque-server$shown"
+exec disque-server "$@"
