@@ -538,7 +538,10 @@ class _DriverSide:
                         self.acker.fastack_many(ids)
                     else:
                         self.acker.ack_many(ids)
-            except ConnectionFailed as exc:
+            except DisqueError as exc:
+                # Node down, -MISCONF (its disk is full), -LOADING...: the
+                # batch stays staged and leased, and the ACK is retried at
+                # the next trigger. Failing the query would not help.
                 log.warning("could not acknowledge batch %d yet (will retry): %s", seq, exc)
                 return
             with self._parts_lock:
