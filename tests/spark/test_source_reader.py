@@ -349,3 +349,19 @@ def test_log_level_info_reports_each_batch(server, client: Client, tmp_path: Pat
     assert "batch 1: staged 3 jobs (0 delivered before) from q; 0 still queued" in messages
     assert "batch 1: acknowledged 3 jobs" in messages
     reader.stop()
+
+
+def test_ack_failure_keeps_the_batch_staged_and_retries(server_factory, tmp_path: Path) -> None:
+    node = server_factory("--appendonly", "yes", "--appendfsync", "always")
+    client = Client(f"127.0.0.1:{node.port}")
+    client.add_jobs("q", ["a", "b"])
+    reader = make_reader(node, tmp_path / "s")
+    end = reader.latestOffset({"batch": 0}, ReadMaxRows(10))
+    node.kill()
+    reader.commit(end)  # the node is down: no exception, nothing forgotten
+    assert StagingArea(tmp_path / "s").batches() == [1]
+    node.start(port=node.port)
+    reader.commit(end)
+    assert StagingArea(tmp_path / "s").batches() == []
+    assert registered(client) == 0
+    reader.stop()
