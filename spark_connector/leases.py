@@ -88,7 +88,8 @@ class LeaseKeeper:
             if lease is None:
                 self._leases[seq] = _Lease(ids)
             else:
-                lease.ids.extend(i for i in ids if i not in set(lease.ids))
+                known = set(lease.ids)
+                lease.ids.extend(i for i in ids if i not in known)
                 lease.due = 0.0
         if start:
             self.start()
@@ -152,20 +153,25 @@ class LeaseKeeper:
             replies = self._working(ids)
             sent += len(ids)
             retries = []
+            refused: list[tuple[str, BaseException]] = []
             for job_id, reply in zip(ids, replies, strict=True):
                 if isinstance(reply, int):
                     if reply > 0:
                         retries.append(reply)
                 elif isinstance(reply, NoJob | TooLate | Acked):
+                    refused.append((job_id, reply))
+                elif isinstance(reply, Exception):
+                    raise reply
+            with self._lock:
+                if self._leases.get(seq) is not lease:
+                    # Released (acknowledged) while the heartbeat was in
+                    # flight: NOJOB/ACKED answers are the ACK, not a loss.
+                    continue
+                for job_id, reply in refused:
                     lease.lost.add(job_id)
                     self.leases_lost += 1
                     log.warning("lease on job %s of batch %d lost (%s): the node may "
                                 "deliver it again", job_id, seq, reply)
-                elif isinstance(reply, Exception):
-                    raise reply
-            with self._lock:
-                if seq not in self._leases:  # acknowledged meanwhile
-                    continue
                 if self._fixed_interval is not None:
                     lease.interval = self._fixed_interval
                 elif retries:

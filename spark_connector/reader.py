@@ -532,6 +532,9 @@ class _DriverSide:
                 parts = [t for _, t in self.staging.read_parts(seq)]
                 table = pa.concat_tables(parts) if parts else None
             ids = [] if table is None else table.column("id").to_pylist()
+            # Stop heartbeats first: a WORKING racing the ACK would only get
+            # NOJOB back.  Re-held below if the ACK fails.
+            self.keeper.release_through(seq)
             try:
                 if ids:
                     if self.config.ack_mode == "fastack":
@@ -543,6 +546,7 @@ class _DriverSide:
                 # batch stays staged and leased, and the ACK is retried at
                 # the next trigger. Failing the query would not help.
                 log.warning("could not acknowledge batch %d yet (will retry): %s", seq, exc)
+                self.keeper.hold(seq, ids)
                 return
             with self._parts_lock:
                 self.keeper.release_through(seq)

@@ -1,0 +1,73 @@
+"""LeaseKeeper rules, with WORKING answers injected (the node is tested elsewhere)."""
+
+from __future__ import annotations
+
+from disque.exceptions import NoJob
+from spark_connector.leases import MIN_INTERVAL_S, LeaseKeeper
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_interval_is_a_third_of_the_smallest_retry() -> None:
+    clock = Clock()
+    sent: list[list[str]] = []
+
+    def working(ids: list[str]) -> list:
+        sent.append(ids)
+        return [30, 9, 0][: len(ids)]
+
+    keeper = LeaseKeeper(working, clock=clock)
+    keeper.hold(1, ["a", "b", "c"], start=False)
+    assert keeper.renew_due() == 3
+    assert keeper.renew_due() == 0           # next one is due in 9 / 3 = 3 s
+    clock.now += 3.01
+    assert keeper.renew_due() == 3
+    assert keeper.heartbeats_sent == 6 and keeper.leases_lost == 0
+
+
+def test_tiny_retry_is_clamped_and_retry_zero_needs_no_heartbeat() -> None:
+    clock = Clock()
+    keeper = LeaseKeeper(lambda ids: [1] * len(ids), clock=clock)
+    keeper.hold(1, ["a"], start=False)
+    keeper.renew_due()
+    clock.now += MIN_INTERVAL_S - 0.01
+    assert keeper.renew_due() == 0
+    zero = LeaseKeeper(lambda ids: [0] * len(ids), clock=clock)
+    zero.hold(1, ["a"], start=False)
+    zero.renew_due()
+    clock.now += 10_000
+    assert zero.renew_due() == 0
+
+
+def test_refused_heartbeats_count_as_lost_and_are_not_retried() -> None:
+    keeper = LeaseKeeper(lambda ids: [NoJob("NOJOB gone") if i == "b" else 3 for i in ids],
+                         clock=Clock())
+    keeper.hold(1, ["a", "b"], start=False)
+    keeper.renew_due()
+    assert keeper.leases_lost == 1
+
+
+def test_an_ack_racing_a_heartbeat_is_not_a_lost_lease() -> None:
+    keeper: LeaseKeeper
+
+    def working(ids: list[str]) -> list:
+        keeper.release_through(1)  # the batch is acknowledged while WORKING is in flight
+        return [NoJob("NOJOB acked") for _ in ids]
+
+    keeper = LeaseKeeper(working, clock=Clock())
+    keeper.hold(1, ["a", "b"], start=False)
+    keeper.renew_due()
+    assert keeper.leases_lost == 0 and keeper.held() == {}
+
+
+def test_hold_merges_ids_of_the_same_batch() -> None:
+    keeper = LeaseKeeper(lambda ids: [5] * len(ids), clock=Clock())
+    keeper.hold(1, [f"id{i}" for i in range(100_000)], start=False)
+    keeper.hold(1, [f"id{i}" for i in range(50_000, 150_000)], start=False)
+    assert keeper.held() == {1: 150_000}
