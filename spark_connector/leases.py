@@ -4,8 +4,10 @@ A job handed out by GETJOB is queued again by its node after RETRY seconds
 unless somebody acknowledges it or sends WORKING.  Between staging a batch and
 acknowledging it Spark may take a long time (a slow sink, a restart), so the
 driver keeps every staged, unacknowledged job leased: it sends WORKING right
-after a batch is registered (which also tells it each job's RETRY), and then
-again after a third of the smallest RETRY seen in the batch.  Jobs with
+half a second after a batch is registered (the smallest RETRY is 1 s; the
+reply tells it each job's RETRY), and then again after a third of the
+smallest RETRY seen in the batch.  A batch acknowledged within half a second
+costs no heartbeat at all.  Jobs with
 RETRY 0 are never queued again and need no heartbeat.
 
 When a heartbeat cannot be delivered the lease is lost and the node will
@@ -34,6 +36,8 @@ log = logging.getLogger("spark_connector.leases")
 RENEW_FRACTION = 1 / 3
 #: Never heartbeat more often than this, even for RETRY 1 jobs.
 MIN_INTERVAL_S = 0.2
+#: First heartbeat of freshly delivered jobs: half the smallest RETRY (1 s).
+FIRST_HEARTBEAT_S = 0.5
 
 
 @dataclass
@@ -74,23 +78,28 @@ class LeaseKeeper:
 
     # -------------------------------------------------------------- API
 
-    def hold(self, seq: int, ids: Iterable[str], *, start: bool = True) -> None:
-        """Start (or extend) leasing the jobs of batch ``seq``; first WORKING soon.
+    def hold(self, seq: int, ids: Iterable[str], *, start: bool = True,
+             first_after_s: float = 0.0) -> None:
+        """Start (or extend) leasing the jobs of batch ``seq``.
 
-        ``start=False`` leaves the thread alone: the caller renews itself
-        first (recovery) and calls :meth:`start` after.
+        The first WORKING goes out after ``first_after_s``: jobs just
+        delivered are safe for their RETRY (at least 1 s), so a batch
+        acknowledged sooner than that never costs a heartbeat.  Jobs of
+        unknown age (recovery) use 0.  ``start=False`` leaves the thread
+        alone: the caller renews itself first and calls :meth:`start` after.
         """
         ids = list(ids)
         if not ids:
             return
+        due = self._clock() + first_after_s if first_after_s > 0 else 0.0
         with self._lock:
             lease = self._leases.get(seq)
             if lease is None:
-                self._leases[seq] = _Lease(ids)
+                self._leases[seq] = _Lease(ids, due=due)
             else:
                 known = set(lease.ids)
                 lease.ids.extend(i for i in ids if i not in known)
-                lease.due = 0.0
+                lease.due = min(lease.due, due)
         if start:
             self.start()
 

@@ -46,7 +46,7 @@ from pyspark.sql.streaming.datasource import (
 from disque.exceptions import ConnectionFailed, DisqueError
 
 from .fetch import empty_table, fetch_table
-from .leases import LeaseKeeper
+from .leases import FIRST_HEARTBEAT_S, LeaseKeeper
 from .options import ConnectionConfig, SourceConfig
 from .schema import to_rows
 from .staging import StagingArea, publish_part, read_table
@@ -322,6 +322,8 @@ class _DriverSide:
             for name, table in self.staging.read_parts(seq):
                 if name not in seen:
                     seen.add(name)
+                    # The task fetched these a while ago (up to a lease tick
+                    # plus its own run time): heartbeat at once.
                     self.keeper.hold(seq, table.column("id").to_pylist(), start=start)
 
     # ------------------------------------------------------------- offsets
@@ -421,7 +423,7 @@ class _DriverSide:
         self.staging.stage_driver_batch(seq, table)
         self.tables[seq] = table
         ids = table.column("id").to_pylist()
-        self.keeper.hold(seq, ids)
+        self.keeper.hold(seq, ids, first_after_s=FIRST_HEARTBEAT_S)
         self._count_fetched(seq, table)
         return True
 
