@@ -4,10 +4,10 @@ A job handed out by GETJOB is queued again by its node after RETRY seconds
 unless somebody acknowledges it or sends WORKING.  Between staging a batch and
 acknowledging it Spark may take a long time (a slow sink, a restart), so the
 driver keeps every staged, unacknowledged job leased: it sends WORKING right
-half a second after a batch is registered (the smallest RETRY is 1 s; the
-reply tells it each job's RETRY), and then again after a third of the
-smallest RETRY seen in the batch.  A batch acknowledged within half a second
-costs no heartbeat at all.  Jobs with
+half the smallest possible RETRY after a batch is registered (1 s unless
+the ``minJobRetry`` option says more; the reply tells it each job's actual
+RETRY), and then again after a third of the smallest RETRY seen in the
+batch.  A batch acknowledged before its first heartbeat costs none.  Jobs with
 RETRY 0 are never queued again and need no heartbeat.
 
 When a heartbeat cannot be delivered the lease is lost and the node will
@@ -36,8 +36,6 @@ log = logging.getLogger("spark_connector.leases")
 RENEW_FRACTION = 1 / 3
 #: Never heartbeat more often than this, even for RETRY 1 jobs.
 MIN_INTERVAL_S = 0.2
-#: First heartbeat of freshly delivered jobs: half the smallest RETRY (1 s).
-FIRST_HEARTBEAT_S = 0.5
 
 
 @dataclass

@@ -186,6 +186,7 @@ class SourceConfig:
     jobs_per_partition: int = 10_000
     working_interval_ms: int | None = None
     log_level: str = "warning"
+    min_job_retry_ms: int = 1000
     # Batch reads (spark.read) only:
     drain: bool = False
     max_jobs: int | None = None
@@ -228,6 +229,8 @@ class SourceConfig:
             jobs_per_partition=option_int(options, "jobsPerPartition", 10_000, minimum=1,
                                           maximum=MAX_JOBS_PER_BATCH) or 10_000,
             working_interval_ms=working,
+            min_job_retry_ms=option_duration_ms(options, "minJobRetry", 1000,
+                                                minimum=1000) or 1000,
             log_level=option_choice(options, "logLevel", ("debug", "info", "warning", "error"),
                                     "warning"),
             drain=option_bool(options, "drain", False),

@@ -46,7 +46,7 @@ from pyspark.sql.streaming.datasource import (
 from disque.exceptions import ConnectionFailed, DisqueError
 
 from .fetch import empty_table, fetch_table
-from .leases import FIRST_HEARTBEAT_S, LeaseKeeper
+from .leases import LeaseKeeper
 from .options import ConnectionConfig, SourceConfig
 from .schema import to_rows
 from .staging import StagingArea, publish_part, read_table
@@ -423,7 +423,8 @@ class _DriverSide:
         self.staging.stage_driver_batch(seq, table)
         self.tables[seq] = table
         ids = table.column("id").to_pylist()
-        self.keeper.hold(seq, ids, first_after_s=FIRST_HEARTBEAT_S)
+        # Half the smallest RETRY the jobs can have: they are safe until then.
+        self.keeper.hold(seq, ids, first_after_s=self.config.min_job_retry_ms / 2000)
         self._count_fetched(seq, table)
         return True
 

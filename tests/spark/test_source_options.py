@@ -51,6 +51,8 @@ def test_options_are_case_insensitive_and_lists_are_trimmed() -> None:
     ({"fetchMode": "magic"}, "fetchMode", "driver, executor"),
     ({"drain": "maybe"}, "drain", "true or false"),
     ({"workingIntervalMs": "5ms"}, "workingIntervalMs", "at least 100"),
+    ({"minJobRetry": "500ms"}, "minJobRetry", "at least 1000"),
+    ({"logLevel": "loud"}, "logLevel", "debug, info"),
 ])
 def test_bad_options_name_the_option(options: dict, option: str, fragment: str | None) -> None:
     with pytest.raises(OptionError) as info:

@@ -365,3 +365,12 @@ def test_ack_failure_keeps_the_batch_staged_and_retries(server_factory, tmp_path
     assert StagingArea(tmp_path / "s").batches() == []
     assert registered(client) == 0
     reader.stop()
+
+
+def test_quick_batches_cost_no_heartbeat(server, client: Client, tmp_path: Path) -> None:
+    client.add_jobs("q", ["a", "b"], retry=120)
+    reader = make_reader(server, tmp_path / "s", minJobRetry="60s")
+    end = reader.latestOffset({"batch": 0}, ReadMaxRows(10))
+    reader.commit(end)  # acknowledged long before the first heartbeat (30 s) is due
+    assert reader.driver.keeper.heartbeats_sent == 0 and registered(client) == 0
+    reader.stop()

@@ -1,0 +1,33 @@
+"""The Spark source benchmark's ``--smoke`` mode runs end to end (no performance asserted)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("pyspark", reason="the Spark benchmark needs the 'spark' extra")
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_smoke_mode_drains_the_queue_and_reports_throughput(tmp_path: Path) -> None:
+    out = tmp_path / "result.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.spark_source", "--smoke", "--json", str(out),
+         "--log", str(tmp_path / "stderr.log")],
+        cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
+    result = json.loads(out.read_text())
+    assert result["smoke"] is True
+    assert result["disque"], "no disque run reported"
+    for run in result["disque"]:
+        assert run["rows"] == run["jobs"] == result["jobs"]
+        assert run["rate"] > 0
+        assert run["qlen_after"] == 0 and run["registered_after"] == 0
+    assert all(run["rate"] > 0 for run in result["rate"])
+    assert result["best"]["ratio"] > 0
+    assert "best disque / best rate" in proc.stdout
