@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
-from disque.exceptions import ConnectionFailed
+from disque.exceptions import ConnectionFailed, ProtocolError
 
 from .schema import STAGED_SCHEMA
 
@@ -38,6 +38,38 @@ def empty_table() -> pa.Table:
     return STAGED_SCHEMA.empty_table()
 
 
+def _getjob_raw(client: Client, queues: tuple[str, ...] | list[str], count: int,
+                block_ms: int) -> list:
+    """``GETJOB ... WITHCOUNTERS``, reply left raw: no Job object per job.
+
+    The entries are ``[queue, id, body, "nacks", n, "additional-deliveries", m]``;
+    turning them straight into Arrow columns costs a tenth of parsing them
+    into :class:`disque.client.Job` objects first, which shows at 100k jobs
+    per batch.
+    """
+    args: list = ["GETJOB"]
+    args += ["TIMEOUT", block_ms] if block_ms > 0 else ["NOHANG"]
+    args += ["COUNT", count, "WITHCOUNTERS", "FROM", *queues]
+    reply = client.execute_command(*args)
+    if not reply:
+        return []
+    first = reply[0]
+    if len(first) != 7 or first[3] != b"nacks" or first[5] != b"additional-deliveries":
+        raise ProtocolError(f"unexpected GETJOB WITHCOUNTERS entry: {first!r}")
+    return reply
+
+
+def _entries_to_table(entries: list, fetched_at_us: int) -> pa.Table:
+    return pa.Table.from_arrays([
+        pa.array([e[0] for e in entries], pa.binary()).cast(pa.string()),
+        pa.array([e[1] for e in entries], pa.binary()).cast(pa.string()),
+        pa.array([e[2] for e in entries], pa.binary()),
+        pa.array([e[4] for e in entries], pa.int64()),
+        pa.array([e[6] for e in entries], pa.int64()),
+        pa.array([fetched_at_us] * len(entries), pa.timestamp("us", tz="UTC")),
+    ], schema=STAGED_SCHEMA)
+
+
 def fetch_table(client: Client, queues: tuple[str, ...] | list[str], limit: int | None, *,
                 batch_size: int, block_ms: int = 0) -> pa.Table:
     """Up to ``limit`` jobs (``None``: until the queues are empty), as a staged table.
@@ -46,25 +78,21 @@ def fetch_table(client: Client, queues: tuple[str, ...] | list[str], limit: int 
     so an idle queue costs one cheap command per call and a busy one is
     drained with back-to-back ``GETJOB NOHANG COUNT n`` round trips.
     """
-    jobs: list[Job] = []
+    entries: list = []
     first = True
-    while limit is None or len(jobs) < limit:
-        want = batch_size if limit is None else min(batch_size, limit - len(jobs))
+    while limit is None or len(entries) < limit:
+        want = batch_size if limit is None else min(batch_size, limit - len(entries))
         try:
-            if first and block_ms > 0:
-                got = client.get_jobs(*queues, count=want, timeout_ms=block_ms,
-                                      with_counters=True)
-            else:
-                got = client.get_jobs(*queues, count=want, nohang=True, with_counters=True)
+            got = _getjob_raw(client, queues, want, block_ms if first else 0)
         except ConnectionFailed:
-            if not jobs:
+            if not entries:
                 raise
             # Keep what we hold: those jobs are leased to us and staging
             # them is better than letting them wait out their RETRY.
-            log.warning("node lost after fetching %d jobs; keeping those", len(jobs))
+            log.warning("node lost after fetching %d jobs; keeping those", len(entries))
             break
         first = False
-        jobs.extend(got)
+        entries.extend(got)
         if len(got) < want:
             break
-    return jobs_to_table(jobs)
+    return _entries_to_table(entries, time.time_ns() // 1000)
