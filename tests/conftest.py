@@ -80,8 +80,6 @@ def spark() -> Iterator:
 @pytest.fixture
 def unused_port() -> int:
     """A loopback port nothing listens on (bound, then released)."""
-    import socket
+    from tests.support.process import free_port
 
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    return free_port()

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -15,7 +14,7 @@ import pytest
 
 from disque import Client
 from tests.client.conftest import address, fake_job_id
-from tests.support.process import DisqueProcess, wait_for
+from tests.support.process import DisqueProcess, free_port, wait_for
 
 CLI = [sys.executable, "-m", "disque.cli"]
 JOB_ID = re.compile(r"D-[0-9a-f]{8}-[A-Za-z0-9+/]{24}-[0-9a-f]{4}")
@@ -26,11 +25,6 @@ def disque(port: int, *args: str, env: dict[str, str] | None = None,
     return subprocess.run([*CLI, "-p", str(port), *args], capture_output=True, text=True,
                           timeout=timeout, env={**os.environ, **(env or {})})
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_one_shot_formatted_output(server: DisqueProcess) -> None:

@@ -18,7 +18,6 @@ import re
 import shlex
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tomllib
@@ -31,7 +30,7 @@ import pytest
 import redis
 
 from disque.config import DIRECTIVES, Config
-from tests.support.process import READY, raw_command, wait_for
+from tests.support.process import READY, free_port, raw_command, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCKER = ROOT / "docker"
@@ -551,11 +550,6 @@ def start_node(tmp_path: Path) -> Iterator:
     for node in started:
         node.kill()
 
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def test_node_from_variables_writes_its_data_dir_and_stops_on_sigterm(

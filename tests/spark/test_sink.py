@@ -7,7 +7,6 @@ rest goes through Spark end to end.  Every test uses its own queue names.
 
 from __future__ import annotations
 
-import socket
 import threading
 from collections.abc import Iterator
 
@@ -32,7 +31,7 @@ from spark_connector.writer import (
     PartitionWriter,
     split_key,
 )
-from tests.support.process import wait_for
+from tests.support.process import free_port, wait_for
 
 
 def schema_of(**columns) -> StructType:
@@ -61,11 +60,6 @@ def drain(client: Client, queue: str) -> list[bytes]:
         client.ack(*(job.id for job in jobs))
     return bodies
 
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 # --------------------------------------------------------------------------

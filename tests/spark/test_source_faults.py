@@ -56,8 +56,11 @@ def batches_done(workdir: Path) -> int:
 
 def staged_ids(workdir: Path) -> set[str]:
     staging = StagingArea(workdir / "staging")
-    return {i for seq in staging.batches() for _, table in staging.read_parts(seq)
-            for i in table.column("id").to_pylist()}
+    try:
+        return {i for seq in staging.batches() for _, table in staging.read_parts(seq)
+                for i in table.column("id").to_pylist()}
+    except FileNotFoundError:  # a batch acknowledged (removed) while we looked
+        return set()
 
 
 def run_to_completion(port: int, workdir: Path, *args: str) -> None:
@@ -81,10 +84,12 @@ def test_driver_sigkill_mid_batch_loses_nothing(server, tmp_path: Path, fetch_mo
     app = start_app(server.port, tmp_path, "--fetch-mode", fetch_mode, "--max-jobs", "200",
                     "--batch-delay", "1.5")
     try:
-        wait_for(lambda: batches_done(tmp_path) >= 2, timeout=180, interval=0.2,
-                 message=lambda: (tmp_path / "app.log").read_text()[-3000:])
+        # Kill mid-batch: each batch sleeps 1.5 s in the sink with its jobs
+        # staged (in executor mode the parts appear once the tasks ran).
+        wait_for(lambda: batches_done(tmp_path) >= 2 and staged_ids(tmp_path), timeout=180,
+                 interval=0.2, message=lambda: (tmp_path / "app.log").read_text()[-3000:])
     finally:
-        kill_group(app)  # mid-batch: every batch sleeps 1.5 s in the sink
+        kill_group(app)
     in_sink = set(sink_ids(tmp_path))
     assert acked(client, produced) <= in_sink  # nothing ACKed that the sink lacks
     assert staged_ids(tmp_path), "the kill should leave a staged, unacknowledged batch"

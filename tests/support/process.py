@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -39,6 +40,21 @@ def wait_for(predicate: Callable[[], Any], timeout: float = 10.0, interval: floa
             described = message() if callable(message) else message
             raise AssertionError(f"timed out after {timeout}s waiting for {described}")
         time.sleep(interval)
+
+
+#: A node's cluster bus listens on port + 10000, so client ports above this
+#: are refused by the server (as by the original).
+MAX_NODE_PORT = 55535
+
+
+def free_port() -> int:
+    """A loopback port nobody listens on now, usable as a node's client port."""
+    while True:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        if port <= MAX_NODE_PORT:
+            return port
 
 
 class DisqueProcess:
