@@ -84,20 +84,9 @@ def null_node(listener: socket.socket) -> None:
 
 
 def spark_session(master: str):
-    from pyspark.sql import SparkSession
+    from spark_connector.session import local_session
 
-    import spark_connector
-
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
-    spark = (SparkSession.builder.master(master).appName("disque-sink-benchmark")
-             .config("spark.ui.enabled", "false")
-             .config("spark.ui.showConsoleProgress", "false")
-             .config("spark.driver.memory", "2g")
-             .getOrCreate())
-    spark.sparkContext.setLogLevel("ERROR")
-    spark_connector.register(spark)
-    return spark
+    return local_session("disque-sink-benchmark", master, {"spark.driver.memory": "2g"})
 
 
 def timed(action) -> float:

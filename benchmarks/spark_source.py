@@ -176,22 +176,12 @@ def loadavg() -> str:
 # ---------------------------------------------------------------------------
 
 def spark_session(master: str):
-    from pyspark.sql import SparkSession
+    from spark_connector.session import local_session
 
-    import spark_connector
-
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
-    spark = (SparkSession.builder.master(master).appName("disque-source-benchmark")
-             .config("spark.ui.enabled", "false")
-             .config("spark.ui.showConsoleProgress", "false")
-             .config("spark.sql.shuffle.partitions", "2")
-             .config("spark.sql.streaming.numRecentProgressUpdates", "10000")
-             .config("spark.driver.memory", "2g")
-             .getOrCreate())
-    spark.sparkContext.setLogLevel("ERROR")
-    spark_connector.register(spark)
-    return spark
+    return local_session("disque-source-benchmark", master, {
+        "spark.sql.streaming.numRecentProgressUpdates": "10000",
+        "spark.driver.memory": "2g",
+    })
 
 
 def edges_ms(progress: list[Any], started: float, ended: float) -> dict[str, float]:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import sys
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -13,20 +11,7 @@ DEFAULT_NODES = "127.0.0.1:7711"
 
 
 def spark_session(app_name: str, master: str = "local[2]") -> SparkSession:
-    """A Spark session whose Python workers run this interpreter.
+    """A local Spark session with the connector (Python workers use this interpreter)."""
+    from spark_connector.session import local_session
 
-    PYSPARK_PYTHON must name an interpreter that has ``spark_connector``
-    installed; when it is not set, the one running this script does.
-    """
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    from pyspark.sql import SparkSession
-
-    import spark_connector
-
-    spark = (SparkSession.builder.master(master).appName(app_name)
-             .config("spark.ui.showConsoleProgress", "false")
-             .config("spark.sql.shuffle.partitions", "4")
-             .getOrCreate())
-    spark.sparkContext.setLogLevel("ERROR")
-    spark_connector.register(spark)
-    return spark
+    return local_session(app_name, master, {"spark.sql.shuffle.partitions": "4"})

@@ -42,12 +42,6 @@ def r(server: DisqueProcess) -> redis.Redis:
     return server.client()
 
 
-def spark_conf_env() -> None:
-    # Spark's Python workers must run the interpreter that has this package.
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
-
-
 @pytest.fixture(scope="session")
 def spark() -> Iterator:
     """One local Spark session (local[2]) for the whole run, connector registered.
@@ -56,21 +50,14 @@ def spark() -> Iterator:
     own queues, checkpoint and staging directories so tests stay independent.
     """
     pytest.importorskip("pyspark", reason="needs the 'spark' extra: pip install -e '.[spark]'")
-    from pyspark.sql import SparkSession
+    from spark_connector.session import local_session
 
-    import spark_connector
-
-    spark_conf_env()
-    session = (SparkSession.builder.master("local[2]")
-               .appName("disque-connector-tests")
-               .config("spark.ui.enabled", "false")
-               .config("spark.ui.showConsoleProgress", "false")
-               .config("spark.sql.shuffle.partitions", "2")
-               .config("spark.sql.streaming.pollingDelay", "50ms")
-               .config("spark.driver.memory", "1g")
-               .getOrCreate())
-    session.sparkContext.setLogLevel("ERROR")
-    spark_connector.register(session)
+    # Spark's Python workers must run the interpreter that has this package.
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    session = local_session("disque-connector-tests", "local[2]", {
+        "spark.sql.streaming.pollingDelay": "50ms",
+        "spark.driver.memory": "1g",
+    })
     yield session
     for query in session.streams.active:
         query.stop()
