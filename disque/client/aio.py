@@ -356,6 +356,13 @@ class AsyncClient(ClientBase):
         """WORKING; see :meth:`Client.working`."""
         return await self._execute(w.working(job_id))
 
+    async def working_many(self, job_ids: Iterable[Arg]) -> list[int | DisqueError]:
+        """Pipelined WORKING, errors in place; see :meth:`Client.working_many`."""
+        out: list[int | DisqueError] = []
+        for group in chunks(job_ids, PIPELINE_COMMANDS * 32):
+            out.extend(await self._execute_many([w.working(job_id) for job_id in group]))
+        return out
+
     async def show(self, job_id: Arg) -> dict[str, Any] | None:
         """SHOW; see :meth:`Client.show`."""
         return await self._execute(w.show(job_id))

@@ -56,6 +56,7 @@ def test_every_method(server: DisqueProcess) -> None:
             (job,) = await c.get_jobs("q", with_counters=True)
             assert job == Job("q", job_id, b"\x00body", 0, 0)
             assert await c.working(job_id) == 30
+            assert await c.working_many([job_id, job_id]) == [30, 30]
             assert await c.nack(job_id) == 1
             assert (await c.get_job("q", with_counters=True)).nacks == 1
             assert await c.enqueue(job_id) == 1

@@ -8,6 +8,7 @@ import time
 import pytest
 
 from disque import Client, Hello, Job, ResponseError
+from disque.exceptions import NoJob
 from tests.client.conftest import address, fake_job_id
 from tests.support.process import DisqueProcess, wait_for
 
@@ -101,6 +102,10 @@ def test_visibility_commands(client: Client) -> None:
     assert client.enqueue(ids[0]) == 1
     assert client.qlen("v") == 3
     assert client.working(ids[2]) == client.show(ids[2])["retry"]
+    gone = fake_job_id()
+    retries = client.working_many([ids[2], gone, ids[2]])
+    assert retries[0] == retries[2] == client.show(ids[2])["retry"]
+    assert isinstance(retries[1], NoJob)  # in place, not raised
     assert client.del_job(ids[3]) == 1 and client.show(ids[3]) is None
     assert client.fastack(ids[0], ids[1]) == 2
     assert client.ack(ids[2]) == 1
