@@ -1,0 +1,128 @@
+"""Helpers for the benchmark harness: a real ``redis-server``, ``redis-benchmark`` runs, INFO.
+
+Kept apart from :mod:`benchmarks.run` so other benchmarks can reuse them.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import os
+import shlex
+import shutil
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+from tests.support.process import free_port, raw_command, wait_for
+
+REDIS_SERVER = "redis-server"
+REDIS_BENCHMARK = "redis-benchmark"
+
+
+def missing_tools() -> list[str]:
+    """The Redis executables the harness needs that are not on PATH."""
+    return [name for name in (REDIS_SERVER, REDIS_BENCHMARK) if shutil.which(name) is None]
+
+
+def tool_version(name: str) -> str:
+    try:
+        out = subprocess.run([name, "--version"], capture_output=True, text=True, timeout=10)
+    except OSError:
+        return "missing"
+    return out.stdout.strip()
+
+
+class RedisProcess:
+    """A throw-away ``redis-server`` on a free port, no persistence, in its own directory."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.workdir = Path(workdir)
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.port = 0
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.log_path = self.workdir / "redis.log"
+
+    def start(self, timeout: float = 15.0) -> RedisProcess:
+        self.port = free_port()
+        cmd = [REDIS_SERVER, "--port", str(self.port), "--bind", "127.0.0.1",
+               "--save", "", "--appendonly", "no", "--dir", str(self.workdir),
+               "--logfile", str(self.log_path)]
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
+                                     start_new_session=True)
+
+        def ready() -> bool:
+            if self.proc is not None and self.proc.poll() is not None:
+                raise AssertionError(f"redis-server exited with {self.proc.returncode}")
+            try:
+                return raw_command(self.port, "PING", timeout=1.0) == b"PONG"
+            except OSError:
+                return False
+
+        wait_for(ready, timeout, interval=0.02, message="redis-server to answer PING")
+        return self
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def info(port: int, section: str) -> dict[str, str]:
+    """INFO ``section`` of a node or a Redis server, as a dict of strings."""
+    text = raw_command(port, "INFO", section, timeout=60.0)
+    assert isinstance(text, bytes), text
+    return dict(line.split(":", 1) for line in text.decode().splitlines()
+                if ":" in line and not line.startswith("#"))
+
+
+def rss_of(pid: int) -> int:
+    """Resident set size of ``pid`` in bytes, from /proc (0 if unknown)."""
+    try:
+        with open(f"/proc/{pid}/statm", "rb") as fh:
+            return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def benchmark_command(port: int, command: list[str], *, requests: int, clients: int = 50,
+                      pipeline: int = 1, keyspace: int = 0) -> list[str]:
+    cmd = [REDIS_BENCHMARK, "-h", "127.0.0.1", "-p", str(port), "-c", str(clients),
+           "-n", str(requests)]
+    if pipeline > 1:
+        cmd += ["-P", str(pipeline)]
+    if keyspace:
+        cmd += ["-r", str(keyspace)]
+    return [*cmd, "-q", "--csv", *command]
+
+
+def run_benchmark(cmd: list[str], timeout: float = 600.0) -> dict[str, Any]:
+    """Run one ``redis-benchmark --csv`` command and parse its single result row.
+
+    Redis 7 prints ``"test","rps","avg_latency_ms","min_latency_ms","p50_latency_ms",
+    "p95_latency_ms","p99_latency_ms","max_latency_ms"`` then one row per test.
+    """
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    elapsed = time.perf_counter() - t0
+    if proc.returncode != 0:
+        raise RuntimeError(f"{shlex.join(cmd)} failed ({proc.returncode}): {proc.stderr}")
+    rows = list(csv.reader(io.StringIO(proc.stdout)))
+    header = next((i for i, row in enumerate(rows) if row and row[0] == "test"), None)
+    if header is None or header + 1 >= len(rows):
+        raise RuntimeError(f"no CSV result from {shlex.join(cmd)}:\n{proc.stdout}{proc.stderr}")
+    fields = dict(zip(rows[header], rows[header + 1], strict=False))
+    result: dict[str, Any] = {"command": shlex.join(cmd), "wall_s": round(elapsed, 3)}
+    for key, value in fields.items():
+        if key == "test":
+            continue
+        result[key] = float(value)
+    if result.get("rps", 0) <= 0:
+        raise RuntimeError(f"no throughput from {shlex.join(cmd)}:\n{proc.stdout}")
+    return result

@@ -1,0 +1,80 @@
+"""``python3 -m benchmarks.run SCENARIO --smoke`` runs end to end (no performance asserted).
+
+Needs ``redis-server`` and ``redis-benchmark`` (Debian packages redis-server
+and redis-tools): the harness compares the node with a real Redis.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+MISSING = [tool for tool in ("redis-server", "redis-benchmark") if shutil.which(tool) is None]
+pytestmark = pytest.mark.skipif(
+    bool(MISSING),
+    reason=f"{' and '.join(MISSING)} not installed: the benchmark harness compares against "
+           "Redis (apt-get install redis-server redis-tools)")
+
+
+def run_smoke(tmp_path: Path, scenario: str) -> tuple[dict[str, Any], str]:
+    out = tmp_path / f"{scenario}.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.run", scenario, "--smoke", "--json", str(out)],
+        cwd=ROOT, capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
+    report = json.loads(out.read_text())
+    assert report["scenario"] == scenario
+    assert report["smoke"] is True and report["rounds"] == 1
+    assert report["machine"]["cores"] >= 1
+    assert len(report["machine"]["loadavg"]) == 3
+    return report["result"], proc.stdout
+
+
+def test_server_smoke_reports_rates_latencies_and_ratios(tmp_path: Path) -> None:
+    result, stdout = run_smoke(tmp_path, "server")
+    table = result["table"]
+    assert {row["pipeline"] for row in table} == {1, 16}
+    assert len(table) == 10
+    for row in table:
+        assert row["disque_rps"] > 0 and row["redis_rps"] > 0, row
+        assert row["ratio"] > 0, row
+        assert row["disque_p50_ms"] >= 0 and row["disque_p99_ms"] > 0, row
+        assert row["disque_command"].startswith("redis-benchmark ")
+        assert row["redis_command"].startswith("redis-benchmark ")
+    (rnd,) = result["rounds"]
+    # The pre-filled queue / list never ran dry during the pops.
+    assert rnd["disque"]["left_after_pops"] > 0
+    assert rnd["redis"]["left_after_pops"] > 0
+    assert "redis-benchmark -h 127.0.0.1" in stdout and "ratio" in stdout
+
+
+def test_cycle_smoke_drains_both_queues(tmp_path: Path) -> None:
+    result, stdout = run_smoke(tmp_path, "cycle")
+    modes = {row["mode"]: row for row in result["table"]}
+    assert set(modes) == {"batched", "one-at-a-time"}
+    for row in modes.values():
+        assert row["disque_jobs_per_s"] > 0 and row["redis_jobs_per_s"] > 0, row
+        assert row["ratio"] > 0
+        assert row["disque_left_after"] == [0]
+        assert row["redis_pending_after"] == [0]
+    assert "jobs/s" in stdout
+
+
+def test_memory_smoke_reports_bytes_per_job(tmp_path: Path) -> None:
+    result, stdout = run_smoke(tmp_path, "memory")
+    assert result["jobs"] == 20_000 and result["body_bytes"] == 100
+    for side in ("disque", "redis"):
+        assert result[side]["used_per_job"] > 0, result[side]
+        assert result[side]["fill_rps"] > 0
+    # RSS grows by whole pages (and allocators keep reserves): only the node's must show it.
+    assert result["disque"]["rss_per_job"] > 0, result["disque"]
+    assert result["ratio_used"] > 0 and result["ratio_rss"] > 0
+    assert "B/job" in stdout
