@@ -284,13 +284,9 @@ class _DriverSide:
     def _recover(self) -> None:
         """Pick up batches a previous run staged: lease them again, first thing."""
         for directory in self.staging.abandoned_dirs():
-            part = directory / "part-00000.arrow"
-            seq = int(directory.name.split("-")[1])
-            if part.exists():
-                # Staged in driver mode, crashed before plan.json: complete
-                # (the part was renamed into place), so promote it.
-                self.staging.stage_driver_batch(seq, read_table(part))
-            else:  # nothing was staged: only temporary files can be left
+            # Staged in driver mode, crashed before plan.json: promote it.
+            # Without a part nothing was staged: only temporary files are left.
+            if not self.staging.promote_driver_part(int(directory.name.split("-")[1])):
                 shutil.rmtree(directory, ignore_errors=True)
         batches = self.staging.batches()
         for seq in batches:
@@ -307,8 +303,7 @@ class _DriverSide:
     def _hold(self, seq: int) -> None:
         plan = self.staging.plan(seq)
         if plan.mode == "driver":
-            table = pa.concat_tables([t for _, t in self.staging.read_parts(seq)])
-            self.tables[seq] = table
+            table = self.tables[seq] = self.staging.read_batch(seq)
             self.keeper.hold(seq, table.column("id").to_pylist(), start=False)
         else:
             self._discover_parts(seq, start=False)
@@ -319,12 +314,11 @@ class _DriverSide:
             seen = self.seen_parts.setdefault(seq, set())
             if not self.staging.batch_dir(seq).exists():
                 return  # acknowledged and removed meanwhile
-            for name, table in self.staging.read_parts(seq):
-                if name not in seen:
-                    seen.add(name)
-                    # The task fetched these a while ago (up to a lease tick
-                    # plus its own run time): heartbeat at once.
-                    self.keeper.hold(seq, table.column("id").to_pylist(), start=start)
+            for name, table in self.staging.read_parts(seq, skip=seen):
+                seen.add(name)
+                # The task fetched these a while ago (up to a lease tick
+                # plus its own run time): heartbeat at once.
+                self.keeper.hold(seq, table.column("id").to_pylist(), start=start)
 
     # ------------------------------------------------------------- offsets
 
@@ -335,7 +329,6 @@ class _DriverSide:
 
     def latest(self, start: int, limit: ReadLimit) -> int:
         self.ack_through(start)
-        self._discover_executor_parts()
         staged_after = [s for s in self.staging.batches() if s > start]
         if staged_after:
             # Staged before a crash but never (or not yet) in Spark's offset
@@ -507,8 +500,7 @@ class _DriverSide:
     def _staged_partitions(self, seq: int) -> list[InputPartition]:
         table = self.tables.get(seq)
         if table is None:
-            table = pa.concat_tables([t for _, t in self.staging.read_parts(seq)])
-            self.tables[seq] = table
+            table = self.tables[seq] = self.staging.read_batch(seq)
         rows = table.num_rows
         splits = max(1, min(rows, max(self.config.num_partitions,
                                       math.ceil(rows / self.config.jobs_per_partition))))
@@ -528,13 +520,11 @@ class _DriverSide:
     def ack_through(self, end: int) -> None:
         """Acknowledge every staged batch <= ``end``, then forget it (idempotent)."""
         for seq in [s for s in self.staging.batches() if s <= end]:
-            if seq in self.seen_parts:
-                self._discover_parts(seq)
+            # Executor batches are read from disk: every part the tasks published.
             table = self.tables.get(seq)
             if table is None:
-                parts = [t for _, t in self.staging.read_parts(seq)]
-                table = pa.concat_tables(parts) if parts else None
-            ids = [] if table is None else table.column("id").to_pylist()
+                table = self.staging.read_batch(seq)
+            ids = table.column("id").to_pylist()
             # Stop heartbeats first: a WORKING racing the ACK would only get
             # NOJOB back.  Re-held below if the ACK fails.
             self.keeper.release_through(seq)
@@ -552,6 +542,8 @@ class _DriverSide:
                 self.keeper.hold(seq, ids)
                 return
             with self._parts_lock:
+                # Again: the keeper thread may have discovered (and held) a
+                # part of this batch since the first release.
                 self.keeper.release_through(seq)
                 self.staging.remove(seq)
                 self.seen_parts.pop(seq, None)

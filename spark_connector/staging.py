@@ -27,7 +27,7 @@ import json
 import os
 import shutil
 import uuid
-from collections.abc import Iterator
+from collections.abc import Container, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,6 +40,8 @@ from .schema import STAGED_SCHEMA
 __all__ = ["StagingArea", "BatchPlan", "write_table", "read_table", "publish_part"]
 
 PLAN = "plan.json"
+#: The one part file of a batch fetched on the driver.
+DRIVER_PART = "part-00000.arrow"
 _BATCH_PREFIX = "batch-"
 
 
@@ -156,10 +158,24 @@ class StagingArea:
         """Durably stage jobs fetched on the driver as batch ``seq``."""
         directory = self.batch_dir(seq)
         directory.mkdir(exist_ok=True)
-        part = "part-00000.arrow"
-        write_table(directory / part, table)
-        plan = BatchPlan(seq, "driver", [{"file": part, "rows": table.num_rows}])
-        self._write_plan(directory, plan)
+        write_table(directory / DRIVER_PART, table)
+        return self._commit_driver_batch(seq, table.num_rows)
+
+    def promote_driver_part(self, seq: int) -> bool:
+        """Finish a driver batch whose part file was named but whose plan was not.
+
+        The part was renamed into place, so it is complete: only the commit
+        point is missing.  False if there is no part (nothing was staged).
+        """
+        part = self.batch_dir(seq) / DRIVER_PART
+        if not part.exists():
+            return False
+        self._commit_driver_batch(seq, read_table(part).num_rows)
+        return True
+
+    def _commit_driver_batch(self, seq: int, rows: int) -> BatchPlan:
+        plan = BatchPlan(seq, "driver", [{"file": DRIVER_PART, "rows": rows}])
+        self._write_plan(self.batch_dir(seq), plan)
         return plan
 
     def stage_executor_plan(self, seq: int, parts: list[dict[str, Any]]) -> BatchPlan:
@@ -178,13 +194,20 @@ class StagingArea:
     def part_path(self, seq: int, name: str) -> Path:
         return self.batch_dir(seq) / name
 
-    def read_parts(self, seq: int) -> Iterator[tuple[str, pa.Table]]:
-        """The part files of batch ``seq`` that exist now."""
+    def read_parts(self, seq: int, skip: Container[str] = ()) -> Iterator[tuple[str, pa.Table]]:
+        """The part files of batch ``seq`` that exist now, except those named in ``skip``."""
         plan = self.plan(seq)
         for part in plan.parts:
+            if part["file"] in skip:
+                continue
             path = self.part_path(seq, part["file"])
             if path.exists():
                 yield part["file"], read_table(path)
+
+    def read_batch(self, seq: int) -> pa.Table:
+        """Every job staged for batch ``seq`` so far, as one table."""
+        return pa.concat_tables([STAGED_SCHEMA.empty_table(),
+                                 *(table for _, table in self.read_parts(seq))])
 
     def remove(self, seq: int) -> None:
         shutil.rmtree(self.batch_dir(seq), ignore_errors=True)
