@@ -121,6 +121,29 @@ def start_redis(root: Path, name: str) -> RedisProcess:
     return RedisProcess(root / name).start()
 
 
+def alternating_rounds(root: Path, rounds: int, prefix: str,
+                       run: Callable[[str, int], Any]) -> list[dict[str, Any]]:
+    """``run(side, port)`` on a fresh disque node and a fresh Redis, once per round.
+
+    Which server goes first alternates, so drift of the machine inside a
+    round cancels out.  Each round is ``{"order": [...], "disque": ..., "redis": ...}``.
+    """
+    starters = {"disque": start_node, "redis": start_redis}
+    out = []
+    for rnd in range(rounds):
+        order = ["disque", "redis"] if rnd % 2 == 0 else ["redis", "disque"]
+        this: dict[str, Any] = {"order": order}
+        for side in order:
+            print(f"round {rnd + 1}/{rounds}: {side} ...", flush=True)
+            server = starters[side](root, f"{prefix}{side}-{rnd}")
+            try:
+                this[side] = run(side, server.port)
+            finally:
+                server.kill()
+        out.append(this)
+    return out
+
+
 # --------------------------------------------------------------------------
 # server: redis-benchmark against both servers
 # --------------------------------------------------------------------------
@@ -170,28 +193,10 @@ def scenario_server(args: argparse.Namespace, root: Path) -> dict[str, Any]:
         requests = {1: 2000, PIPELINE: 4000}
     else:
         requests = {1: args.requests or 100_000, PIPELINE: (args.requests or 100_000) * 4}
-    rounds: list[dict[str, Any]] = []
-    for rnd in range(args.rounds):
-        # Alternate which server goes first too, so drift inside a round cancels.
-        order = ["disque", "redis"] if rnd % 2 == 0 else ["redis", "disque"]
-        this: dict[str, Any] = {}
-        for side in order:
-            print(f"round {rnd + 1}/{args.rounds}: {side} ...", flush=True)
-            if side == "disque":
-                node = start_node(root, f"disque-{rnd}")
-                try:
-                    this["disque"] = server_round(node.port, "disque", requests)
-                    this["disque_qlen_after"] = this["disque"]["left_after_pops"]
-                finally:
-                    node.kill()
-            else:
-                redis_server = start_redis(root, f"redis-{rnd}")
-                try:
-                    this["redis"] = server_round(redis_server.port, "redis", requests)
-                finally:
-                    redis_server.kill()
-        this["order"] = order
-        rounds.append(this)
+    rounds = alternating_rounds(root, args.rounds, "",
+                                lambda side, port: server_round(port, side, requests))
+    for this in rounds:
+        this["disque_qlen_after"] = this["disque"]["left_after_pops"]
 
     table: list[dict[str, Any]] = []
     for pipeline in requests:
@@ -311,28 +316,13 @@ def scenario_cycle(args: argparse.Namespace, root: Path) -> dict[str, Any]:
     sizes = ({"batched": 3000, "one-at-a-time": 1000} if args.smoke else
              {"batched": args.requests or 100_000, "one-at-a-time": (args.requests or 100_000)
               // 5})
-    runs: dict[str, dict[str, list[dict[str, Any]]]] = {
-        mode: {"disque": [], "redis": []} for mode in sizes}
-    for rnd in range(args.rounds):
-        order = ["disque", "redis"] if rnd % 2 == 0 else ["redis", "disque"]
-        for side in order:
-            print(f"round {rnd + 1}/{args.rounds}: {side} ...", flush=True)
-            if side == "disque":
-                node = start_node(root, f"cycle-disque-{rnd}")
-                try:
-                    for mode, jobs in sizes.items():
-                        runs[mode]["disque"].append(
-                            disque_cycle(node.port, jobs, mode == "batched"))
-                finally:
-                    node.kill()
-            else:
-                server = start_redis(root, f"cycle-redis-{rnd}")
-                try:
-                    for mode, jobs in sizes.items():
-                        runs[mode]["redis"].append(
-                            redis_cycle(server.port, jobs, mode == "batched"))
-                finally:
-                    server.kill()
+    cycles = {"disque": disque_cycle, "redis": redis_cycle}
+    rounds = alternating_rounds(
+        root, args.rounds, "cycle-",
+        lambda side, port: {mode: cycles[side](port, jobs, mode == "batched")
+                            for mode, jobs in sizes.items()})
+    runs = {mode: {side: [this[side][mode] for this in rounds] for side in cycles}
+            for mode in sizes}
     table = []
     for mode, jobs in sizes.items():
         d, x = runs[mode]["disque"], runs[mode]["redis"]
