@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from .clock import random_time_error
-from .job import Job, JobState, ttl_minutes_from_id
+from .job import ACKED, QUEUED, Job, ttl_minutes_from_id
 from .jobs import register_job, unregister_job, update_awake_time
 from .queue import dequeue_job
 
@@ -28,17 +28,27 @@ GC_RETRY_CAP = 10
 GC_MAX_DELAY_MS = 180_000
 
 
-def acknowledge_job(state: ServerState, job: Job) -> bool:
-    """ACK-JOB(job): mark it acked and dequeue it; False if it already was."""
-    if job.state == JobState.ACKED:
+_NOBODY: frozenset[str] = frozenset()
+
+
+def acknowledge_job(state: ServerState, job: Job, gc_follows: bool = False) -> bool:
+    """ACK-JOB(job): mark it acked and dequeue it; False if it already was.
+
+    ``gc_follows``: the caller runs :func:`try_job_gc` right away, which
+    reschedules the job (or forgets it), so no schedule entry is made here.
+    """
+    if job.state == ACKED:
         return False
-    dequeue_job(state, job)
-    job.state = JobState.ACKED
-    job.confirmed = frozenset()
+    if job.state == QUEUED:
+        dequeue_job(state, job)
+    job.state = ACKED
+    job.confirmed = _NOBODY
     job.qtime = 0
     state.jobs.evictable_add(job)
-    state.on_job_acked(job)
-    update_awake_time(state, job)
+    if state.job_acked_hooks:
+        state.on_job_acked(job)
+    if not gc_follows:
+        update_awake_time(state, job)
     return True
 
 
@@ -53,16 +63,18 @@ def try_job_gc(state: ServerState, job: Job) -> None:
     Nodes are compared by identity, not by count (the original compared the
     sizes of the two lists and could finish early).
     """
-    if job.state != JobState.ACKED:
+    if job.state != ACKED:
         return
     if job.gc_retry < GC_RETRY_CAP:
         job.gc_retry += 1
     cluster = state.cluster
-    myself = cluster.myself_id
-    if myself not in job.confirmed:
-        job.confirmed = job.confirmed | {myself}
+    confirmed = job.confirmed
+    if cluster.myself_id not in confirmed:
+        # The usual case (nobody confirmed yet) shares the one {myself} set.
+        confirmed = job.confirmed = (confirmed | cluster.myself_set if confirmed
+                                     else cluster.myself_set)
     if job.delivered:
-        if job.delivered <= job.confirmed:
+        if job.delivered <= confirmed:
             unregister_job(state, job)
             return
         for node_id in job.delivered - job.confirmed:
@@ -91,7 +103,7 @@ def create_dummy_ack(state: ServerState, job_id: bytes) -> Job | None:
     if not ttl_minutes & 1:
         return None
     now = state.clock.now_ms()
-    job = Job(bytes(job_id), None, b"", state=JobState.ACKED,
+    job = Job(bytes(job_id), None, b"", state=ACKED,
               ctime=now * 1_000_000, etime=now + ttl_minutes * 60_000)
     register_job(state, job)
     return job

@@ -18,20 +18,25 @@ counter`` so it orders jobs created in the same millisecond.
 from __future__ import annotations
 
 import base64
-import hashlib
 import os
+import re
 import struct
 from enum import IntEnum
 
 __all__ = [
     "Job",
     "JobState",
+    "WAIT_REPL",
+    "ACTIVE",
+    "QUEUED",
+    "ACKED",
     "JobIdGenerator",
     "JOB_ID_LEN",
     "FLAG_BCAST_QUEUED",
     "FLAG_BCAST_WILLQUEUE",
     "FLAG_DELIVERED",
     "is_valid_job_id",
+    "are_valid_job_ids",
     "ttl_minutes_from_id",
     "serialize_job",
     "deserialize_job",
@@ -56,6 +61,13 @@ class JobState(IntEnum):
     def from_label(cls, label: str) -> JobState | None:
         return _LABEL_STATES.get(label.lower())
 
+
+# The members as plain names: ``JobState.QUEUED`` is a metaclass lookup
+# (~80 ns) and the state machine compares states on every command.
+WAIT_REPL = JobState.WAIT_REPL
+ACTIVE = JobState.ACTIVE
+QUEUED = JobState.QUEUED
+ACKED = JobState.ACKED
 
 _STATE_LABELS = {
     JobState.WAIT_REPL: "wait-repl",
@@ -104,7 +116,7 @@ class Job:
         "state",
     )
 
-    def __init__(self, job_id: bytes, queue: bytes | None, body: bytes, *,
+    def __init__(self, job_id: bytes, queue: bytes | None, body: bytes,
                  state: JobState = JobState.ACTIVE, repl: int = 1, ctime: int = 0,
                  etime: int = 0, delay: int = 0, retry: int = 0,
                  delivered: frozenset[str] = frozenset(),
@@ -146,8 +158,6 @@ class Job:
 # --------------------------------------------------------------------------
 
 _B64 = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"
-_HEX = frozenset(b"0123456789abcdef")
-_B64SET = frozenset(_B64)
 #: 6-bit value of each base64 character (-1 for others); used for scan slices.
 B64_VALUE = [-1] * 256
 for _i, _c in enumerate(_B64):
@@ -155,26 +165,43 @@ for _i, _c in enumerate(_B64):
 
 
 class JobIdGenerator:
-    """``D-<node8>-<base64 of the high 144 bits of SHA1(seed || counter)>-<ttl>``.
+    """``D-<node8>-<24 base64 chars of 144 random bits>-<ttl>``.
 
-    The seed comes from ``os.urandom`` at start-up and the counter is 64 bits,
-    as the spec says.  (The original's encoder used only ~114 of those bits
-    because of an indexing bug; all 144 are used here.)
+    The random part comes from ``os.urandom`` (the kernel's CSPRNG), drawn
+    in blocks of ``ID_BLOCK`` IDs and base64-encoded once per block: 18
+    random bytes encode to exactly 24 characters, so the encoded block is
+    a run of ready-made random parts and an ID costs one slice.  The
+    original hashed a seed and a counter with SHA-1 per ID (and, through an
+    indexing bug, used only ~114 of the 144 bits); that was 7-10% of the
+    node's ADDJOB time here.
     """
 
-    __slots__ = ("_counter", "_prefix", "_seed")
+    __slots__ = ("_block", "_pos", "_prefix", "_suffixes")
 
-    def __init__(self, node_id: str, seed: bytes | None = None) -> None:
+    #: IDs drawn per ``os.urandom`` call (72 KiB of randomness).
+    ID_BLOCK = 4096
+
+    def __init__(self, node_id: str) -> None:
         self._prefix = b"D-" + node_id[:8].encode() + b"-"
-        self._seed = seed if seed is not None else os.urandom(20)
-        self._counter = 0
+        self._block = b""
+        self._pos = 0
+        # "-%04x" TTL suffixes by (ttl, retry > 0): a handful of distinct values in practice.
+        self._suffixes: dict[tuple[int, bool], bytes] = {}
 
     def next_id(self, ttl: int, retry: int) -> bytes:
         """A new job ID for a job with ``ttl`` seconds and ``retry`` seconds."""
-        self._counter += 1
-        digest = hashlib.sha1(self._seed + self._counter.to_bytes(8, "little")).digest()
-        random_part = base64.b64encode(digest[:18])  # 18 bytes -> exactly 24 chars
-        return self._prefix + random_part + b"-%04x" % encode_ttl_minutes(ttl, retry)
+        pos = self._pos
+        if pos >= len(self._block):
+            self._block = base64.b64encode(os.urandom(18 * self.ID_BLOCK))
+            pos = 0
+        self._pos = pos + 24
+        key = (ttl, retry > 0)
+        suffix = self._suffixes.get(key)
+        if suffix is None:
+            if len(self._suffixes) > 1024:
+                self._suffixes.clear()
+            suffix = self._suffixes[key] = b"-%04x" % encode_ttl_minutes(ttl, retry)
+        return self._prefix + self._block[pos:pos + 24] + suffix
 
 
 def encode_ttl_minutes(ttl: int, retry: int) -> int:
@@ -183,12 +210,26 @@ def encode_ttl_minutes(ttl: int, retry: int) -> int:
     return minutes | 1 if retry > 0 else minutes & ~1
 
 
+_ID_PATTERN = rb"D-[0-9a-f]{8}-[A-Za-z0-9+/]{24}-[0-9a-f]{4}"
+_is_job_id = re.compile(_ID_PATTERN).fullmatch
+_are_job_ids = re.compile(rb"%s(?: %s)*" % (_ID_PATTERN, _ID_PATTERN)).fullmatch
+
+
 def is_valid_job_id(job_id: bytes) -> bool:
     """True if ``job_id`` has the exact 40-character job ID form."""
-    if len(job_id) != JOB_ID_LEN or job_id[:2] != b"D-" or job_id[10] != 0x2D or job_id[35] != 0x2D:
-        return False
-    return (_HEX.issuperset(job_id[2:10]) and _B64SET.issuperset(job_id[11:35])
-            and _HEX.issuperset(job_id[36:40]))
+    return _is_job_id(job_id) is not None
+
+
+def are_valid_job_ids(job_ids: list[bytes]) -> bool:
+    """True if every ID is valid: one regex run over all of them (ACKJOB with 100 IDs).
+
+    The IDs joined by spaces must be ``len(job_ids)`` IDs separated by single
+    spaces; IDs contain no space, so the pieces are exactly the arguments.
+    """
+    if not job_ids:
+        return True
+    joined = b" ".join(job_ids)
+    return len(joined) == 41 * len(job_ids) - 1 and _are_job_ids(joined) is not None
 
 
 def ttl_minutes_from_id(job_id: bytes) -> int:

@@ -52,6 +52,14 @@ class SlicedDict(Generic[K, V]):
     def __len__(self) -> int:
         return self._len
 
+    @property
+    def slices(self) -> list[dict[K, V]]:
+        """The slice dicts, for owners that compute ``slice_of`` inline on a hot path.
+
+        Read-only use: inserting or removing through them would skew ``len``.
+        """
+        return self._slices
+
     def get(self, key: K) -> V | None:
         return self._slices[self._slice_of(key)].get(key)
 

@@ -8,13 +8,22 @@ empty, unpaused queues without blocked clients are evicted after a while.
 
 from __future__ import annotations
 
+from operator import attrgetter
 from typing import TYPE_CHECKING
 
-from sortedcontainers import SortedList
+from sortedcontainers import SortedKeyList
 
 from . import jobs as jobs_mod
 from .clock import random_time_error
-from .job import FLAG_BCAST_QUEUED, FLAG_BCAST_WILLQUEUE, FLAG_DELIVERED, Job, JobState
+from .job import (
+    ACKED,
+    ACTIVE,
+    FLAG_BCAST_QUEUED,
+    FLAG_BCAST_WILLQUEUE,
+    FLAG_DELIVERED,
+    QUEUED,
+    Job,
+)
 from .keyspace import SlicedDict, name_slice
 
 if TYPE_CHECKING:
@@ -29,6 +38,7 @@ __all__ = [
     "enqueue_job",
     "dequeue_job",
     "fetch_job",
+    "fetch_jobs",
     "pause_label",
 ]
 
@@ -38,8 +48,10 @@ _PAUSE_LABELS = {0: "none", PAUSED_IN: "in", PAUSED_OUT: "out", PAUSED_IN | PAUS
 
 #: Memory attributed to one queue besides its jobs (measured, see tests).
 QUEUE_OVERHEAD_BYTES = 1200
-#: Memory attributed to one queued entry in the ordered list.
-QUEUE_ENTRY_BYTES = 72
+#: Memory attributed to one queued entry in the ordered list (two list slots).
+QUEUE_ENTRY_BYTES = 16
+
+_by_ctime = attrgetter("ctime")
 
 
 def pause_label(flags: int) -> str:
@@ -47,7 +59,7 @@ def pause_label(flags: int) -> str:
 
 
 class Queue:
-    """A named queue of jobs ordered by ``(ctime, id)``."""
+    """A named queue of jobs ordered by creation time (``ctime``)."""
 
     __slots__ = (
         "atime",
@@ -64,8 +76,10 @@ class Queue:
 
     def __init__(self, name: bytes, now_ms: int) -> None:
         self.name = name
-        # Entries are (ctime, id, job): tuples compare in C, and (ctime, id) is unique.
-        self.jobs: SortedList = SortedList()
+        # The jobs themselves, keyed by ctime: two pointers per entry and no
+        # per-entry tuple for the cyclic GC to walk.  Equal ctimes (copies
+        # made on other nodes) keep their arrival order.
+        self.jobs: SortedKeyList = SortedKeyList(key=_by_ctime)
         self.ctime = now_ms
         self.atime = now_ms
         self.flags = 0
@@ -96,37 +110,41 @@ class Queue:
     def peek(self, count: int) -> list[Job]:
         """The ``count`` oldest jobs, or the ``-count`` newest (newest first)."""
         if count >= 0:
-            return [entry[2] for entry in self.jobs.islice(0, count)]
-        return [entry[2] for entry in self.jobs.islice(max(0, len(self.jobs) + count),
-                                                       reverse=True)]
+            return list(self.jobs.islice(0, count))
+        return list(self.jobs.islice(max(0, len(self.jobs) + count), reverse=True))
 
 
 class QueueRegistry:
     """All queues of this node, scannable with QSCAN."""
 
-    __slots__ = ("_queues",)
+    __slots__ = ("_by_name", "_queues")
 
     def __init__(self) -> None:
         self._queues: SlicedDict[bytes, Queue] = SlicedDict(name_slice)
+        # A flat index too: every job command looks its queue up, and queues
+        # are few, so a second dict is cheaper than hashing into a slice.
+        self._by_name: dict[bytes, Queue] = {}
 
     def __len__(self) -> int:
         return len(self._queues)
 
     def lookup(self, name: bytes) -> Queue | None:
-        return self._queues.get(name)
+        return self._by_name.get(name)
 
     def get_or_create(self, name: bytes, now_ms: int) -> Queue:
-        q = self._queues.get(name)
+        q = self._by_name.get(name)
         if q is None:
             q = Queue(bytes(name), now_ms)
-            self._queues.add(q.name, q)
+            self.add(q)
         return q
 
     def add(self, q: Queue) -> None:
         self._queues.add(q.name, q)
+        self._by_name[q.name] = q
 
     def remove(self, q: Queue) -> None:
         self._queues.pop(q.name)
+        self._by_name.pop(q.name, None)
 
     def all(self):
         return self._queues.values()
@@ -136,6 +154,7 @@ class QueueRegistry:
 
     def clear(self) -> None:
         self._queues.clear()
+        self._by_name.clear()
 
 
 # --------------------------------------------------------------------------
@@ -150,33 +169,36 @@ def enqueue_job(state: ServerState, job: Job, nack: bool = False) -> bool:
     jobs.  The first enqueue of a job is silent; later ones count as an
     additional delivery (or a NACK) and tell the other copies with QUEUED.
     """
-    if (job.state == JobState.QUEUED or job.state == JobState.ACKED or job.qtime == 0
-            or job.queue is None):
+    job_state = job.state
+    if job_state in (QUEUED, ACKED) or job.qtime == 0 or job.queue is None:
         return False
-    if job.retry == 0 and job.flags & FLAG_DELIVERED:
+    flags = job.flags
+    retry = job.retry
+    if retry == 0 and flags & FLAG_DELIVERED:
         return False
     now = state.clock.now_ms()
-    job.state = JobState.QUEUED
-    if job.retry:
-        job.flags |= FLAG_BCAST_WILLQUEUE
-        job.qtime = now + job.retry * 1000 + random_time_error()
+    job.state = QUEUED
+    if retry:
+        flags |= FLAG_BCAST_WILLQUEUE
+        job.qtime = now + retry * 1000 + random_time_error()
     else:
         job.qtime = 0
-    if job.flags & FLAG_BCAST_QUEUED or nack:
+    if flags & FLAG_BCAST_QUEUED or nack:
+        job.flags = flags
         if nack:
             job.nacks += 1
         else:
             job.additional_deliveries += 1
         state.cluster.broadcast_queued(job, nack)
     else:
-        job.flags |= FLAG_BCAST_QUEUED
+        job.flags = flags | FLAG_BCAST_QUEUED
     jobs_mod.update_awake_time(state, job)
     q = state.queue_for_write(job.queue)
     job.queue = q.name  # share one bytes object per queue name
-    q.jobs.add((job.ctime, job.id, job))
+    q.jobs.add(job)
     q.jobs_in += 1
     q.atime = now
-    state.memory.add(QUEUE_ENTRY_BYTES)
+    state.memory.accounted += QUEUE_ENTRY_BYTES
     state.jobs.evictable_discard(job)
     if q.waiters and not q.flags & PAUSED_OUT:
         from .blocking import serve_blocked_clients
@@ -186,12 +208,12 @@ def enqueue_job(state: ServerState, job: Job, nack: bool = False) -> bool:
 
 def dequeue_job(state: ServerState, job: Job) -> bool:
     """DEQUEUE(job): take a queued job out of its queue; it becomes active."""
-    if job.state != JobState.QUEUED:
+    if job.state != QUEUED:
         return False
     q = state.queues.lookup(job.queue) if job.queue is not None else None
     if q is not None:
         try:
-            q.jobs.remove((job.ctime, job.id, job))
+            q.jobs.remove(job)
         except ValueError:
             pass
         else:
@@ -199,22 +221,33 @@ def dequeue_job(state: ServerState, job: Job) -> bool:
             state.memory.sub(QUEUE_ENTRY_BYTES)
     # Queued and active jobs wake at the same time (see update_awake_time),
     # so the schedule needs no update here.
-    job.state = JobState.ACTIVE
+    job.state = ACTIVE
     return True
 
 
 def fetch_job(state: ServerState, q: Queue) -> Job | None:
     """Pop the oldest job of ``q`` for delivery to a client (GETJOB)."""
-    if not q.jobs:
-        return None
-    job: Job = q.jobs.pop(0)[2]
-    q.jobs_out += 1
+    jobs = fetch_jobs(state, q, 1)
+    return jobs[0] if jobs else None
+
+
+def fetch_jobs(state: ServerState, q: Queue, count: int) -> list[Job]:
+    """Pop up to ``count`` of the oldest jobs of ``q`` for delivery (GETJOB COUNT)."""
+    queued = q.jobs
+    count = min(count, len(queued))
+    if not count:
+        return []
+    pop = queued.pop
+    taken: list[Job] = [pop(0) for _ in range(count)]
+    q.jobs_out += count
     q.atime = state.clock.now_ms()
-    state.memory.sub(QUEUE_ENTRY_BYTES)
-    job.state = JobState.ACTIVE
-    job.flags |= FLAG_DELIVERED
-    if job.retry == 0:
-        # At-most-once and delivered: may now be evicted under memory pressure.
-        state.jobs.evictable_add(job)
+    state.memory.accounted -= QUEUE_ENTRY_BYTES * count
+    evictable_add = state.jobs.evictable_add
+    for job in taken:
+        job.state = ACTIVE
+        job.flags |= FLAG_DELIVERED
+        if job.retry == 0:
+            # At-most-once and delivered: may now be evicted under memory pressure.
+            evictable_add(job)
     # The awake time is the same for queued and active jobs: no schedule update.
-    return job
+    return taken

@@ -29,6 +29,7 @@ from . import __version__
 from .cluster import ClusterState, NodesFileError
 from .config import Config, ConfigError
 from .connection import ClientConnection
+from .gcpolicy import CollectorPolicy
 from .jobs import MAX_JOBS_PER_RUN, process_due_jobs
 from .log import set_level, setup_logging
 from .state import ServerState
@@ -52,6 +53,7 @@ class DisqueServer:
         self._cron_handle: asyncio.TimerHandle | None = None
         self._cron_deadline = 0.0
         self._last_queue_eviction = 0.0
+        self._collector = CollectorPolicy(time.monotonic())
         self._stopped = asyncio.Event()
         self._stopping = False
         self.shutdown_hooks: list[Callable[[str], None]] = []
@@ -159,6 +161,7 @@ class DisqueServer:
         try:
             now = time.monotonic()
             state.sample_ops()
+            self._collector.tick(now)
             state.memory.used  # noqa: B018 - updates the peak
             if state.aof is not None:
                 state.aof.cron()

@@ -83,9 +83,9 @@ class ServerState:
 
     # -- time ---------------------------------------------------------------
 
-    def next_ctime(self) -> int:
+    def next_ctime(self, now_ms: int | None = None) -> int:
         """Creation time ``ms * 1e6 + counter``, strictly increasing on this node."""
-        ctime = self.clock.now_ms() * 1_000_000
+        ctime = (self.clock.now_ms() if now_ms is None else now_ms) * 1_000_000
         if ctime <= self._last_ctime:
             ctime = self._last_ctime + 1
         self._last_ctime = ctime

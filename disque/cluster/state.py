@@ -78,6 +78,8 @@ class ClusterState:
         self.nodes: dict[str, ClusterNode] = {myself.id: myself}
         self.config_path = config_path
         self.messages_dropped = 0
+        # {myself}: the node set of every job made here, shared by all of them.
+        self.myself_set: frozenset[str] = frozenset((myself.id,))
 
     # -- identity and persistence ------------------------------------------
 
@@ -112,6 +114,7 @@ class ClusterState:
         if hard:
             del self.nodes[self.myself.id]
             self.myself.id = new_node_id()
+            self.myself_set = frozenset((self.myself.id,))
             self.nodes[self.myself.id] = self.myself
         self.myself.flags = {FLAG_MYSELF}
         self.save()

@@ -7,10 +7,10 @@ from typing import TYPE_CHECKING, Any
 from .. import ack
 from ..blocking import block_for_jobs, getjob_entry
 from ..clock import random_time_error
-from ..job import FLAG_BCAST_WILLQUEUE, Job, JobState
+from ..job import ACTIVE, FLAG_BCAST_WILLQUEUE, Job, JobState
 from ..jobs import register_job, unregister_job, update_awake_time
 from ..protocol import NULL_ARRAY, Map, ReplyError, Status
-from ..queue import PAUSED_OUT, dequeue_job, enqueue_job, fetch_job
+from ..queue import PAUSED_IN, PAUSED_OUT, dequeue_job, enqueue_job, fetch_job, fetch_jobs
 from .registry import (
     BLOCKED,
     SYNTAX_ERROR,
@@ -46,9 +46,19 @@ class AddJobOptions:
         self.timeout = 0
 
 
+#: ADDJOB without options (the common case) shares one options object.
+_DEFAULT_OPTIONS = AddJobOptions()
+
+
 def parse_addjob(argv: list[bytes]) -> AddJobOptions:
+    """The options after ``ADDJOB queue body timeout`` (the timeout is checked too)."""
+    n = len(argv)
+    if n == 4:
+        if argv[3] != b"0":
+            parse_timeout_ms(argv[3])
+        return _DEFAULT_OPTIONS
     opts = AddJobOptions()
-    i, n = 4, len(argv)
+    i = 4
     while i < n:
         opt = argv[i].lower()
         has_value = i + 1 < n
@@ -88,15 +98,17 @@ def addjob(state: ServerState, client: ClientConnection, argv: list[bytes]) -> A
     opts = parse_addjob(argv)
     cluster = state.cluster
     replicate = opts.replicate if opts.replicate is not None else min(3, cluster.size)
-    if replicate > 1 and opts.retry == 0:
+    ttl = opts.ttl
+    retry = opts.retry
+    delay = opts.delay
+    if replicate > 1 and retry == 0:
         raise CommandError("ERR With RETRY set to 0 please explicitly set  REPLICATE to 1 "
                            "(at-most-once delivery)")
-    if opts.delay >= opts.ttl:
+    if delay >= ttl:
         raise CommandError("ERR The specified DELAY is greater than TTL. Job refused since "
                            "would never be delivered")
-    retry = opts.retry
     if retry == -1:
-        retry = max(1, min(MAX_RETRY_DEFAULT, opts.ttl // 10))
+        retry = max(1, min(MAX_RETRY_DEFAULT, ttl // 10))
 
     # External replication (no local copy) when leaving, or when memory is
     # tight and other nodes can take the copies.  A node that cannot hand
@@ -104,7 +116,7 @@ def addjob(state: ServerState, client: ClientConnection, argv: list[bytes]) -> A
     # job at 75% (the original on a lone node) helps nobody.
     reachable = cluster.reachable_count
     leaving = cluster.leaving
-    extrepl = leaving or (state.memory.level() >= 1 and replicate <= reachable)
+    extrepl = leaving or (reachable and replicate <= reachable and state.memory.level() >= 1)
     needed = replicate if extrepl else replicate - 1
     if needed > reachable:
         reason = ""
@@ -116,41 +128,31 @@ def addjob(state: ServerState, client: ClientConnection, argv: list[bytes]) -> A
                           f"replication level{reason}")
 
     q = state.queues.lookup(argv[1])
-    if opts.maxlen and q is not None and len(q) >= opts.maxlen:
-        return ReplyError("MAXLEN Queue is already longer than the specified MAXLEN count")
-    if q is not None and q.paused_in:
-        return ReplyError("PAUSED Queue paused in input, try later")
+    if q is not None:
+        if opts.maxlen and len(q) >= opts.maxlen:
+            return ReplyError("MAXLEN Queue is already longer than the specified MAXLEN count")
+        if q.flags & PAUSED_IN:
+            return ReplyError("PAUSED Queue paused in input, try later")
     if needed > 0:
         # Synchronous replication needs the cluster bus; until it runs no
         # peer is linked, so no copy could be made.
         return ReplyError("NOREPL Not enough reachable nodes for the requested replication level")
 
+    if q is None:
+        q = state.queue_for_write(argv[1])
     now = state.clock.now_ms()
-    job = Job(state.ids.next_id(opts.ttl, retry), state.queue_for_write(argv[1]).name,
-              argv[2], state=JobState.ACTIVE, repl=replicate, ctime=state.next_ctime(),
-              etime=now + opts.ttl * 1000, delay=opts.delay, retry=retry,
-              delivered=cluster_self_set(state))
-    if opts.delay:
-        job.qtime = now + opts.delay * 1000
+    job = Job(state.ids.next_id(ttl, retry), q.name, argv[2], ACTIVE, replicate,
+              state.next_ctime(now), now + ttl * 1000, delay, retry, cluster.myself_set)
+    if delay:
+        job.qtime = now + delay * 1000
     else:
         # Queue it before registering so the schedule gets one entry, not two.
         job.qtime = now
         enqueue_job(state, job)
     register_job(state, job)
-    state.on_job_created(job)
+    if state.job_created_hooks:
+        state.on_job_created(job)
     return Status(job.id.decode())
-
-
-_SELF_SETS: dict[str, frozenset[str]] = {}
-
-
-def cluster_self_set(state: ServerState) -> frozenset[str]:
-    """``{myself}``, one shared frozenset per node ID (saves a set per job)."""
-    myself = state.cluster.myself_id
-    cached = _SELF_SETS.get(myself)
-    if cached is None:
-        cached = _SELF_SETS[myself] = frozenset((myself,))
-    return cached
 
 
 # --------------------------------------------------------------------------
@@ -159,6 +161,32 @@ def cluster_self_set(state: ServerState) -> frozenset[str]:
 
 LEAVING_ERROR = ("LEAVING This node is leaving the cluster, please connect to a "
                  "different one")
+
+
+def _take_jobs(state: ServerState, queues: list[bytes], count: int,
+               withcounters: bool) -> list[list[Any]]:
+    """Up to ``count`` GETJOB entries: one job per queue per pass, left to right."""
+    lookup = state.queues.lookup
+    if len(queues) == 1:  # the usual case: take them in one go
+        q = lookup(queues[0])
+        if q is None or q.flags & PAUSED_OUT:
+            return []
+        return [getjob_entry(job, withcounters) for job in fetch_jobs(state, q, count)]
+    emitted: list[list[Any]] = []
+    while True:
+        before = len(emitted)
+        for name in queues:
+            q = lookup(name)
+            if q is None or not q.jobs or q.flags & PAUSED_OUT:
+                continue
+            job = fetch_job(state, q)
+            if job is None:
+                continue
+            emitted.append(getjob_entry(job, withcounters))
+            if len(emitted) >= count:
+                return emitted
+        if len(emitted) == before:
+            return emitted
 
 
 @command("getjob", -3, "write")
@@ -191,23 +219,7 @@ def getjob(state: ServerState, client: ClientConnection, argv: list[bytes]) -> A
     if not queues:
         raise CommandError(SYNTAX_ERROR)
 
-    # Take one job per queue per pass, left to right, until COUNT or no progress.
-    emitted: list[list[Any]] = []
-    lookup = state.queues.lookup
-    while True:
-        before = len(emitted)
-        for name in queues:
-            q = lookup(name)
-            if q is None or not q.jobs or q.flags & PAUSED_OUT:
-                continue
-            job = fetch_job(state, q)
-            if job is None:
-                continue
-            emitted.append(getjob_entry(job, withcounters))
-            if len(emitted) >= count:
-                return emitted
-        if len(emitted) == before:
-            break
+    emitted = _take_jobs(state, queues, count, withcounters)
     if emitted:
         return emitted
     if nohang:
@@ -230,7 +242,7 @@ def ackjob(state: ServerState, client: ClientConnection, argv: list[bytes]) -> A
         job = state.jobs.get(job_id)
         if job is None:
             job = ack.create_dummy_ack(state, job_id)
-        elif ack.acknowledge_job(state, job):
+        elif ack.acknowledge_job(state, job, gc_follows=True):
             known += 1
         if job is not None:
             ack.try_job_gc(state, job)

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ..job import is_valid_job_id
+from ..job import are_valid_job_ids
 from ..memory import free_memory_if_needed
 from ..protocol import ReplyError
 
@@ -67,6 +67,10 @@ class Command:
     handler: Handler
     arity: int
     flags: frozenset[str]
+    # The flags execute() tests on every command, as plain booleans.
+    write: bool = False
+    denyoom: bool = False
+    noauth: bool = False
 
     def arity_ok(self, argc: int) -> bool:
         return argc == self.arity if self.arity >= 0 else argc >= -self.arity
@@ -78,7 +82,9 @@ COMMANDS: dict[bytes, Command] = {}
 def command(name: str, arity: int, flags: str = "") -> Callable[[Handler], Handler]:
     """Declare a command: ``@command("addjob", -4, "write denyoom")``."""
     def register(handler: Handler) -> Handler:
-        cmd = Command(name, handler, arity, frozenset(flags.split()))
+        names = frozenset(flags.split())
+        cmd = Command(name, handler, arity, names, "write" in names, "denyoom" in names,
+                      "noauth" in names)
         COMMANDS[name.encode()] = cmd
         COMMANDS[name.upper().encode()] = cmd
         return handler
@@ -102,12 +108,11 @@ def execute(state: ServerState, client: ClientConnection, argv: list[bytes]) -> 
     client.last_command = cmd.name
     if not cmd.arity_ok(len(argv)):
         return ReplyError(f"ERR wrong number of arguments for '{cmd.name}' command")
-    if not client.authenticated and "noauth" not in cmd.flags:
+    if not client.authenticated and not cmd.noauth:
         return NOAUTH
-    if ("denyoom" in cmd.flags and state.memory.level() >= 2
-            and free_memory_if_needed(state) >= 3):
+    if cmd.denyoom and state.memory.level() >= 2 and free_memory_if_needed(state) >= 3:
         return OOM
-    aof = state.aof if "write" in cmd.flags else None
+    aof = state.aof if cmd.write else None
     if aof is not None and (refused := aof.refuse_write()) is not None:
         return refused  # -MISCONF while the AOF cannot be written
     state.stats.commands_processed += 1
@@ -150,8 +155,7 @@ def parse_timeout_ms(raw: bytes) -> int:
 
 def parse_job_ids(ids: list[bytes]) -> list[bytes]:
     """Validate every ID before acting on any (the original's validateJobIDs)."""
-    for job_id in ids:
-        if not is_valid_job_id(job_id):
-            raise CommandError(BADID)
+    if not are_valid_job_ids(ids):
+        raise CommandError(BADID)
     return ids
 

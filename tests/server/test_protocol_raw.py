@@ -412,10 +412,6 @@ NOT_BULK_ADDJOB = [
 ]
 
 
-@pytest.mark.xfail(reason="server bug: a request whose element is a simple string ('+q') or a "
-                          "RESP3 verbatim string ('=15 txt:q') is executed before the protocol "
-                          "error (verbatim: no error at all, and the frame-size count drifts)",
-                   strict=True)
 @pytest.mark.parametrize("frame", NOT_BULK_ADDJOB, ids=["simple-string", "verbatim"])
 def test_not_bulk_element_is_refused_and_not_run(conn: Resp, probe: Resp, frame: bytes) -> None:
     conn.sock.settimeout(HANG_TIMEOUT)
@@ -424,9 +420,6 @@ def test_not_bulk_element_is_refused_and_not_run(conn: Resp, probe: Resp, frame:
     assert probe.call("QLEN", "raw-notbulk") == 0
 
 
-@pytest.mark.xfail(reason="server bug: after a RESP3 verbatim-string element the parser's frame "
-                          "size count is off by 4 forever: the next inline command is a "
-                          "protocol error and header limits are no longer checked", strict=True)
 def test_verbatim_element_does_not_desync_the_connection(conn: Resp, probe: Resp) -> None:
     conn.sock.settimeout(HANG_TIMEOUT)
     conn.send(b"*2\r\n$4\r\nECHO\r\n=5\r\ntxt:a\r\n")
@@ -462,9 +455,6 @@ def test_invalid_bulk_length_closes_only_that_connection(node: DisqueProcess, pr
         assert other.call("ACKJOB", job_id) == 1
 
 
-@pytest.mark.xfail(reason="server bug: an oversized bulk length is only checked for the first "
-                          "argument of a read; in a later argument the node waits for ~1 TB",
-                   strict=True)
 def test_invalid_bulk_length_in_later_argument(conn: Resp, probe: Resp) -> None:
     conn.sock.settimeout(HANG_TIMEOUT)
     conn.send(b"*2\r\n$4\r\nECHO\r\n$999999999999\r\n")
@@ -493,9 +483,6 @@ def test_configured_bulk_limit(small_limits: DisqueProcess) -> None:
         assert_protocol_error_and_close(c, probe)
 
 
-@pytest.mark.xfail(reason="server bug: proto-max-bulk-len is only enforced on the first "
-                          "argument of a request; a larger body in a later argument is "
-                          "accepted and stored", strict=True)
 def test_configured_bulk_limit_on_the_body(small_limits: DisqueProcess) -> None:
     with Resp(small_limits.port) as c, Resp(small_limits.port) as probe:
         c.sock.settimeout(HANG_TIMEOUT)

@@ -1,0 +1,164 @@
+"""Unit tests of the node's hot-path data structures (issue 8 made them leaner).
+
+The awake schedule in buckets, job ID generation and validation, and the
+garbage-collector policy are exercised directly; the state machine tests
+(``test_state_machine.py``) cover them again through the commands.
+"""
+
+from __future__ import annotations
+
+import gc
+
+import pytest
+
+from disque import gcpolicy
+from disque.gcpolicy import CollectorPolicy
+from disque.job import Job, JobIdGenerator, are_valid_job_ids, is_valid_job_id
+from disque.jobs import AwakeSchedule, JobRegistry
+
+from .statekit import Node
+
+NODE = "f" * 40
+
+
+def make_job(registry: JobRegistry, ids: JobIdGenerator, awakeme: int) -> Job:
+    job = Job(ids.next_id(3600, 60), b"q", b"x")
+    job.awakeme = awakeme
+    registry._add(job)
+    registry.schedule.push(job)
+    return job
+
+
+# --------------------------------------------------------------------------
+# AwakeSchedule
+# --------------------------------------------------------------------------
+
+def test_schedule_is_exact_inside_a_bucket() -> None:
+    registry, ids = JobRegistry(), JobIdGenerator(NODE)
+    base = 1_000_000 << AwakeSchedule.BUCKET_SHIFT  # the first ms of a bucket
+    late = make_job(registry, ids, base + 9)
+    early = make_job(registry, ids, base + 3)
+    schedule = registry.schedule
+    assert schedule.next_time(registry) == base + 3
+    assert schedule.pop_due(base + 2, registry, 100) == []
+    assert schedule.pop_due(base + 3, registry, 100) == [early]
+    assert early.awakeme == 0  # no live entry any more
+    assert schedule.next_time(registry) == base + 9
+    assert schedule.pop_due(base + 8, registry, 100) == []
+    assert schedule.pop_due(base + 100, registry, 100) == [late]
+    assert schedule.next_time(registry) is None
+    assert len(schedule) == 0
+
+
+def test_schedule_orders_buckets_and_respects_the_limit() -> None:
+    registry, ids = JobRegistry(), JobIdGenerator(NODE)
+    times = [5000, 1000, 3000, 1001, 20000, 1002]
+    jobs = {when: make_job(registry, ids, when) for when in times}
+    schedule = registry.schedule
+    first = schedule.pop_due(10_000, registry, 2)
+    assert [job.awakeme for job in first] == [0, 0]
+    assert set(first) == {jobs[1000], jobs[1001]}
+    rest = schedule.pop_due(10_000, registry, 100)
+    assert set(rest) == {jobs[1002], jobs[3000], jobs[5000]}
+    assert schedule.next_time(registry) == 20000
+
+
+def test_schedule_skips_stale_entries() -> None:
+    registry, ids = JobRegistry(), JobIdGenerator(NODE)
+    moved = make_job(registry, ids, 1000)
+    moved.awakeme = 90_000          # rescheduled: the old entry is stale
+    registry.schedule.push(moved)
+    gone = make_job(registry, ids, 1000)
+    registry._remove(gone)          # unregistered: its entry is stale
+    same_bucket = make_job(registry, ids, 1001)
+    same_bucket.awakeme = 1002      # moved within its bucket: two entries, one job
+    registry.schedule.push(same_bucket)
+    schedule = registry.schedule
+    assert schedule.next_time(registry) == 1002
+    assert schedule.pop_due(50_000, registry, 100) == [same_bucket]
+    assert schedule.pop_due(50_000, registry, 100) == []
+    assert schedule.pop_due(90_000, registry, 100) == [moved]
+
+
+def test_schedule_compaction_keeps_one_entry_per_live_job() -> None:
+    registry, ids = JobRegistry(), JobIdGenerator(NODE)
+    jobs = [make_job(registry, ids, 1000 + i) for i in range(10)]
+    for step in range(300):   # the same jobs rescheduled over and over
+        for job in jobs:
+            job.awakeme = 2000 + step
+            registry.schedule.push(job)
+    assert len(registry.schedule) > 2 * len(registry) + 1024
+    registry.schedule.compact(registry)
+    assert len(registry.schedule) <= len(jobs)
+    assert set(registry.schedule.pop_due(10_000, registry, 100)) == set(jobs)
+
+
+def test_requeue_happens_at_its_millisecond_through_the_commands() -> None:
+    node = Node()
+    job_id = node("ADDJOB", "q", "x", 0, "RETRY", 2).encode()
+    node("GETJOB", "FROM", "q")
+    requeue_at = node.job(job_id).qtime
+    node.advance(requeue_at - node.clock.now_ms() - 1)
+    assert node("QLEN", "q") == 0
+    node.advance(1)
+    assert node("QLEN", "q") == 1
+
+
+# --------------------------------------------------------------------------
+# Job IDs
+# --------------------------------------------------------------------------
+
+def test_ids_stay_unique_and_valid_across_random_blocks() -> None:
+    ids = JobIdGenerator(NODE)
+    made = [ids.next_id(86400, 300) for _ in range(3 * JobIdGenerator.ID_BLOCK + 7)]
+    assert len(set(made)) == len(made)
+    assert all(is_valid_job_id(job_id) for job_id in made)
+    assert {job_id[:11] for job_id in made} == {b"D-ffffffff-"}
+
+
+@pytest.mark.parametrize(("ttl", "retry", "suffix"), [
+    (86400, 300, b"-05a1"), (86400, 0, b"-05a0"), (59, 1, b"-0001"), (10 ** 9, 5, b"-ffff")])
+def test_id_ttl_suffix(ttl: int, retry: int, suffix: bytes) -> None:
+    assert JobIdGenerator(NODE).next_id(ttl, retry).endswith(suffix)
+
+
+GOOD = b"D-dcb833cf-8YL1NT17e9+wsA/09NqxscQI-05a1"
+
+
+@pytest.mark.parametrize("ids", [
+    [GOOD], [GOOD] * 3, [GOOD, GOOD.replace(b"8YL", b"abc")],
+])
+def test_valid_id_lists(ids: list[bytes]) -> None:
+    assert are_valid_job_ids(ids)
+
+
+@pytest.mark.parametrize("ids", [
+    [b""], [GOOD, b""], [GOOD + b" " + GOOD], [GOOD, GOOD + b" " + GOOD], [GOOD[:-1]],
+    [GOOD + b"0"], [GOOD.replace(b"D-", b"d-")], [GOOD.replace(b"dcb8", b"DCB8")],
+    [GOOD.replace(b"-05a1", b"-05A1")], [GOOD.replace(b"+", b"_")], [GOOD, GOOD + b"\n"],
+    [b" ".join([GOOD] * 2), GOOD[:0]],
+])
+def test_invalid_id_lists(ids: list[bytes]) -> None:
+    assert not are_valid_job_ids(ids)
+    assert not all(is_valid_job_id(job_id) for job_id in ids)
+
+
+# --------------------------------------------------------------------------
+# The collector policy
+# --------------------------------------------------------------------------
+
+def test_collector_policy_freezes_then_hands_back() -> None:
+    policy = CollectorPolicy(now=0.0)
+    try:
+        gc.unfreeze()
+        policy.tick(gcpolicy.FREEZE_PERIOD_S / 2)
+        assert gc.get_freeze_count() == 0
+        policy.tick(gcpolicy.FREEZE_PERIOD_S)
+        assert gc.get_freeze_count() > 0 and policy.freezes == 1
+        policy.tick(gcpolicy.UNFREEZE_PERIOD_S)
+        assert gc.get_freeze_count() == 0 and policy.unfreezes == 1
+        # The next freeze comes a full period after the hand-back.
+        policy.tick(gcpolicy.UNFREEZE_PERIOD_S + gcpolicy.FREEZE_PERIOD_S / 2)
+        assert gc.get_freeze_count() == 0
+    finally:
+        gc.unfreeze()
