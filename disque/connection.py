@@ -1,8 +1,12 @@
 """One client connection: read requests, run them in order, write replies.
 
 An ``asyncio.Protocol`` rather than streams: every chunk read is parsed and
-its commands run in the same callback, and all their replies leave in one
-``write`` (pipelining costs one syscall per batch, not per command).
+its commands run in the same callback.  Replies are not written from that
+callback: they wait in the connection until every callback of the current
+event-loop turn has run, then :class:`ReplyBatch` runs the persistence hooks
+once (under ``appendfsync always`` one fsync for all of them: group commit)
+and writes each connection's replies with one ``write`` (the original's
+``beforeSleep``).  Pipelining costs one syscall per batch, not per command.
 
 Commands of one client run strictly in order.  A command that blocks
 (GETJOB waiting for a job) parks the connection: later commands wait in
@@ -30,7 +34,7 @@ from .protocol import CommandParser, ProtocolError, ReplyError, encode
 if TYPE_CHECKING:
     from .state import ServerState
 
-__all__ = ["ClientConnection"]
+__all__ = ["ClientConnection", "ReplyBatch"]
 
 log = logging.getLogger("disque.connection")
 
@@ -40,9 +44,45 @@ _client_ids = itertools.count(1)
 MAX_PENDING_COMMANDS = 10_000
 
 
+class ReplyBatch:
+    """Replies produced during one event-loop turn, written after the turn.
+
+    The first reply of a turn schedules :meth:`flush` with ``call_soon``; it
+    runs once the turn's ready callbacks (reads, timers) are done: the
+    before-reply hooks first (the AOF: nothing may be acknowledged before it
+    is logged, and with ``appendfsync always`` synced), then one ``write``
+    per connection that has replies.
+    """
+
+    __slots__ = ("_connections", "_scheduled", "_state")
+
+    def __init__(self, state: ServerState) -> None:
+        self._state = state
+        self._connections: list[ClientConnection] = []
+        self._scheduled = False
+
+    def add(self, connection: ClientConnection) -> None:
+        self._connections.append(connection)
+        if not self._scheduled:
+            self._scheduled = True
+            asyncio.get_running_loop().call_soon(self.flush)
+
+    def flush(self) -> None:
+        self._scheduled = False
+        connections, self._connections = self._connections, []
+        for hook in self._state.before_reply_hooks:
+            hook()
+        for connection in connections:
+            connection.send_output()
+
+
 class ClientConnection(asyncio.Protocol):
     def __init__(self, state: ServerState) -> None:
         self.state = state
+        if state.reply_batch is None:
+            state.reply_batch = ReplyBatch(state)
+        self._batch: ReplyBatch = state.reply_batch
+        self._out: list[bytes] = []   # replies waiting for the end of the loop turn
         self.id = next(_client_ids)
         self.transport: asyncio.Transport | None = None
         config = state.config
@@ -177,8 +217,21 @@ class ClientConnection(asyncio.Protocol):
             self._resume_reading()
 
     def _write(self, data: bytes) -> None:
-        for hook in self.state.before_reply_hooks:
-            hook()
+        """Queue ``data`` for the end of this loop turn (see :class:`ReplyBatch`)."""
+        transport = self.transport
+        if transport is None or transport.is_closing():
+            return
+        if not self._out:
+            self._batch.add(self)
+        self._out.append(data)
+
+    def send_output(self) -> None:
+        """Write the queued replies (the before-reply hooks have run)."""
+        out = self._out
+        if not out:
+            return
+        self._out = []
+        data = out[0] if len(out) == 1 else b"".join(out)
         transport = self.transport
         if transport is not None and not transport.is_closing():
             self.state.stats.net_output_bytes += len(data)
@@ -206,6 +259,10 @@ class ClientConnection(asyncio.Protocol):
             if self._close_silently:
                 self.transport.abort()
             else:
+                if self._out:  # QUIT: its reply (and earlier ones) go out first
+                    for hook in self.state.before_reply_hooks:
+                        hook()
+                    self.send_output()
                 self.transport.close()
 
     def kill(self) -> None:
@@ -218,7 +275,8 @@ class ClientConnection(asyncio.Protocol):
     # -- introspection ------------------------------------------------------
 
     def output_pending(self) -> int:
-        return self.transport.get_write_buffer_size() if self.transport else 0
+        queued = sum(map(len, self._out))
+        return queued + (self.transport.get_write_buffer_size() if self.transport else 0)
 
     def input_pending(self) -> int:
         return self.parser.pending_bytes

@@ -372,6 +372,8 @@ def _whole_requests(data: bytes, out: list[list[bytes]]) -> int:
         i = j
     if not i:
         return 0
+    if i == last and not tokens[last]:
+        return len(data)  # the usual case: the read ended with the last request
     return sum(map(len, tokens[:i])) + 2 * i
 
 
@@ -500,7 +502,10 @@ def _encode_into(value: Any, out: list[bytes], resp3: bool) -> None:
     elif t is list or t is tuple:
         out.append(b"*%d\r\n" % len(value))
         for item in value:
-            _encode_into(item, out, resp3)
+            if type(item) is bytes:  # most elements (GETJOB entries): no recursion
+                out.append(b"$%d\r\n%s\r\n" % (len(item), item))
+            else:
+                _encode_into(item, out, resp3)
     elif value is None:
         out.append(_NULL3 if resp3 else _NULL_BULK)
     elif t is Map:

@@ -237,8 +237,11 @@ def fetch_jobs(state: ServerState, q: Queue, count: int) -> list[Job]:
     count = min(count, len(queued))
     if not count:
         return []
-    pop = queued.pop
-    taken: list[Job] = [pop(0) for _ in range(count)]
+    if count == 1:
+        taken = [queued.pop(0)]
+    else:
+        pop = queued.pop
+        taken = [pop(0) for _ in range(count)]
     q.jobs_out += count
     q.atime = state.clock.now_ms()
     state.memory.accounted -= QUEUE_ENTRY_BYTES * count

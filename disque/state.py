@@ -73,6 +73,8 @@ class ServerState:
         # Called before replies are written: persistence flushes here, so a
         # client never sees the result of a write that is not logged yet.
         self.before_reply_hooks: list[Callable[[], None]] = []
+        # The connections' ReplyBatch (connection.py), made by the first connection.
+        self.reply_batch: Any = None
         self.shutdown_requested: Callable[[str], Any] | None = None
         # The append-only file, when persistence is on (see aof.py).
         self.aof: Any = None

@@ -118,7 +118,7 @@ def encode_arg(value: Arg) -> bytes:
 
 def text(value: Any) -> str:
     """A name/ID from a reply as str (lossless, see the module docstring)."""
-    if isinstance(value, bytes):
+    if type(value) is bytes or isinstance(value, bytes):
         return value.decode("utf-8", "surrogateescape")
     if isinstance(value, int):
         return str(value)
@@ -261,6 +261,8 @@ def parse_job(entry: Any) -> Job:
     body = entry[2]
     if not isinstance(body, bytes):
         raise ProtocolError(f"expected a job body, got {body!r}")
+    if len(entry) == 3:  # without counters: the usual case, and the hot one
+        return Job(text(entry[0]), text(entry[1]), body)
     counters = _kv(entry[3:]) or {}
     nacks = counters.get("nacks")
     extra = counters.get("additional-deliveries")

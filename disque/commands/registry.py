@@ -101,12 +101,13 @@ def lookup(name: bytes) -> Command | None:
 
 def execute(state: ServerState, client: ClientConnection, argv: list[bytes]) -> Any:
     """Run one command and return its reply (or ``BLOCKED``)."""
-    cmd = lookup(argv[0])
+    cmd = COMMANDS.get(argv[0]) or lookup(argv[0])
     if cmd is None:
         name = argv[0][:128].decode("utf-8", "replace")
         return ReplyError(f"ERR unknown command '{name}'")
     client.last_command = cmd.name
-    if not cmd.arity_ok(len(argv)):
+    arity = cmd.arity
+    if (len(argv) != arity) if arity >= 0 else (len(argv) < -arity):
         return ReplyError(f"ERR wrong number of arguments for '{cmd.name}' command")
     if not client.authenticated and not cmd.noauth:
         return NOAUTH
