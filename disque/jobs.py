@@ -44,7 +44,7 @@ MAX_JOBS_PER_RUN = 10_000
 
 #: Bytes attributed to one job besides its body (object, ID, registry and
 #: schedule entries); checked against tracemalloc in the tests.
-JOB_OVERHEAD_BYTES = 340
+JOB_OVERHEAD_BYTES = 470
 
 
 class AwakeSchedule:
