@@ -200,7 +200,7 @@ class AsyncClient(ClientBase):
                 address = self.address or "?"
                 try:
                     await conn.send_packed_command(
-                        conn.pack_commands([reqs[i].args for i in pending]))
+                        [w.pack_commands([reqs[i].args for i in pending])])
                     replies = [await self._read(conn, reqs[i].wait) for i in pending]
                 except NETWORK_ERRORS as exc:
                     await self._drop()

@@ -253,7 +253,7 @@ class Client(ClientBase):
                 conn = self._connection()
                 address = self.address or "?"
                 try:
-                    conn.send_packed_command(conn.pack_commands([reqs[i].args for i in pending]))
+                    conn.send_packed_command([w.pack_commands([reqs[i].args for i in pending])])
                     replies = [conn.read_response(timeout=self._read_timeout(reqs[i].wait))
                                for i in pending]
                 except NETWORK_ERRORS as exc:

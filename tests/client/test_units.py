@@ -291,3 +291,15 @@ def test_format_raw() -> None:
 ])
 def test_split_args(line: str, args: list[bytes] | None) -> None:
     assert split_args(line) == args
+
+
+def test_pack_commands_matches_resp() -> None:
+    """The client's own packer gives the exact RESP a server parses, binary-safe."""
+    from disque.protocol import CommandParser
+
+    commands = [(b"PING",), (b"ECHO", b""), (b"ADDJOB", b"q", bytes(range(256)) * 300, b"0"),
+                (b"ACKJOB", *[b"D-%08x-%s-05a1" % (i, b"A" * 24) for i in range(50)])]
+    packed = w.pack_commands(commands)
+    assert packed.startswith(b"*1\r\n$4\r\nPING\r\n*2\r\n$4\r\nECHO\r\n$0\r\n\r\n*4\r\n")
+    assert CommandParser().feed(packed) == [list(c) for c in commands]
+    assert w.pack_commands([]) == b""
