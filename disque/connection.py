@@ -42,6 +42,9 @@ _client_ids = itertools.count(1)
 
 #: Commands a client may queue behind a blocked one before reading pauses.
 MAX_PENDING_COMMANDS = 10_000
+#: Queued reply bytes after which running a client's pending commands waits
+#: for the next loop turn (the replies are written, back-pressure applies).
+DRAIN_OUTPUT_LIMIT = 256 * 1024
 
 
 class ReplyBatch:
@@ -70,10 +73,14 @@ class ReplyBatch:
     def flush(self) -> None:
         self._scheduled = False
         connections, self._connections = self._connections, []
-        for hook in self._state.before_reply_hooks:
-            hook()
-        for connection in connections:
-            connection.send_output()
+        try:
+            for hook in self._state.before_reply_hooks:
+                hook()
+        finally:
+            # Even if a hook failed (a bug: hooks handle their own I/O errors),
+            # every queued connection is written, or it would wait forever.
+            for connection in connections:
+                connection.send_output()
 
 
 class ClientConnection(asyncio.Protocol):
@@ -83,6 +90,7 @@ class ClientConnection(asyncio.Protocol):
             state.reply_batch = ReplyBatch(state)
         self._batch: ReplyBatch = state.reply_batch
         self._out: list[bytes] = []   # replies waiting for the end of the loop turn
+        self._out_bytes = 0
         self.id = next(_client_ids)
         self.transport: asyncio.Transport | None = None
         config = state.config
@@ -193,6 +201,11 @@ class ClientConnection(asyncio.Protocol):
         while self.pending and self.blocked is None and not self._closing:
             if self._write_paused:
                 return
+            if self._out_bytes > DRAIN_OUTPUT_LIMIT:
+                # Let this turn's replies go out first; the transport's
+                # pause_writing stops us then if the client does not read.
+                asyncio.get_running_loop().call_soon(self._drain)
+                return
             argv = self.pending.popleft()
             if not argv:  # protocol error marker
                 self._write(encode(ReplyError(f"ERR {self._protocol_error}")))
@@ -224,6 +237,7 @@ class ClientConnection(asyncio.Protocol):
         if not self._out:
             self._batch.add(self)
         self._out.append(data)
+        self._out_bytes += len(data)
 
     def send_output(self) -> None:
         """Write the queued replies (the before-reply hooks have run)."""
@@ -231,6 +245,7 @@ class ClientConnection(asyncio.Protocol):
         if not out:
             return
         self._out = []
+        self._out_bytes = 0
         data = out[0] if len(out) == 1 else b"".join(out)
         transport = self.transport
         if transport is not None and not transport.is_closing():
@@ -256,13 +271,13 @@ class ClientConnection(asyncio.Protocol):
 
     def _finish_close(self) -> None:
         if self.transport is not None:
+            if self._out:  # the replies before QUIT/SHUTDOWN (and QUIT's own) go out first
+                for hook in self.state.before_reply_hooks:
+                    hook()
+                self.send_output()
             if self._close_silently:
                 self.transport.abort()
             else:
-                if self._out:  # QUIT: its reply (and earlier ones) go out first
-                    for hook in self.state.before_reply_hooks:
-                        hook()
-                    self.send_output()
                 self.transport.close()
 
     def kill(self) -> None:
@@ -275,8 +290,8 @@ class ClientConnection(asyncio.Protocol):
     # -- introspection ------------------------------------------------------
 
     def output_pending(self) -> int:
-        queued = sum(map(len, self._out))
-        return queued + (self.transport.get_write_buffer_size() if self.transport else 0)
+        buffered = self.transport.get_write_buffer_size() if self.transport else 0
+        return self._out_bytes + buffered
 
     def input_pending(self) -> int:
         return self.parser.pending_bytes

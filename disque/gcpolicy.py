@@ -13,9 +13,11 @@ generation (O(1), no traversal).  Collections then only look at what was
 allocated since, which is what produces cyclic garbage in a server (a
 closed connection, a finished task).  A cycle that was alive at a freeze
 and dies later is not collected while frozen, so every
-``UNFREEZE_PERIOD_S`` the permanent generation is handed back to the
-collector: at most one full collection an hour instead of one every few
-seconds, and no unbounded leak.
+``UNFREEZE_PERIOD_S`` the permanent generation is handed back and one
+full collection runs at once (it must run before the next freeze, or a
+quiet node would freeze the same garbage again): one full collection an
+hour, about 0.4 s per million stored jobs, instead of one every few seconds
+under load, and no unbounded leak.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ class CollectorPolicy:
         if now - self._last_unfreeze >= UNFREEZE_PERIOD_S:
             self._last_unfreeze = self._last_freeze = now
             gc.unfreeze()
+            gc.collect()
             self.unfreezes += 1
         elif now - self._last_freeze >= FREEZE_PERIOD_S:
             self._last_freeze = now

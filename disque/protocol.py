@@ -354,8 +354,9 @@ def _whole_requests(data: bytes, out: list[list[bytes]]) -> int:
         if count is None:
             head = tokens[i]
             raw = head[1:]
-            if head[:1] != b"*" or not raw.isdigit() or raw[:1] == b"0":
-                break
+            if (len(head) > MAX_HEADER_SIZE or head[:1] != b"*" or not raw.isdigit()
+                    or raw[:1] == b"0"):
+                break  # the exact parser decides (and reports a bad header)
             count = int(raw)
             if count > MAX_MULTIBULK_LENGTH:
                 break

@@ -375,3 +375,10 @@ def test_encode_error_with_client_bytes_does_not_raise() -> None:
     raw = encode(ReplyError("ERR Invalid argument '\udcff' for CONFIG SET 'loglevel'"))
     assert raw.startswith(b"-ERR Invalid argument '") and raw.endswith(b"\r\n")
     assert raw.count(b"\r\n") == 1
+
+
+def test_huge_multibulk_count_is_a_protocol_error_not_a_crash() -> None:
+    """A count header longer than any valid one is refused, not converted (int() limit)."""
+    with pytest.raises(ProtocolError, match=r"^Protocol error") as info:
+        CommandParser().feed(pack(b"PING") + b"*" + b"9" * 5000 + b"\r\n")
+    assert info.value.commands == [[b"PING"]]  # type: ignore[attr-defined]

@@ -105,3 +105,22 @@ def test_leaving_unblocks_waiting_clients(server: DisqueProcess) -> None:
     assert hello[2][3] == b"100"  # worst priority: clients pick another node
     assert r.execute_command("CLUSTER", "LEAVING", "no") == b"OK"
     assert r.execute_command("HELLO")[2][3] == b"1"
+
+
+def test_many_commands_behind_a_block_all_answer_in_order(server: DisqueProcess) -> None:
+    """Megabytes of replies queued behind a blocked GETJOB go out over several loop turns."""
+    from tests.server.test_protocol_raw import Resp, pack
+
+    payload = b"p" * 1024
+    count = 3000  # ~3 MB of replies: many times the node's per-turn drain limit
+    with Resp(server.port) as waiter, Resp(server.port) as producer:
+        waiter.send(pack("GETJOB", "FROM", "drain-q")
+                    + b"".join(pack("ECHO", b"%d:" % i + payload) for i in range(count)))
+        r = redis.Redis(port=server.port, protocol=2)
+        wait_for(lambda: blocked(r) == 1, message="the GETJOB to block")
+        job_id = producer.call("ADDJOB", "drain-q", "job", 0)
+        assert waiter.read() == [[b"drain-q", job_id, b"job"]]
+        for i in range(count):
+            assert waiter.read() == b"%d:" % i + payload
+        assert waiter.call("PING") == b"PONG"
+        r.close()

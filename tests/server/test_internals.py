@@ -7,11 +7,15 @@ garbage-collector policy are exercised directly; the state machine tests
 
 from __future__ import annotations
 
+import asyncio
 import gc
+import time
+import weakref
 
 import pytest
 
 from disque import gcpolicy
+from disque.connection import ClientConnection
 from disque.gcpolicy import CollectorPolicy
 from disque.job import Job, JobIdGenerator, are_valid_job_ids, is_valid_job_id
 from disque.jobs import AwakeSchedule, JobRegistry
@@ -162,3 +166,103 @@ def test_collector_policy_freezes_then_hands_back() -> None:
         assert gc.get_freeze_count() == 0
     finally:
         gc.unfreeze()
+
+
+class Cycle:
+    """An object in a reference cycle: only the cyclic collector frees it."""
+
+    def __init__(self) -> None:
+        self.me = self
+
+
+def test_collector_policy_frees_cycles_that_died_while_frozen() -> None:
+    policy = CollectorPolicy(now=0.0)
+    try:
+        gc.unfreeze()
+        obj = Cycle()
+        alive = weakref.ref(obj)
+        policy.tick(gcpolicy.FREEZE_PERIOD_S)      # obj is frozen...
+        del obj                                     # ...and dies there
+        gc.collect()
+        assert alive() is not None                  # frozen: out of the collector's sight
+        policy.tick(gcpolicy.UNFREEZE_PERIOD_S)     # the hourly hand-back collects it
+        assert alive() is None
+    finally:
+        gc.unfreeze()
+
+
+# --------------------------------------------------------------------------
+# ReplyBatch
+# --------------------------------------------------------------------------
+
+class RecordingTransport:
+    """The transport methods a connection uses, recording what is written."""
+
+    def __init__(self) -> None:
+        self.written = b""
+        self.closed = False
+
+    def write(self, data: bytes) -> None:
+        self.written += data
+
+    def is_closing(self) -> bool:
+        return self.closed
+
+    def close(self) -> None:
+        self.closed = True
+
+    def abort(self) -> None:
+        self.closed = True
+
+    def get_extra_info(self, name: str) -> object:
+        return ("127.0.0.1", 7711)
+
+    def get_write_buffer_size(self) -> int:
+        return 0
+
+
+async def _until(predicate, timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        await asyncio.sleep(0)
+
+
+def test_replies_wait_for_the_end_of_the_turn_and_survive_a_failing_hook() -> None:
+    async def main() -> None:
+        node = Node()
+        loop = asyncio.get_running_loop()
+        loop.set_exception_handler(lambda loop, context: None)  # the injected failure
+        calls: list[int] = []
+
+        def hook() -> None:
+            calls.append(len(transport.written))
+            if len(calls) == 1:
+                raise RuntimeError("injected hook failure")
+
+        node.state.before_reply_hooks.append(hook)
+        transport = RecordingTransport()
+        conn = ClientConnection(node.state)
+        conn.connection_made(transport)  # type: ignore[arg-type]
+        conn.data_received(b"PING\r\nECHO a\r\n")
+        assert transport.written == b""                 # not from the read callback
+        await _until(lambda: transport.written)
+        assert transport.written == b"+PONG\r\n$1\r\na\r\n"
+        assert calls == [0]                              # the hook ran before the write
+        conn.data_received(b"PING\r\n")                 # the connection still works
+        await _until(lambda: transport.written.count(b"+PONG") == 2)
+        assert transport.written == b"+PONG\r\n$1\r\na\r\n+PONG\r\n"
+
+    asyncio.run(main())
+
+
+def test_replies_before_quit_and_shutdown_are_written_before_the_close() -> None:
+    async def main() -> None:
+        node = Node()
+        transport = RecordingTransport()
+        conn = ClientConnection(node.state)
+        conn.connection_made(transport)  # type: ignore[arg-type]
+        conn.data_received(b"PING\r\nQUIT\r\nPING\r\n")
+        assert transport.written == b"+PONG\r\n+OK\r\n" and transport.closed
+
+    asyncio.run(main())
