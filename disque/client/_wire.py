@@ -383,6 +383,22 @@ def add_job(queue: Arg, body: Arg, timeout_ms: int = 0, replicate: int | None = 
     return request(*args, parse=text, wait=wait)
 
 
+def add_job_builder(queue: Arg, **options: Any) -> Callable[[Arg], Request]:
+    """ADDJOB requests for many bodies with the same queue and options.
+
+    The options are checked and encoded once (``add_jobs`` sends thousands of
+    jobs per call); each body then costs one tuple.
+    """
+    template = add_job(queue, b"", **options)
+    head, tail = template.args[:2], template.args[3:]
+    parse, wait = template.parse, template.wait
+
+    def build(body: Arg) -> Request:
+        return Request((*head, encode_arg(body), *tail), parse, wait)
+
+    return build
+
+
 def get_jobs(queues: Sequence[Arg], count: int = 1, timeout_ms: int | None = None,
              nohang: bool = False, with_counters: bool = False) -> Request:
     if not queues:

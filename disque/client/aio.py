@@ -264,8 +264,9 @@ class AsyncClient(ClientBase):
                        batch_size: int = DEFAULTS["batch_size"], **options: Any) -> list[Any]:
         """Pipelined ADDJOBs; see :meth:`Client.add_jobs`."""
         out: list[Any] = []
+        build = w.add_job_builder(queue, **options)
         for chunk in chunks(bodies, batch_size):
-            results = await self._execute_many([w.add_job(queue, b, **options) for b in chunk])
+            results = await self._execute_many([build(body) for body in chunk])
             out.extend(results)
             if not return_exceptions:
                 for result in results:

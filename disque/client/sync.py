@@ -333,8 +333,9 @@ class Client(ClientBase):
         the error takes that job's place in the list.
         """
         out: list[Any] = []
+        build = w.add_job_builder(queue, **options)
         for chunk in chunks(bodies, batch_size):
-            results = self._execute_many([w.add_job(queue, body, **options) for body in chunk])
+            results = self._execute_many([build(body) for body in chunk])
             out.extend(results)
             if not return_exceptions:
                 for result in results:

@@ -298,3 +298,15 @@ def test_affinity_moves_to_the_node_producing_most_jobs(server_factory) -> None:
         c.get_jobs("own", count=2)  # all from the node we are on: stay
         assert c.address == address(a)
     assert fake_job_id()  # helper sanity
+
+
+def test_add_jobs_options_apply_to_every_body(client: Client) -> None:
+    """Options are encoded once for the whole call; every body keeps its own bytes."""
+    bodies = ["text é", b"\x00bin\r\n", bytearray(b"ba"), memoryview(b"mv")]
+    ids = client.add_jobs("opts", bodies, ttl=600, retry=7, delay=30, batch_size=3)
+    shown = [client.show(job_id) for job_id in ids]
+    assert [s["body"] for s in shown] == ["text é".encode(), b"\x00bin\r\n", b"ba", b"mv"]
+    assert {(s["retry"], s["delay"], s["state"]) for s in shown} == {(7, 30, "active")}
+    assert all(job_id.endswith("-000b") for job_id in ids)  # 600 s = 10 minutes, odd: RETRY > 0
+    with pytest.raises(TypeError):
+        client.add_jobs("opts", [], ttl=None, delay=object())
