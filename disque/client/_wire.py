@@ -24,7 +24,7 @@ import redis.connection as _sync_connection
 from redis._parsers import _AsyncHiredisParser, _AsyncRESP2Parser, _HiredisParser, _RESP2Parser
 from redis.utils import HIREDIS_AVAILABLE
 
-from ..exceptions import DisqueError, ProtocolError, error_from_reply
+from ..exceptions import DisqueError, Leaving, ProtocolError, error_from_reply
 
 __all__ = [
     "Arg", "Job", "NodeInfo", "Hello", "Request", "encode_arg", "text",
@@ -350,6 +350,31 @@ def _scan_page(parse_item: Callable[[Any], Any]) -> Callable[[Any], tuple[int, l
 
 def _seconds(ms: int | None) -> float | None:
     return None if not ms else ms / 1000.0
+
+
+def sort_replies(reqs: list[Request], pending: list[int], replies: list[Any],
+                 results: list[Any]) -> list[int]:
+    """Store the replies of one pipeline round; return the requests to re-send.
+
+    ``pending`` are the indexes (in ``reqs``) that were sent and ``replies``
+    their raw replies in order.  Each result is the parsed reply, or the
+    error (a :class:`DisqueError`, or the :class:`ProtocolError` of a reply
+    that did not parse).  Requests answered ``-LEAVING`` are returned, to be
+    sent again on another node; their result is the error until then.  The
+    same rules for the sync and the async client: only the I/O differs.
+    """
+    again: list[int] = []
+    for i, reply in zip(pending, replies, strict=True):
+        if isinstance(reply, DisqueError):
+            results[i] = reply
+            if isinstance(reply, Leaving):
+                again.append(i)
+        else:
+            try:
+                results[i] = reqs[i].parse(reply)
+            except ProtocolError as exc:
+                results[i] = exc
+    return again
 
 
 def pack_commands(commands: list[tuple[bytes, ...]]) -> bytes:

@@ -266,18 +266,7 @@ class Client(ClientBase):
                 except BaseException:
                     self._drop()
                     raise
-                again = []
-                for i, reply in zip(pending, replies, strict=True):
-                    if isinstance(reply, Leaving):
-                        again.append(i)
-                        results[i] = reply
-                    elif isinstance(reply, DisqueError):
-                        results[i] = reply
-                    else:
-                        try:
-                            results[i] = reqs[i].parse(reply)
-                        except ProtocolError as exc:
-                            results[i] = exc
+                again = w.sort_replies(reqs, pending, replies, results)
                 if again:
                     self._table.mark_leaving(self._node_id)
                     self._drop()
