@@ -3,14 +3,14 @@
 There is no timer per job.  Every job has one ``awakeme`` time: the earliest
 of its expiry, its next (re)queue time (500 ms early when the other copies
 must be warned with WILLQUEUE) and, once acked, its next garbage-collection
-attempt.  All jobs sit in one heap ordered by that time; the server arms a
-single timer for the head of the heap and :func:`process_due_jobs` runs
-:func:`process_job` on whatever is due.  That function is the only place
-where time moves a job from one state to another (job.c:processJob).
+attempt.  All jobs sit in one schedule ordered by that time
+(:class:`AwakeSchedule`); the server arms a single timer for its earliest
+job and :func:`process_due_jobs` runs :func:`process_job` on whatever is
+due.  That function is the only place where time moves a job from one state
+to another (job.c:processJob).
 
-The heap uses lazy deletion: when a job's ``awakeme`` changes a new entry is
-pushed and the old one is skipped when it surfaces.  The heap is compacted
-when stale entries outnumber live ones, so it stays O(live jobs).
+A job is in the schedule exactly once while registered: rescheduling moves
+it and forgetting it takes it out, both in O(1).
 """
 
 from __future__ import annotations
@@ -44,113 +44,108 @@ MAX_JOBS_PER_RUN = 10_000
 
 #: Bytes attributed to one job besides its body (object, ID, registry and
 #: schedule entries); checked against tracemalloc in the tests.
-JOB_OVERHEAD_BYTES = 470
+JOB_OVERHEAD_BYTES = 505
 
 
 class AwakeSchedule:
-    """Jobs by awake time, in buckets of ``2**BUCKET_SHIFT`` ms, with lazy deletion.
+    """Jobs by awake time, in buckets of ``2**BUCKET_SHIFT`` ms.
 
-    A bucket is a plain list of jobs and a heap orders the bucket numbers.
+    A bucket is a dict used as an ordered set of jobs; a heap orders the
+    bucket numbers.  A job is in exactly one bucket while it has an awake
+    time (``job.awakeme``): moving or forgetting a job takes it out of its
+    bucket in O(1), so the schedule never holds a job the node dropped.
+    (A lazily-deleted heap, as here before, kept every acked job and its
+    body alive until its old awake time, up to RETRY later: hundreds of
+    megabytes under a sustained ACK load.)  Precision is per job: a bucket
+    is opened when its first millisecond is due and only its jobs whose own
+    ``awakeme`` has come are taken.
+
     Compared with a heap of ``(awakeme, seq, job)`` tuples this costs one
-    list slot per job instead of a tuple and a sequence number (~100 bytes),
-    and leaves the cyclic GC one object fewer per job to walk.  Precision is
-    not affected: a bucket is opened when its first millisecond is due and
-    only its jobs whose own ``awakeme`` has come are taken.
-
-    An entry is live while the job is registered and its ``awakeme`` still
-    falls in the bucket; stale entries are skipped when their bucket is
-    opened, and dropped by :meth:`compact` when they outnumber live ones.
+    dict slot per job instead of a tuple and a sequence number, and leaves
+    the cyclic GC one object fewer per job to walk.
     """
 
-    __slots__ = ("_buckets", "_entries", "_keys")
+    __slots__ = ("_buckets", "_entries", "_heaped", "_keys")
 
     #: Bucket width: 16 ms.
     BUCKET_SHIFT = 4
 
     def __init__(self) -> None:
-        self._buckets: dict[int, list[Job]] = {}
-        self._keys: list[int] = []   # heap of the bucket numbers in _buckets
+        # Emptied buckets are deleted at once: a dict keeps its table after
+        # its entries go, and a bucket may have held thousands of jobs.
+        self._buckets: dict[int, dict[Job, None]] = {}
+        self._keys: list[int] = []    # heap of bucket numbers (some maybe emptied since)
+        self._heaped: set[int] = set()  # the numbers in _keys, so each is pushed once
         self._entries = 0
 
     def __len__(self) -> int:
-        """Entries held, stale ones included."""
+        """Jobs scheduled."""
         return self._entries
 
-    def push(self, job: Job) -> None:
-        key = job.awakeme >> self.BUCKET_SHIFT
+    def move(self, job: Job, when: int) -> None:
+        """Schedule ``job`` at ``when`` (ms), wherever it was before."""
+        self.discard(job)
+        job.awakeme = when
+        key = when >> self.BUCKET_SHIFT
         bucket = self._buckets.get(key)
         if bucket is None:
-            self._buckets[key] = [job]
-            heapq.heappush(self._keys, key)
-        else:
-            bucket.append(job)
+            bucket = self._buckets[key] = {}
+            if key not in self._heaped:
+                self._heaped.add(key)
+                heapq.heappush(self._keys, key)
+        bucket[job] = None
         self._entries += 1
 
-    def _live(self, key: int, bucket: list[Job], registry: JobRegistry) -> list[Job]:
-        shift = self.BUCKET_SHIFT
-        get = registry.get
-        return [job for job in bucket if job.awakeme >> shift == key and get(job.id) is job]
+    def discard(self, job: Job) -> None:
+        """Take ``job`` out of the schedule (its awake time becomes 0)."""
+        when = job.awakeme
+        if when:
+            key = when >> self.BUCKET_SHIFT
+            bucket = self._buckets.get(key)
+            # The bucket maps job -> None: pop returns None if it was there.
+            if bucket is not None and bucket.pop(job, 0) is None:
+                self._entries -= 1
+                if not bucket:
+                    del self._buckets[key]
+            job.awakeme = 0
 
-    def next_time(self, registry: JobRegistry) -> int | None:
-        """Awake time of the earliest live entry (stale entries are dropped)."""
+    def _pop_key(self) -> None:
+        key = heapq.heappop(self._keys)
+        self._heaped.discard(key)
+        self._buckets.pop(key, None)
+
+    def next_time(self) -> int | None:
+        """Awake time of the earliest scheduled job (empty buckets are dropped)."""
         keys, buckets = self._keys, self._buckets
         while keys:
-            key = keys[0]
-            bucket = buckets[key]
-            live = self._live(key, bucket, registry)
-            self._entries -= len(bucket) - len(live)
-            if live:
-                buckets[key] = live
-                return min(job.awakeme for job in live)
-            heapq.heappop(keys)
-            del buckets[key]
+            bucket = buckets.get(keys[0])
+            if bucket:
+                return min(job.awakeme for job in bucket)
+            self._pop_key()
         return None
 
-    def pop_due(self, now_ms: int, registry: JobRegistry, limit: int) -> list[Job]:
-        """Remove and return up to ``limit`` live jobs whose time has come."""
+    def pop_due(self, now_ms: int, limit: int) -> list[Job]:
+        """Remove and return up to ``limit`` jobs whose time has come, earliest buckets first."""
         keys, buckets = self._keys, self._buckets
         shift = self.BUCKET_SHIFT
-        get = registry.get
         due: list[Job] = []
         while keys and keys[0] << shift <= now_ms and len(due) < limit:
-            key = heapq.heappop(keys)
-            bucket = buckets.pop(key)
-            self._entries -= len(bucket)
-            later: list[Job] = []
-            for job in bucket:
-                when = job.awakeme
-                if when >> shift != key or get(job.id) is not job:
-                    continue  # stale
-                if when <= now_ms and len(due) < limit:
-                    job.awakeme = 0  # no live entry any more: update_awake_time pushes one
+            bucket = buckets.get(keys[0])
+            if bucket:
+                for job in [job for job in bucket if job.awakeme <= now_ms][:limit - len(due)]:
+                    del bucket[job]
+                    job.awakeme = 0  # unscheduled: update_awake_time schedules it again
                     due.append(job)
-                else:
-                    later.append(job)
-            if later:
-                # Not due yet (or over the limit): nothing after this bucket is due either.
-                buckets[key] = later
-                heapq.heappush(keys, key)
-                self._entries += len(later)
-                break
+                if bucket:
+                    break  # not due yet, or over the limit: nothing later is due either
+            self._pop_key()
+        self._entries -= len(due)
         return due
-
-    def compact(self, registry: JobRegistry) -> None:
-        """Drop stale entries when they make up most of the schedule."""
-        if self._entries <= 2 * len(registry) + 1024:
-            return
-        buckets: dict[int, list[Job]] = {}
-        for key, bucket in self._buckets.items():
-            live = list(dict.fromkeys(self._live(key, bucket, registry)))
-            if live:
-                buckets[key] = live
-        self._buckets = buckets
-        self._keys = list(buckets)
-        heapq.heapify(self._keys)
-        self._entries = sum(len(bucket) for bucket in buckets.values())
 
     def clear(self) -> None:
         self._buckets.clear()
         self._keys.clear()
+        self._heaped.clear()
         self._entries = 0
 
 
@@ -202,6 +197,7 @@ class JobRegistry:
 
     def _remove(self, job: Job) -> bool:
         self._evictable.pop(job, None)
+        self.schedule.discard(job)
         return self._jobs.pop(job.id) is not None
 
 
@@ -212,6 +208,8 @@ def job_memory(job: Job) -> int:
 def register_job(state: ServerState, job: Job) -> bool:
     """Add a job to the registry and the schedule; False if the ID exists."""
     if not state.jobs._add(job):
+        if state.jobs.get(job.id) is not job:
+            state.jobs.schedule.discard(job)  # ADDJOB scheduled it before registering
         return False
     state.memory.accounted += JOB_OVERHEAD_BYTES + len(job.body)
     job_state = job.state
@@ -253,8 +251,7 @@ def update_awake_time(state: ServerState, job: Job) -> None:
         if qtime < when:
             when = qtime
     if when != job.awakeme:
-        job.awakeme = when
-        state.jobs.schedule.push(job)
+        state.jobs.schedule.move(job, when)
         state.schedule_changed(when)
 
 
@@ -302,9 +299,8 @@ def process_job(state: ServerState, job: Job, now: int) -> None:
 
 def process_due_jobs(state: ServerState, now: int) -> int:
     """Run :func:`process_job` on every due job (bounded per call)."""
-    due = state.jobs.schedule.pop_due(now, state.jobs, MAX_JOBS_PER_RUN)
+    due = state.jobs.schedule.pop_due(now, MAX_JOBS_PER_RUN)
     for job in due:
-        if state.jobs.get(job.id) is job:
+        if state.jobs.get(job.id) is job:  # not forgotten by an earlier one of this run
             process_job(state, job, now)
-    state.jobs.schedule.compact(state.jobs)
     return len(due)

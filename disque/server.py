@@ -142,7 +142,7 @@ class DisqueServer:
             self._arm_job_timer(state.clock.now_ms())  # more due: next loop turn
         else:
             # At least 1 ms: a timer that fires a hair early must not spin.
-            self._arm_job_timer(state.jobs.schedule.next_time(state.jobs), minimum_ms=1)
+            self._arm_job_timer(state.jobs.schedule.next_time(), minimum_ms=1)
 
     # -- the cron -----------------------------------------------------------
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import inspect
 import time
 import weakref
 
@@ -27,9 +28,8 @@ NODE = "f" * 40
 
 def make_job(registry: JobRegistry, ids: JobIdGenerator, awakeme: int) -> Job:
     job = Job(ids.next_id(3600, 60), b"q", b"x")
-    job.awakeme = awakeme
     registry._add(job)
-    registry.schedule.push(job)
+    registry.schedule.move(job, awakeme)
     return job
 
 
@@ -43,14 +43,14 @@ def test_schedule_is_exact_inside_a_bucket() -> None:
     late = make_job(registry, ids, base + 9)
     early = make_job(registry, ids, base + 3)
     schedule = registry.schedule
-    assert schedule.next_time(registry) == base + 3
-    assert schedule.pop_due(base + 2, registry, 100) == []
-    assert schedule.pop_due(base + 3, registry, 100) == [early]
-    assert early.awakeme == 0  # no live entry any more
-    assert schedule.next_time(registry) == base + 9
-    assert schedule.pop_due(base + 8, registry, 100) == []
-    assert schedule.pop_due(base + 100, registry, 100) == [late]
-    assert schedule.next_time(registry) is None
+    assert schedule.next_time() == base + 3
+    assert schedule.pop_due(base + 2, 100) == []
+    assert schedule.pop_due(base + 3, 100) == [early]
+    assert early.awakeme == 0  # unscheduled
+    assert schedule.next_time() == base + 9
+    assert schedule.pop_due(base + 8, 100) == []
+    assert schedule.pop_due(base + 100, 100) == [late]
+    assert schedule.next_time() is None
     assert len(schedule) == 0
 
 
@@ -59,42 +59,42 @@ def test_schedule_orders_buckets_and_respects_the_limit() -> None:
     times = [5000, 1000, 3000, 1001, 20000, 1002]
     jobs = {when: make_job(registry, ids, when) for when in times}
     schedule = registry.schedule
-    first = schedule.pop_due(10_000, registry, 2)
+    first = schedule.pop_due(10_000, 2)
     assert [job.awakeme for job in first] == [0, 0]
     assert set(first) == {jobs[1000], jobs[1001]}
-    rest = schedule.pop_due(10_000, registry, 100)
+    rest = schedule.pop_due(10_000, 100)
     assert set(rest) == {jobs[1002], jobs[3000], jobs[5000]}
-    assert schedule.next_time(registry) == 20000
+    assert schedule.next_time() == 20000
+    assert len(schedule) == 1
 
 
-def test_schedule_skips_stale_entries() -> None:
+def test_moved_and_forgotten_jobs_leave_nothing_behind() -> None:
     registry, ids = JobRegistry(), JobIdGenerator(NODE)
     moved = make_job(registry, ids, 1000)
-    moved.awakeme = 90_000          # rescheduled: the old entry is stale
-    registry.schedule.push(moved)
+    registry.schedule.move(moved, 90_000)
     gone = make_job(registry, ids, 1000)
-    registry._remove(gone)          # unregistered: its entry is stale
+    registry._remove(gone)
     same_bucket = make_job(registry, ids, 1001)
-    same_bucket.awakeme = 1002      # moved within its bucket: two entries, one job
-    registry.schedule.push(same_bucket)
+    registry.schedule.move(same_bucket, 1002)
     schedule = registry.schedule
-    assert schedule.next_time(registry) == 1002
-    assert schedule.pop_due(50_000, registry, 100) == [same_bucket]
-    assert schedule.pop_due(50_000, registry, 100) == []
-    assert schedule.pop_due(90_000, registry, 100) == [moved]
+    assert len(schedule) == 2 and gone.awakeme == 0
+    assert schedule.next_time() == 1002
+    assert schedule.pop_due(50_000, 100) == [same_bucket]
+    assert schedule.pop_due(50_000, 100) == []
+    assert schedule.pop_due(90_000, 100) == [moved]
+    assert len(schedule) == 0
 
 
-def test_schedule_compaction_keeps_one_entry_per_live_job() -> None:
-    registry, ids = JobRegistry(), JobIdGenerator(NODE)
-    jobs = [make_job(registry, ids, 1000 + i) for i in range(10)]
-    for step in range(300):   # the same jobs rescheduled over and over
-        for job in jobs:
-            job.awakeme = 2000 + step
-            registry.schedule.push(job)
-    assert len(registry.schedule) > 2 * len(registry) + 1024
-    registry.schedule.compact(registry)
-    assert len(registry.schedule) <= len(jobs)
-    assert set(registry.schedule.pop_due(10_000, registry, 100)) == set(jobs)
+def test_forgotten_jobs_are_not_kept_alive_by_the_schedule() -> None:
+    """Acked and deleted jobs are freed at once, not at their old awake time."""
+    node = Node()
+    ids = [node("ADDJOB", "q", b"%0100d" % i, 0, "RETRY", 300).encode() for i in range(200)]
+    job = node.job(ids[0])
+    node("GETJOB", "COUNT", 200, "FROM", "q")
+    assert node("ACKJOB", *ids) == 200
+    assert len(node.state.jobs) == 0 and len(node.state.jobs.schedule) == 0
+    holders = [r for r in gc.get_referrers(job) if not inspect.isframe(r)]
+    assert holders == []  # only this test's variable keeps the job
 
 
 def test_requeue_happens_at_its_millisecond_through_the_commands() -> None:

@@ -172,8 +172,8 @@ def test_schedule_never_spins_and_stays_compact() -> None:
             node("WORKING", job_id)
         node.advance(100)
     schedule = node.state.jobs.schedule
-    assert len(schedule) <= 2 * len(ids) + 1024
-    next_time = schedule.next_time(node.state.jobs)
+    assert len(schedule) == len(ids)  # one entry per job, however often it moved
+    next_time = schedule.next_time()
     assert next_time > node.clock.now_ms()
     assert node.advance(0) == 0
 
