@@ -28,6 +28,13 @@ Scenarios:
     (bodies made distinct with ``-r``): the node's INFO ``used_memory``
     (the node's own estimate) and its measured RSS, per job, vs a Redis
     stream of the same entries (``used_memory`` and RSS per entry).
+``soak``
+    memory under churn, disque only: ``--rounds`` rounds (default 10) of the
+    batched cycle (100 k jobs added, fetched and acked per round) against
+    one node; after each round the node's RSS, ``used_memory`` and
+    registered jobs.  The queue is empty after every round, so RSS must stay
+    flat after the first (allocator warm-up); growth means something keeps
+    forgotten jobs alive.
 ``spark-source`` / ``spark-sink``
     run ``benchmarks.spark_source`` / ``benchmarks.spark_sink`` in a
     subprocess (``--smoke`` becomes the source's ``--smoke`` and the sink's
@@ -70,7 +77,7 @@ from tests.support.process import DisqueProcess, raw_command
 
 CLIENTS = 50
 PIPELINE = 16
-SCENARIOS = ("server", "cycle", "memory", "spark-source", "spark-sink")
+SCENARIOS = ("server", "cycle", "memory", "soak", "spark-source", "spark-sink")
 
 
 # --------------------------------------------------------------------------
@@ -413,6 +420,43 @@ def scenario_memory(args: argparse.Namespace, root: Path) -> dict[str, Any]:
 
 
 # --------------------------------------------------------------------------
+# soak: memory under produce/ack churn
+# --------------------------------------------------------------------------
+
+def scenario_soak(args: argparse.Namespace, root: Path) -> dict[str, Any]:
+    jobs = 2_000 if args.smoke else (args.requests or 100_000)
+    rounds = args.rounds
+    node = start_node(root, "soak-disque")
+    rows: list[dict[str, Any]] = []
+    try:
+        rss_start = rss_of(node.pid)
+        for number in range(1, rounds + 1):
+            cycle = disque_cycle(node.port, jobs, batched=True)
+            memory = info(node.port, "memory")
+            registered = int(info(node.port, "jobs")["registered_jobs"])
+            rows.append({"round": number, "jobs_per_s": cycle["jobs_per_s"],
+                         "rss": rss_of(node.pid), "used_memory": int(memory["used_memory"]),
+                         "registered_jobs": registered, "qlen": cycle["left_after"]})
+            print(f"round {number}/{rounds}: {cycle['jobs_per_s']:,.0f} jobs/s, "
+                  f"RSS {rows[-1]['rss'] / 2**20:.1f} MiB, registered jobs {registered}",
+                  flush=True)
+    finally:
+        node.kill()
+    growth = rows[-1]["rss"] - rows[0]["rss"]
+    result = {"jobs_per_round": jobs, "rounds": rows, "rss_start": rss_start,
+              "rss_growth_after_first_round": growth,
+              "rss_growth_per_job": growth / max(1, jobs * (rounds - 1))}
+    print()
+    print(f"soak: {rounds} rounds of {jobs:,} jobs added, fetched and acked (batched cycle)")
+    print_table(["round", "jobs/s", "RSS MiB", "used_memory MiB", "registered", "QLEN"],
+                [[r["round"], r["jobs_per_s"], r["rss"] / 2**20, r["used_memory"] / 2**20,
+                  r["registered_jobs"], r["qlen"]] for r in rows])
+    print(f"RSS growth after the first round: {growth / 2**20:.1f} MiB "
+          f"({result['rss_growth_per_job']:.1f} B per job cycled)")
+    return result
+
+
+# --------------------------------------------------------------------------
 # Spark: delegate
 # --------------------------------------------------------------------------
 
@@ -441,6 +485,7 @@ RUNNERS: dict[str, Callable[[argparse.Namespace, Path], dict[str, Any]]] = {
     "server": scenario_server,
     "cycle": scenario_cycle,
     "memory": scenario_memory,
+    "soak": scenario_soak,
     "spark-source": delegate("benchmarks.spark_source"),
     "spark-sink": delegate("benchmarks.spark_sink"),
 }
@@ -451,14 +496,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("scenario", choices=SCENARIOS)
     parser.add_argument("--smoke", action="store_true",
                         help="a few thousand operations, one round (keeps the harness alive)")
-    parser.add_argument("--rounds", type=int, default=3, help="alternations disque/Redis")
+    parser.add_argument("--rounds", type=int, default=None,
+                        help="alternations disque/Redis (default 3); soak: cycles (default 10)")
     parser.add_argument("--requests", type=int, default=0,
                         help="override the operation count (server: unpipelined requests; "
                              "cycle: batched jobs; memory: jobs)")
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     args = parser.parse_args(argv)
     if args.smoke:
-        args.rounds = 1
+        args.rounds = 2 if args.scenario == "soak" else 1  # soak: growth needs two rounds
+    elif args.rounds is None:
+        args.rounds = 10 if args.scenario == "soak" else 3
     if args.scenario in ("server", "cycle", "memory"):
         missing = missing_tools()
         if missing:

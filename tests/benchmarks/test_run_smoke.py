@@ -24,7 +24,7 @@ pytestmark = pytest.mark.skipif(
            "Redis (apt-get install redis-server redis-tools)")
 
 
-def run_smoke(tmp_path: Path, scenario: str) -> tuple[dict[str, Any], str]:
+def run_smoke(tmp_path: Path, scenario: str, rounds: int = 1) -> tuple[dict[str, Any], str]:
     out = tmp_path / f"{scenario}.json"
     proc = subprocess.run(
         [sys.executable, "-m", "benchmarks.run", scenario, "--smoke", "--json", str(out)],
@@ -32,7 +32,7 @@ def run_smoke(tmp_path: Path, scenario: str) -> tuple[dict[str, Any], str]:
     assert proc.returncode == 0, f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
     report = json.loads(out.read_text())
     assert report["scenario"] == scenario
-    assert report["smoke"] is True and report["rounds"] == 1
+    assert report["smoke"] is True and report["rounds"] == rounds
     assert report["machine"]["cores"] >= 1
     assert len(report["machine"]["loadavg"]) == 3
     return report["result"], proc.stdout
@@ -78,3 +78,15 @@ def test_memory_smoke_reports_bytes_per_job(tmp_path: Path) -> None:
     assert result["disque"]["rss_per_job"] > 0, result["disque"]
     assert result["ratio_used"] > 0 and result["ratio_rss"] > 0
     assert "B/job" in stdout
+
+
+def test_soak_smoke_cycles_jobs_and_reports_memory_per_round(tmp_path: Path) -> None:
+    result, stdout = run_smoke(tmp_path, "soak", rounds=2)
+    rows = result["rounds"]
+    assert [row["round"] for row in rows] == [1, 2]
+    for row in rows:
+        # Every job added was fetched and acked: nothing is left in the node.
+        assert row["registered_jobs"] == 0 and row["qlen"] == 0, row
+        assert row["rss"] > 0 and row["used_memory"] > 0 and row["jobs_per_s"] > 0, row
+    assert result["rss_growth_after_first_round"] == rows[1]["rss"] - rows[0]["rss"]
+    assert "RSS growth after the first round" in stdout
