@@ -180,7 +180,7 @@ def enqueue_job(state: ServerState, job: Job, nack: bool = False) -> bool:
     job.state = QUEUED
     if retry:
         flags |= FLAG_BCAST_WILLQUEUE
-        job.qtime = now + retry * 1000 + random_time_error()
+        job.qtime = state.shared_int(now + retry * 1000 + random_time_error())
     else:
         job.qtime = 0
     if flags & FLAG_BCAST_QUEUED or nack:

@@ -27,6 +27,8 @@ if TYPE_CHECKING:
 
 __all__ = ["ServerState", "Stats"]
 
+#: Recent job times kept for sharing (see ServerState.shared_int).
+SHARED_INTS = 4096
 #: How long an empty queue lives with nobody using it (by memory level).
 QUEUE_IDLE_MS = {0: 300_000, 1: 10_000, 2: 2_000, 3: 2_000}
 
@@ -63,6 +65,7 @@ class ServerState:
         self._ops_samples: list[tuple[float, int]] = []
         self.tcp_port = config.port
         self._last_ctime = 0
+        self._shared_ints: dict[int, int] = {}
         self._queue_scan_cursor = 0
         # Set by the server: re-arm the job timer if ``when`` is earlier.
         self._schedule_hook: Callable[[int], None] | None = None
@@ -92,6 +95,22 @@ class ServerState:
             ctime = self._last_ctime + 1
         self._last_ctime = ctime
         return ctime
+
+    def shared_int(self, value: int) -> int:
+        """``value``, as the int object other jobs already hold for the same time.
+
+        Job times are ints of 32 bytes each, and under load many jobs get the
+        same expiry, requeue or awake time (dozens of jobs per millisecond,
+        a requeue jitter of 500 values): sharing the objects saves up to
+        ~100 bytes per job.  The table only holds recent values.
+        """
+        ints = self._shared_ints
+        shared = ints.get(value)
+        if shared is None:
+            if len(ints) >= SHARED_INTS:
+                ints.clear()
+            ints[value] = shared = value
+        return shared
 
     def schedule_changed(self, when_ms: int) -> None:
         hook = self._schedule_hook

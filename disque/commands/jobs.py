@@ -142,7 +142,8 @@ def addjob(state: ServerState, client: ClientConnection, argv: list[bytes]) -> A
         q = state.queue_for_write(argv[1])
     now = state.clock.now_ms()
     job = Job(state.ids.next_id(ttl, retry), q.name, argv[2], ACTIVE, replicate,
-              state.next_ctime(now), now + ttl * 1000, delay, retry, cluster.myself_set)
+              state.next_ctime(now), state.shared_int(now + ttl * 1000), delay, retry,
+              cluster.myself_set)
     if delay:
         job.qtime = now + delay * 1000
     else:

@@ -266,3 +266,18 @@ def test_replies_before_quit_and_shutdown_are_written_before_the_close() -> None
         assert transport.written == b"+PONG\r\n+OK\r\n" and transport.closed
 
     asyncio.run(main())
+
+
+def test_jobs_share_equal_time_objects_and_the_table_stays_bounded() -> None:
+    from disque.state import SHARED_INTS
+
+    node = Node()
+    a = node.job(node("ADDJOB", "q", "a", 0, "TTL", 3600).encode())
+    b = node.job(node("ADDJOB", "q", "b", 0, "TTL", 3600).encode())
+    assert a.etime == b.etime and a.etime is b.etime  # same ms, same TTL: one object
+    state = node.state
+    big = 10 ** 15
+    assert state.shared_int(big + 1) is state.shared_int(int(str(big + 1)))
+    for i in range(3 * SHARED_INTS):
+        state.shared_int(big + i)
+    assert len(state._shared_ints) <= SHARED_INTS
