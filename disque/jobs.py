@@ -16,6 +16,7 @@ it and forgetting it takes it out, both in O(1).
 from __future__ import annotations
 
 import heapq
+import logging
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
@@ -24,6 +25,8 @@ from .keyspace import SlicedDict, job_id_slice
 
 if TYPE_CHECKING:
     from .state import ServerState
+
+log = logging.getLogger("disque.jobs")
 
 __all__ = [
     "JobRegistry",
@@ -110,7 +113,19 @@ class AwakeSchedule:
                 self._entries -= 1
                 if not bucket:
                     del self._buckets[key]
+                    if len(self._keys) > 2 * len(self._buckets) + 1024:
+                        self._rebuild_keys()
             job.awakeme = 0
+
+    def _rebuild_keys(self) -> None:
+        """Drop the heap's numbers of emptied buckets.
+
+        They would otherwise stay until their time comes: a job acked long
+        before its expiry (RETRY 0, a TTL of days) leaves one behind.
+        """
+        self._keys = list(self._buckets)
+        heapq.heapify(self._keys)
+        self._heaped = set(self._keys)
 
     def _pop_key(self) -> None:
         key = heapq.heappop(self._keys)
@@ -305,5 +320,10 @@ def process_due_jobs(state: ServerState, now: int) -> int:
     due = state.jobs.schedule.pop_due(now, MAX_JOBS_PER_RUN)
     for job in due:
         if state.jobs.get(job.id) is job:  # not forgotten by an earlier one of this run
-            process_job(state, job, now)
+            try:
+                process_job(state, job, now)
+            except Exception:  # a bug: say it loudly, keep the job scheduled and the node up
+                log.exception("Error processing job %s", job.id.decode())
+                if state.jobs.get(job.id) is job and not job.awakeme:
+                    update_awake_time(state, job)
     return len(due)

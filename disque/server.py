@@ -133,9 +133,13 @@ class DisqueServer:
         state = self.state
         assert state is not None
         self._job_timer = None
+        self._job_timer_when = None
         self._processing_jobs = True
+        processed = 0
         try:
             processed = process_due_jobs(state, state.clock.now_ms())
+        except Exception:  # a bug: keep the timer alive, or no job would ever move again
+            log.exception("Error processing due jobs")
         finally:
             self._processing_jobs = False
         if processed >= MAX_JOBS_PER_RUN:

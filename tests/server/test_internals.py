@@ -281,3 +281,35 @@ def test_jobs_share_equal_time_objects_and_the_table_stays_bounded() -> None:
     for i in range(3 * SHARED_INTS):
         state.shared_int(big + i)
     assert len(state._shared_ints) <= SHARED_INTS
+
+
+def test_acked_long_lived_jobs_leave_no_heap_keys_behind() -> None:
+    """RETRY-0 jobs wake at their expiry; acking them early must not leave one key each."""
+    node = Node()
+    for _ in range(5000):
+        job_id = node("ADDJOB", "q", "x", 0, "RETRY", 0, "REPLICATE", 1, "TTL", 86400)
+        node("GETJOB", "FROM", "q")
+        node("ACKJOB", job_id)
+        node.clock.advance(16)  # a new 16 ms bucket for every job's expiry
+    schedule = node.state.jobs.schedule
+    assert len(node.state.jobs) == 0 and len(schedule) == 0
+    assert len(schedule._keys) <= 1024 and len(schedule._heaped) <= 1024
+
+
+def test_a_failing_job_stays_scheduled(monkeypatch: pytest.MonkeyPatch) -> None:
+    from disque import jobs as jobs_module
+
+    node = Node()
+    job_id = node("ADDJOB", "q", "x", 0, "RETRY", 1).encode()
+    node("GETJOB", "FROM", "q")
+    real = jobs_module.process_job
+
+    def broken(state, job, now):
+        raise RuntimeError("injected")
+
+    monkeypatch.setattr(jobs_module, "process_job", broken)
+    node.advance(2000)                      # the requeue fails: logged, job kept
+    assert node.job(job_id).awakeme > 0
+    monkeypatch.setattr(jobs_module, "process_job", real)
+    node.advance(2000)
+    assert node("QLEN", "q") == 1           # and it happens once the bug is gone
