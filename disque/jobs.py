@@ -18,6 +18,7 @@ from __future__ import annotations
 import heapq
 import logging
 from collections.abc import Iterator
+from itertools import islice
 from typing import TYPE_CHECKING
 
 from .job import ACKED, ACTIVE, B64_VALUE, FLAG_BCAST_WILLQUEUE, FLAG_DELIVERED, QUEUED, Job
@@ -150,7 +151,11 @@ class AwakeSchedule:
         while keys and keys[0] << shift <= now_ms and len(due) < limit:
             bucket = buckets.get(keys[0])
             if bucket:
-                for job in [job for job in bucket if job.awakeme <= now_ms][:limit - len(due)]:
+                # Stop scanning at the limit: a bucket may hold a million jobs
+                # (e.g. loaded ones expiring in the same second).
+                taken = list(islice((job for job in bucket if job.awakeme <= now_ms),
+                                    limit - len(due)))
+                for job in taken:
                     del bucket[job]
                     job.awakeme = 0  # unscheduled: update_awake_time schedules it again
                     due.append(job)
