@@ -313,3 +313,29 @@ def test_a_failing_job_stays_scheduled(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(jobs_module, "process_job", real)
     node.advance(2000)
     assert node("QLEN", "q") == 1           # and it happens once the bug is gone
+
+
+def test_a_long_pending_pipeline_is_written_over_several_turns() -> None:
+    """Commands queued behind a block run in slices, so back-pressure can act in between."""
+    from disque.connection import DRAIN_OUTPUT_LIMIT
+
+    async def main() -> None:
+        node = Node()
+        transport = RecordingTransport()
+        conn = ClientConnection(node.state)
+        conn.connection_made(transport)  # type: ignore[arg-type]
+        payload = b"p" * 1024
+        count = 1000                     # ~1 MB of replies, four times the slice
+        conn.data_received(b"*3\r\n$6\r\nGETJOB\r\n$4\r\nFROM\r\n$5\r\ndrain\r\n"
+                           + b"".join(b"*2\r\n$4\r\nECHO\r\n$1024\r\n%s\r\n" % payload
+                                      for _ in range(count)))
+        assert conn.blocked is not None
+        node("ADDJOB", "drain", "job", 0)  # serves the blocked GETJOB
+        echo = b"$1024\r\n" + payload + b"\r\n"
+        await _until(lambda: echo in transport.written)
+        first = transport.written.count(echo)
+        assert 0 < first < count and first * len(echo) <= 2 * DRAIN_OUTPUT_LIMIT
+        await _until(lambda: transport.written.count(echo) == count)
+        assert transport.written.startswith(b"*1\r\n*3\r\n$5\r\ndrain\r\n")
+
+    asyncio.run(main())
