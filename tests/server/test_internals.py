@@ -221,6 +221,14 @@ class RecordingTransport:
         return 0
 
 
+def connect(node: Node) -> tuple[ClientConnection, RecordingTransport]:
+    """A client connection to ``node`` over a transport that records what it writes."""
+    transport = RecordingTransport()
+    conn = ClientConnection(node.state)
+    conn.connection_made(transport)  # type: ignore[arg-type]
+    return conn, transport
+
+
 async def _until(predicate, timeout: float = 5.0) -> None:
     deadline = time.monotonic() + timeout
     while not predicate():
@@ -241,9 +249,7 @@ def test_replies_wait_for_the_end_of_the_turn_and_survive_a_failing_hook() -> No
                 raise RuntimeError("injected hook failure")
 
         node.state.before_reply_hooks.append(hook)
-        transport = RecordingTransport()
-        conn = ClientConnection(node.state)
-        conn.connection_made(transport)  # type: ignore[arg-type]
+        conn, transport = connect(node)
         conn.data_received(b"PING\r\nECHO a\r\n")
         assert transport.written == b""                 # not from the read callback
         await _until(lambda: transport.written)
@@ -256,12 +262,10 @@ def test_replies_wait_for_the_end_of_the_turn_and_survive_a_failing_hook() -> No
     asyncio.run(main())
 
 
-def test_replies_before_quit_and_shutdown_are_written_before_the_close() -> None:
+def test_replies_before_quit_are_written_before_the_close() -> None:
     async def main() -> None:
         node = Node()
-        transport = RecordingTransport()
-        conn = ClientConnection(node.state)
-        conn.connection_made(transport)  # type: ignore[arg-type]
+        conn, transport = connect(node)
         conn.data_received(b"PING\r\nQUIT\r\nPING\r\n")
         assert transport.written == b"+PONG\r\n+OK\r\n" and transport.closed
 
@@ -321,9 +325,7 @@ def test_a_long_pending_pipeline_is_written_over_several_turns() -> None:
 
     async def main() -> None:
         node = Node()
-        transport = RecordingTransport()
-        conn = ClientConnection(node.state)
-        conn.connection_made(transport)  # type: ignore[arg-type]
+        conn, transport = connect(node)
         payload = b"p" * 1024
         count = 1000                     # ~1 MB of replies, four times the slice
         conn.data_received(b"*3\r\n$6\r\nGETJOB\r\n$4\r\nFROM\r\n$5\r\ndrain\r\n"
