@@ -73,6 +73,10 @@ class ReplyBatch:
     def flush(self) -> None:
         self._scheduled = False
         connections, self._connections = self._connections, []
+        self.write(connections)
+
+    def write(self, connections: list[ClientConnection]) -> None:
+        """Run the before-reply hooks, then write these connections' replies."""
         try:
             for hook in self._state.before_reply_hooks:
                 hook()
@@ -272,9 +276,7 @@ class ClientConnection(asyncio.Protocol):
     def _finish_close(self) -> None:
         if self.transport is not None:
             if self._out:  # the replies before QUIT/SHUTDOWN (and QUIT's own) go out first
-                for hook in self.state.before_reply_hooks:
-                    hook()
-                self.send_output()
+                self._batch.write([self])
             if self._close_silently:
                 self.transport.abort()
             else:

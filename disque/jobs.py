@@ -72,7 +72,7 @@ class AwakeSchedule:
     the cyclic GC one object fewer per job to walk.
     """
 
-    __slots__ = ("_buckets", "_entries", "_heaped", "_keys")
+    __slots__ = ("_buckets", "_heaped", "_keys")
 
     #: Bucket width: 16 ms.
     BUCKET_SHIFT = 4
@@ -83,11 +83,10 @@ class AwakeSchedule:
         self._buckets: dict[int, dict[Job, None]] = {}
         self._keys: list[int] = []    # heap of bucket numbers (some maybe emptied since)
         self._heaped: set[int] = set()  # the numbers in _keys, so each is pushed once
-        self._entries = 0
 
     def __len__(self) -> int:
         """Jobs scheduled."""
-        return self._entries
+        return sum(map(len, self._buckets.values()))
 
     def move(self, job: Job, when: int) -> None:
         """Schedule ``job`` at ``when`` (ms), wherever it was before."""
@@ -101,7 +100,6 @@ class AwakeSchedule:
                 self._heaped.add(key)
                 heapq.heappush(self._keys, key)
         bucket[job] = None
-        self._entries += 1
 
     def discard(self, job: Job) -> None:
         """Take ``job`` out of the schedule (its awake time becomes 0)."""
@@ -109,9 +107,8 @@ class AwakeSchedule:
         if when:
             key = when >> self.BUCKET_SHIFT
             bucket = self._buckets.get(key)
-            # The bucket maps job -> None: pop returns None if it was there.
-            if bucket is not None and bucket.pop(job, 0) is None:
-                self._entries -= 1
+            if bucket is not None:
+                bucket.pop(job, None)
                 if not bucket:
                     del self._buckets[key]
                     if len(self._keys) > 2 * len(self._buckets) + 1024:
@@ -162,14 +159,12 @@ class AwakeSchedule:
                 if bucket:
                     break  # not due yet, or over the limit: nothing later is due either
             self._pop_key()
-        self._entries -= len(due)
         return due
 
     def clear(self) -> None:
         self._buckets.clear()
         self._keys.clear()
         self._heaped.clear()
-        self._entries = 0
 
 
 class JobRegistry:
@@ -234,7 +229,7 @@ def register_job(state: ServerState, job: Job) -> bool:
         if state.jobs.get(job.id) is not job:
             state.jobs.schedule.discard(job)  # ADDJOB scheduled it before registering
         return False
-    state.memory.accounted += JOB_OVERHEAD_BYTES + len(job.body)
+    state.memory.add(job_memory(job))
     job_state = job.state
     if job_state == ACKED or (job.retry == 0 and job.flags & FLAG_DELIVERED
                               and job_state != QUEUED):
@@ -250,7 +245,7 @@ def unregister_job(state: ServerState, job: Job) -> None:
         from .queue import dequeue_job
         dequeue_job(state, job)
     if state.jobs._remove(job):
-        state.memory.accounted -= JOB_OVERHEAD_BYTES + len(job.body)
+        state.memory.sub(job_memory(job))
         if state.job_removed_hooks:
             state.on_job_unregistered(job)
 

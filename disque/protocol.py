@@ -244,18 +244,12 @@ class CommandParser:
                     if n - pos >= MAX_HEADER_SIZE:
                         raise ProtocolError("Protocol error: invalid multibulk length")
                     break
-                raw = data[pos + 1:nl]
-                if raw.isdigit() and (raw[0] != 0x30 or len(raw) == 1):  # no leading zeros
-                    count = int(raw)
-                    if count > MAX_MULTIBULK_LENGTH:
-                        raise ProtocolError("Protocol error: invalid multibulk length")
-                elif _header_int(raw) is None:
+                count = _header_int(data[pos + 1:nl])
+                if count is None or count > MAX_MULTIBULK_LENGTH:
                     raise ProtocolError("Protocol error: invalid multibulk length")
-                else:
-                    count = 0  # "*-1": ignored, like the original
                 pos = nl + 2
-                if count == 0:
-                    continue
+                if count <= 0:
+                    continue  # "*0" and "*-1" are ignored, like the original
                 args = []
                 argc = count
                 argbytes = 0
@@ -271,11 +265,8 @@ class CommandParser:
                         break
                     if data[pos] != 0x24:  # '$'
                         raise _not_bulk(data[pos])
-                    raw = data[pos + 1:nl]
-                    if not raw.isdigit() or (raw[0] == 0x30 and len(raw) > 1):
-                        raise ProtocolError("Protocol error: invalid bulk length")
-                    bulklen = int(raw)
-                    if bulklen > max_bulk_len:
+                    bulklen = _header_int(data[pos + 1:nl])
+                    if bulklen is None or not 0 <= bulklen <= max_bulk_len:
                         raise ProtocolError("Protocol error: invalid bulk length")
                     pos = nl + 2
                 end = pos + bulklen
@@ -353,12 +344,10 @@ def _whole_requests(data: bytes, out: list[list[bytes]]) -> int:
         count = _request_count(tokens[i])
         if count is None:
             head = tokens[i]
-            raw = head[1:]
-            if (len(head) > MAX_HEADER_SIZE or head[:1] != b"*" or not raw.isdigit()
-                    or raw[:1] == b"0"):
+            if len(head) > MAX_HEADER_SIZE or head[:1] != b"*":
                 break  # the exact parser decides (and reports a bad header)
-            count = int(raw)
-            if count > MAX_MULTIBULK_LENGTH:
+            count = _header_int(head[1:])
+            if count is None or not 0 < count <= MAX_MULTIBULK_LENGTH:
                 break
         j = i + 1 + 2 * count
         if j > last:

@@ -198,7 +198,7 @@ def enqueue_job(state: ServerState, job: Job, nack: bool = False) -> bool:
     q.jobs.add(job)
     q.jobs_in += 1
     q.atime = now
-    state.memory.accounted += QUEUE_ENTRY_BYTES
+    state.memory.add(QUEUE_ENTRY_BYTES)
     state.jobs.evictable_discard(job)
     if q.waiters and not q.flags & PAUSED_OUT:
         from .blocking import serve_blocked_clients
@@ -244,7 +244,7 @@ def fetch_jobs(state: ServerState, q: Queue, count: int) -> list[Job]:
         taken = [pop(0) for _ in range(count)]
     q.jobs_out += count
     q.atime = state.clock.now_ms()
-    state.memory.accounted -= QUEUE_ENTRY_BYTES * count
+    state.memory.sub(QUEUE_ENTRY_BYTES * count)
     evictable_add = state.jobs.evictable_add
     for job in taken:
         job.state = ACTIVE

@@ -106,8 +106,7 @@ def execute(state: ServerState, client: ClientConnection, argv: list[bytes]) -> 
         name = argv[0][:128].decode("utf-8", "replace")
         return ReplyError(f"ERR unknown command '{name}'")
     client.last_command = cmd.name
-    arity = cmd.arity
-    if (len(argv) != arity) if arity >= 0 else (len(argv) < -arity):
+    if not cmd.arity_ok(len(argv)):
         return ReplyError(f"ERR wrong number of arguments for '{cmd.name}' command")
     if not client.authenticated and not cmd.noauth:
         return NOAUTH
