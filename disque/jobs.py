@@ -90,7 +90,8 @@ class AwakeSchedule:
 
     def move(self, job: Job, when: int) -> None:
         """Schedule ``job`` at ``when`` (ms), wherever it was before."""
-        self.discard(job)
+        if job.awakeme:
+            self.discard(job)
         job.awakeme = when
         key = when >> self.BUCKET_SHIFT
         bucket = self._buckets.get(key)

@@ -470,6 +470,8 @@ def _utf8(text: str) -> bytes:
 
 def encode(value: Any, resp3: bool = False) -> bytes:
     """Encode one reply value (see the module docstring for the mapping)."""
+    if type(value) is Status:  # +OK, +PONG, ADDJOB's ID: the commonest replies
+        return b"+" + value.encode() + CRLF
     out: list[bytes] = []
     _encode_into(value, out, resp3)
     return b"".join(out)

@@ -161,13 +161,16 @@ class QueueRegistry:
 # ENQUEUE / DEQUEUE (spec "Generic functions"; queue.c:enqueueJob, dequeueJob)
 # --------------------------------------------------------------------------
 
-def enqueue_job(state: ServerState, job: Job, nack: bool = False) -> bool:
+def enqueue_job(state: ServerState, job: Job, nack: bool = False, *,
+                q: Queue | None = None, now: int | None = None) -> bool:
     """ENQUEUE(job): put the job in its queue and schedule the next retry.
 
     Refuses (returns False) jobs already queued, jobs without a queue time
     (RETRY 0 already queued once), RETRY-0 jobs already delivered and acked
     jobs.  The first enqueue of a job is silent; later ones count as an
     additional delivery (or a NACK) and tell the other copies with QUEUED.
+    A caller that already holds the job's queue and the time (ADDJOB) passes
+    them in rather than have them looked up again.
     """
     job_state = job.state
     if job_state in (QUEUED, ACKED) or job.qtime == 0 or job.queue is None:
@@ -176,7 +179,8 @@ def enqueue_job(state: ServerState, job: Job, nack: bool = False) -> bool:
     retry = job.retry
     if retry == 0 and flags & FLAG_DELIVERED:
         return False
-    now = state.clock.now_ms()
+    if now is None:
+        now = state.clock.now_ms()
     job.state = QUEUED
     if retry:
         flags |= FLAG_BCAST_WILLQUEUE
@@ -193,13 +197,15 @@ def enqueue_job(state: ServerState, job: Job, nack: bool = False) -> bool:
     else:
         job.flags = flags | FLAG_BCAST_QUEUED
     jobs_mod.update_awake_time(state, job)
-    q = state.queue_for_write(job.queue)
+    if q is None:
+        q = state.queue_for_write(job.queue)
     job.queue = q.name  # share one bytes object per queue name
     q.jobs.add(job)
     q.jobs_in += 1
     q.atime = now
     state.memory.add(QUEUE_ENTRY_BYTES)
-    state.jobs.evictable_discard(job)
+    # No evictable_discard: the evictable (acked, or RETRY 0 and delivered)
+    # were refused above, and neither state is ever left.
     if q.waiters and not q.flags & PAUSED_OUT:
         from .blocking import serve_blocked_clients
         serve_blocked_clients(state, q)

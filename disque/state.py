@@ -45,6 +45,10 @@ class Stats:
     expired_jobs: int = 0
 
 
+def _no_timer(when_ms: int) -> None:
+    """``ServerState.schedule_changed`` before a server owns the state (tests)."""
+
+
 class ServerState:
     def __init__(self, config: Config, cluster: ClusterState, clock: Clock | None = None,
                  memory_base: int | None = None) -> None:
@@ -67,8 +71,10 @@ class ServerState:
         self._last_ctime = 0
         self._shared_ints: dict[int, int] = {}
         self._queue_scan_cursor = 0
-        # Set by the server: re-arm the job timer if ``when`` is earlier.
-        self._schedule_hook: Callable[[int], None] | None = None
+        # A job's awake time became ``when_ms``: the server replaces this
+        # no-op with its own method (re-arm the job timer if earlier).  An
+        # attribute, not a method calling a hook: it runs on every ADDJOB.
+        self.schedule_changed: Callable[[int], None] = _no_timer
         # Event hooks for the persistence layer (the AOF), called with the job.
         self.job_created_hooks: list[Callable[[Job], None]] = []
         self.job_removed_hooks: list[Callable[[Job], None]] = []
@@ -111,11 +117,6 @@ class ServerState:
                 ints.clear()
             ints[value] = shared = value
         return shared
-
-    def schedule_changed(self, when_ms: int) -> None:
-        hook = self._schedule_hook
-        if hook is not None:
-            hook(when_ms)
 
     def sample_ops(self) -> None:
         """Called by the cron: keep ~1.6 s of (time, commands) samples."""

@@ -149,7 +149,7 @@ def addjob(state: ServerState, client: ClientConnection, argv: list[bytes]) -> A
     else:
         # Queue it before registering so the schedule gets one entry, not two.
         job.qtime = now
-        enqueue_job(state, job)
+        enqueue_job(state, job, q=q, now=now)
     register_job(state, job)
     if state.job_created_hooks:
         state.on_job_created(job)
