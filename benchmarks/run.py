@@ -35,6 +35,14 @@ Scenarios:
     registered jobs.  The queue is empty after every round, so RSS must stay
     flat after the first (allocator warm-up); growth means something keeps
     forgotten jobs alive.
+``floor``
+    how far ADDJOB is from the least any ADDJOB of this design can cost:
+    ``ADDJOB q body 0`` and ``PING`` (unpipelined and ``-P 16``) against the
+    real node, against a node whose ADDJOB does only the unavoidable work
+    (``benchmarks/floor_node.py``: a new ID, one Job object, its place in
+    an ID map, a FIFO and a time bucket, the reply) and ``XADD``/``PING``
+    against Redis; the three alternate per round.  The floor's ratio to
+    Redis is the best any tuning of the real handler could reach.
 ``spark-source`` / ``spark-sink``
     run ``benchmarks.spark_source`` / ``benchmarks.spark_sink`` in a
     subprocess (``--smoke`` becomes the source's ``--smoke`` and the sink's
@@ -77,7 +85,8 @@ from tests.support.process import DisqueProcess, raw_command
 
 CLIENTS = 50
 PIPELINE = 16
-SCENARIOS = ("server", "cycle", "memory", "soak", "spark-source", "spark-sink")
+SCENARIOS = ("server", "cycle", "memory", "soak", "floor", "spark-source", "spark-sink")
+FLOOR_NODE = Path(__file__).resolve().parent / "floor_node.py"
 
 
 # --------------------------------------------------------------------------
@@ -128,23 +137,37 @@ def start_redis(root: Path, name: str) -> RedisProcess:
     return RedisProcess(root / name).start()
 
 
-def alternating_rounds(root: Path, rounds: int, prefix: str,
-                       run: Callable[[str, int], Any]) -> list[dict[str, Any]]:
-    """``run(side, port)`` on a fresh disque node and a fresh Redis, once per round.
+def start_floor_node(root: Path, name: str) -> DisqueProcess:
+    """A node whose ADDJOB does only the unavoidable work (see ``benchmarks/floor_node.py``)."""
+    return DisqueProcess(root / name, "--appendonly", "no", "--maxmemory", "20gb",
+                         program=[sys.executable, str(FLOOR_NODE)]).start()
 
-    Which server goes first alternates, so drift of the machine inside a
-    round cancels out.  Each round is ``{"order": [...], "disque": ..., "redis": ...}``.
+
+STARTERS: dict[str, Callable[[Path, str], DisqueProcess | RedisProcess]] = {
+    "disque": start_node, "floor": start_floor_node, "redis": start_redis}
+
+
+def alternating_rounds(root: Path, rounds: int, prefix: str,
+                       run: Callable[[str, Any], Any],
+                       sides: tuple[str, ...] = ("disque", "redis"),
+                       pass_server: bool = False) -> list[dict[str, Any]]:
+    """``run(side, port)`` on a fresh server of each side, once per round.
+
+    With ``pass_server`` it gets the server object rather than its port.
+
+    The order of the sides reverses every round (disque, Redis; Redis,
+    disque; ...), so drift of the machine inside a round cancels out.  Each
+    round is ``{"order": [...], side: result, ...}``.
     """
-    starters = {"disque": start_node, "redis": start_redis}
     out = []
     for rnd in range(rounds):
-        order = ["disque", "redis"] if rnd % 2 == 0 else ["redis", "disque"]
+        order = list(sides) if rnd % 2 == 0 else list(reversed(sides))
         this: dict[str, Any] = {"order": order}
         for side in order:
             print(f"round {rnd + 1}/{rounds}: {side} ...", flush=True)
-            server = starters[side](root, f"{prefix}{side}-{rnd}")
+            server = STARTERS[side](root, f"{prefix}{side}-{rnd}")
             try:
-                this[side] = run(side, server.port)
+                this[side] = run(side, server if pass_server else server.port)
             finally:
                 server.kill()
         out.append(this)
@@ -457,6 +480,100 @@ def scenario_soak(args: argparse.Namespace, root: Path) -> dict[str, Any]:
 
 
 # --------------------------------------------------------------------------
+# floor: the real ADDJOB against the least an ADDJOB can do, and Redis
+# --------------------------------------------------------------------------
+
+#: (label, command of both disque nodes, Redis reference)
+FLOOR_TESTS: list[tuple[str, list[str], list[str]]] = [
+    ("ADDJOB q body 0 / XADD", ["ADDJOB", "q", "body", "0"], ["XADD", "s", "*", "f", "body"]),
+    ("PING / PING", ["PING"], ["PING"]),
+]
+#: How each side counts what its ADDJOB / XADD stored.
+STORED = {"disque": ["QLEN", "q"], "floor": ["FLOORLEN"], "redis": ["XLEN", "s"]}
+
+
+#: What each side's memory fill adds (100-byte bodies, as in ``memory``).
+FLOOR_FILL = {"disque": ["ADDJOB", "mq", BODY, "0"], "floor": ["ADDJOB", "mq", BODY, "0"],
+              "redis": ["XADD", "ms", "*", "f", BODY]}
+
+
+def floor_round(server: DisqueProcess | RedisProcess, side: str, requests: dict[int, int],
+                fill: int) -> dict[str, Any]:
+    port = server.port
+    # Memory first, on the fresh server; the throughput tests then run with
+    # the filled jobs resident, as the server scenario's do.
+    count = {"disque": ["QLEN", "mq"], "floor": ["FLOORLEN"], "redis": ["XLEN", "ms"]}[side]
+    results: dict[str, Any] = {"memory": memory_fill(port, server.pid, FLOOR_FILL[side], fill,
+                                                     count)}
+    for pipeline, count in requests.items():
+        for _, disque_cmd, redis_cmd in FLOOR_TESTS:
+            cmd = redis_cmd if side == "redis" else disque_cmd
+            results[f"{cmd[0]} P{pipeline}"] = run_benchmark(
+                benchmark_command(port, cmd, requests=count, pipeline=pipeline))
+    stored = raw_command(port, *STORED[side])
+    if side == "floor":
+        stored -= fill  # FLOORLEN counts the memory fill's jobs too
+    # redis-benchmark rounds -n up to whole pipelines: at least every request stored.
+    if not isinstance(stored, int) or stored < sum(requests.values()):
+        raise RuntimeError(f"{side}: {stored!r} entries stored after "
+                           f"{sum(requests.values())} adds: results are invalid")
+    results["stored"] = stored
+    return results
+
+
+def scenario_floor(args: argparse.Namespace, root: Path) -> dict[str, Any]:
+    if args.smoke:
+        requests = {1: 2000, PIPELINE: 4000}
+    else:
+        requests = {1: args.requests or 100_000, PIPELINE: (args.requests or 100_000) * 4}
+    fill = 20_000 if args.smoke else 1_000_000
+    sides = ("disque", "floor", "redis")
+    rounds = alternating_rounds(root, args.rounds, "floor-",
+                                lambda side, server: floor_round(server, side, requests, fill),
+                                sides, pass_server=True)
+    table: list[dict[str, Any]] = []
+    for pipeline in requests:
+        for label, disque_cmd, redis_cmd in FLOOR_TESTS:
+            key = {side: f"{(redis_cmd if side == 'redis' else disque_cmd)[0]} P{pipeline}"
+                   for side in sides}
+            rps = {side: [r[side][key[side]]["rps"] for r in rounds] for side in sides}
+            row: dict[str, Any] = {"test": label, "pipeline": pipeline,
+                                   "requests": requests[pipeline]}
+            for side in sides:
+                row[f"{side}_rps"] = median(rps[side])
+            for num, den in (("disque", "redis"), ("floor", "redis"), ("disque", "floor")):
+                ratios = [a / b for a, b in zip(rps[num], rps[den], strict=True)]
+                row[f"{num}_vs_{den}"] = median(ratios)
+                row[f"{num}_vs_{den}_rounds"] = [round(r, 3) for r in ratios]
+            row["commands"] = [rounds[0][side][key[side]]["command"] for side in sides]
+            table.append(row)
+    print()
+    print(f"floor: redis-benchmark, {CLIENTS} clients, medians of {args.rounds} round(s). "
+          "'floor' is a node whose ADDJOB does only the unavoidable work "
+          "(benchmarks/floor_node.py): no ADDJOB of this design can beat it.")
+    print_table(["test", "-P", "disque rps", "floor rps", "redis rps", "disque/redis",
+                 "floor/redis", "disque/floor"],
+                [[t["test"], t["pipeline"], t["disque_rps"], t["floor_rps"], t["redis_rps"],
+                  t["disque_vs_redis"], t["floor_vs_redis"], t["disque_vs_floor"]]
+                 for t in table])
+    memory = {side: {"rss_per_job": median([r[side]["memory"]["rss_per_job"] for r in rounds]),
+                     "used_per_job": median([r[side]["memory"]["used_per_job"]
+                                             for r in rounds])}
+              for side in sides}
+    redis_entry = memory["redis"]["rss_per_job"]
+    print(f"\nmemory, {fill:,} entries of {len(BODY)} bytes (RSS delta / entries, medians):")
+    print_table(["side", "RSS B/job", "vs Redis RSS"],
+                [[side, memory[side]["rss_per_job"],
+                  memory[side]["rss_per_job"] / max(1.0, redis_entry)] for side in sides])
+    print("\nload commands (port varies per round):")
+    for t in table:
+        for line in t["commands"]:
+            print("  " + line)
+    return {"requests": {str(k): v for k, v in requests.items()}, "clients": CLIENTS,
+            "fill": fill, "memory": memory, "table": table, "rounds": rounds}
+
+
+# --------------------------------------------------------------------------
 # Spark: delegate
 # --------------------------------------------------------------------------
 
@@ -486,6 +603,7 @@ RUNNERS: dict[str, Callable[[argparse.Namespace, Path], dict[str, Any]]] = {
     "cycle": scenario_cycle,
     "memory": scenario_memory,
     "soak": scenario_soak,
+    "floor": scenario_floor,
     "spark-source": delegate("benchmarks.spark_source"),
     "spark-sink": delegate("benchmarks.spark_sink"),
 }
@@ -507,7 +625,7 @@ def main(argv: list[str] | None = None) -> int:
         args.rounds = 2 if args.scenario == "soak" else 1  # soak: growth needs two rounds
     elif args.rounds is None:
         args.rounds = 10 if args.scenario == "soak" else 3
-    if args.scenario in ("server", "cycle", "memory"):
+    if args.scenario in ("server", "cycle", "memory", "floor"):
         missing = missing_tools()
         if missing:
             print(f"missing {', '.join(missing)}: install the Debian packages redis-server "

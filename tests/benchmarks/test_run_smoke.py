@@ -90,3 +90,28 @@ def test_soak_smoke_cycles_jobs_and_reports_memory_per_round(tmp_path: Path) -> 
         assert row["rss"] > 0 and row["used_memory"] > 0 and row["jobs_per_s"] > 0, row
     assert result["rss_growth_after_first_round"] == rows[1]["rss"] - rows[0]["rss"]
     assert "RSS growth after the first round" in stdout
+
+
+def test_floor_smoke_compares_the_node_with_its_floor_and_redis(tmp_path: Path) -> None:
+    result, stdout = run_smoke(tmp_path, "floor")
+    table = result["table"]
+    assert {(row["test"], row["pipeline"]) for row in table} == {
+        ("ADDJOB q body 0 / XADD", 1), ("ADDJOB q body 0 / XADD", 16),
+        ("PING / PING", 1), ("PING / PING", 16)}
+    for row in table:
+        for side in ("disque", "floor", "redis"):
+            assert row[f"{side}_rps"] > 0, row
+        assert row["disque_vs_floor"] == pytest.approx(row["disque_rps"] / row["floor_rps"])
+        assert len(row["commands"]) == 3
+    (rnd,) = result["rounds"]
+    assert rnd["order"] == ["disque", "floor", "redis"]
+    # Every ADDJOB (and XADD) stored an entry on each side, the floor node included.
+    for side in ("disque", "floor", "redis"):
+        assert rnd[side]["stored"] >= 6000, rnd[side]
+    # The memory fill ran on each fresh server (all entries counted, or it raises).
+    assert result["fill"] == 20_000
+    for side in ("disque", "floor"):
+        assert rnd[side]["memory"]["jobs"] == 20_000
+        assert result["memory"][side]["rss_per_job"] > 0, result["memory"]
+    assert rnd["redis"]["memory"]["used_per_job"] > 0
+    assert "FLOORLEN" not in stdout and "floor/redis" in stdout and "RSS B/job" in stdout

@@ -60,18 +60,21 @@ def free_port() -> int:
 class DisqueProcess:
     """One disque-server process in its own directory."""
 
-    def __init__(self, workdir: Path, *args: str, config_file: Path | None = None) -> None:
+    def __init__(self, workdir: Path, *args: str, config_file: Path | None = None,
+                 program: list[str] | None = None) -> None:
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.args = list(args)
         self.config_file = config_file
+        # What to run instead of ``python -m disque.server`` (the benchmarks' floor node).
+        self.program = program or [sys.executable, "-m", "disque.server"]
         self.port = 0
         self.proc: subprocess.Popen[bytes] | None = None
         self.log_path = self.workdir / "server.log"
         self._clients: list[redis.Redis] = []
 
     def start(self, timeout: float = 15.0, port: int | None = None) -> DisqueProcess:
-        cmd = [sys.executable, "-m", "disque.server"]
+        cmd = list(self.program)
         if self.config_file is not None:
             cmd.append(str(self.config_file))
         use_port = self.port if port is None and self.port else (port or 0)

@@ -1,0 +1,108 @@
+"""CPU instructions the node spends per command, counted by valgrind (callgrind).
+
+Wall-clock throughput on a shared 2-core VM varies by +-20% between runs
+minutes apart, which hides a 5% change.  Instruction counts do not vary:
+callgrind counts the instructions the node's process executes, whatever the
+rest of the machine does.  This runs a fresh node under callgrind twice,
+``redis-benchmark`` sends it ``--small`` and then ``--large`` requests of
+one command, and the difference of the two totals divided by the difference
+of the request counts is the cost of one command: start-up, shutdown and
+the cron's fixed work cancel out.  Kernel time (the syscalls themselves) is
+not counted; the user-space side of them is.
+
+Usage (from the repository root)::
+
+    python3 -m benchmarks.instructions [--pipeline 16] [--small 4000] [--large 20000] \\
+        [--node floor] ADDJOB q body 0
+
+Under callgrind the node runs ~50x slower; the default counts take about
+half a minute.  Needs ``valgrind`` (Debian package valgrind) and
+``redis-benchmark`` (redis-tools).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks.redis_tools import benchmark_command, run_benchmark
+from tests.support.process import DisqueProcess, raw_command, wait_for
+
+ROOT = Path(__file__).resolve().parent.parent
+FLOOR_NODE = ROOT / "benchmarks" / "floor_node.py"
+TOTAL = re.compile(rb"Collected : (\d+)")
+
+
+def count_instructions(root: Path, command: list[str], requests: int, pipeline: int,
+                       node: str) -> int:
+    """Instructions of one node process that served ``requests`` of ``command``, start to exit."""
+    script = [str(FLOOR_NODE)] if node == "floor" else ["-m", "disque.server"]
+    program = ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null",
+               sys.executable, *script]
+    server = DisqueProcess(root / f"{node}-{requests}", "--appendonly", "no",
+                           "--maxmemory", "20gb", program=program).start(timeout=120)
+    try:
+        run_benchmark(benchmark_command(server.port, command, requests=requests,
+                                        pipeline=pipeline), timeout=1800)
+        try:
+            raw_command(server.port, "SHUTDOWN", "NOSAVE", timeout=60)
+        except ConnectionError:
+            pass  # SHUTDOWN closes the connection instead of answering
+        # callgrind prints its total when the process exits.
+        match = wait_for(lambda: TOTAL.search(server.log_path.read_bytes()), 120,
+                         interval=0.2, message="callgrind's total in the log")
+    finally:
+        server.kill()
+    return int(match.group(1))
+
+
+def measure(command: list[str], small: int, large: int, pipeline: int,
+            node: str = "disque") -> dict[str, Any]:
+    if large <= small:
+        raise ValueError("--large must be greater than --small")
+    root = Path(tempfile.mkdtemp(prefix="bench-instructions-"))
+    try:
+        low = count_instructions(root, command, small, pipeline, node)
+        high = count_instructions(root, command, large, pipeline, node)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    return {"command": command, "node": node, "pipeline": pipeline, "small": small,
+            "large": large, "instructions_small": low, "instructions_large": high,
+            "per_command": (high - low) / (large - small)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("command", nargs="+", help="the command redis-benchmark sends")
+    parser.add_argument("--pipeline", type=int, default=16)
+    parser.add_argument("--small", type=int, default=4000)
+    parser.add_argument("--large", type=int, default=20000)
+    parser.add_argument("--node", choices=("disque", "floor"), default="disque",
+                        help="floor: the node of benchmarks/floor_node.py")
+    parser.add_argument("--json", metavar="PATH", help="also write the result as JSON")
+    args = parser.parse_args(argv)
+    missing = [tool for tool in ("valgrind", "redis-benchmark") if shutil.which(tool) is None]
+    if missing:
+        print(f"missing {', '.join(missing)}: install the Debian packages valgrind and "
+              "redis-tools", file=sys.stderr)
+        return 2
+    result = measure(args.command, args.small, args.large, args.pipeline, args.node)
+    print(f"{args.node} node, {' '.join(args.command)} -P {args.pipeline}: "
+          f"{result['per_command']:,.0f} instructions per command "
+          f"(({result['instructions_large']:,} - {result['instructions_small']:,}) / "
+          f"({args.large} - {args.small}) requests)")
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

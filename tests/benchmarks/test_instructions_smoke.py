@@ -1,0 +1,46 @@
+"""``python3 -m benchmarks.instructions`` counts a node's instructions per command.
+
+Needs valgrind and redis-benchmark (Debian packages valgrind and redis-tools).
+Few requests, so the figures are rough; the floor node's ADDJOB must still
+come out cheaper than the real one, as it does with the default counts
+(~42 k vs ~74 k instructions).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+MISSING = [tool for tool in ("valgrind", "redis-benchmark") if shutil.which(tool) is None]
+pytestmark = pytest.mark.skipif(
+    bool(MISSING), reason=f"{' and '.join(MISSING)} not installed: the instruction counts "
+                          "run the node under valgrind and drive it with redis-benchmark")
+
+
+def per_command(tmp_path: Path, node: str) -> dict:
+    out = tmp_path / f"{node}.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.instructions", "--node", node, "--small", "300",
+         "--large", "1500", "--json", str(out), "ADDJOB", "q", "body", "0"],
+        cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
+    assert "instructions per command" in proc.stdout
+    return json.loads(out.read_text())
+
+
+@pytest.mark.slow  # four nodes under valgrind: ~30 s
+def test_instruction_counts_per_command(tmp_path: Path) -> None:
+    real = per_command(tmp_path, "disque")
+    floor = per_command(tmp_path, "floor")
+    for result in (real, floor):
+        assert result["instructions_large"] > result["instructions_small"] > 0, result
+        # A command through Python's eval loop costs thousands of instructions.
+        assert 5_000 < result["per_command"] < 5_000_000, result
+    assert floor["per_command"] < real["per_command"], (floor, real)
