@@ -129,8 +129,12 @@ def median(values: list[float]) -> float:
     return float(statistics.median(values)) if values else 0.0
 
 
+#: How every benchmarked node runs: no persistence, no memory limit in the way.
+NODE_ARGS = ("--appendonly", "no", "--maxmemory", "20gb")
+
+
 def start_node(root: Path, name: str) -> DisqueProcess:
-    return DisqueProcess(root / name, "--appendonly", "no", "--maxmemory", "20gb").start()
+    return DisqueProcess(root / name, *NODE_ARGS).start()
 
 
 def start_redis(root: Path, name: str) -> RedisProcess:
@@ -139,7 +143,7 @@ def start_redis(root: Path, name: str) -> RedisProcess:
 
 def start_floor_node(root: Path, name: str) -> DisqueProcess:
     """A node whose ADDJOB does only the unavoidable work (see ``benchmarks/floor_node.py``)."""
-    return DisqueProcess(root / name, "--appendonly", "no", "--maxmemory", "20gb",
+    return DisqueProcess(root / name, *NODE_ARGS,
                          program=[sys.executable, str(FLOOR_NODE)]).start()
 
 
@@ -155,13 +159,15 @@ def alternating_rounds(root: Path, rounds: int, prefix: str,
 
     With ``pass_server`` it gets the server object rather than its port.
 
-    The order of the sides reverses every round (disque, Redis; Redis,
-    disque; ...), so drift of the machine inside a round cancels out.  Each
-    round is ``{"order": [...], side: result, ...}``.
+    The order of the sides rotates every round (disque, Redis; Redis,
+    disque; ... and with three sides each takes each place once in three
+    rounds), so drift of the machine inside a round cancels out.  Each round
+    is ``{"order": [...], side: result, ...}``.
     """
     out = []
     for rnd in range(rounds):
-        order = list(sides) if rnd % 2 == 0 else list(reversed(sides))
+        shift = rnd % len(sides)
+        order = list(sides[shift:] + sides[:shift])
         this: dict[str, Any] = {"order": order}
         for side in order:
             print(f"round {rnd + 1}/{rounds}: {side} ...", flush=True)
@@ -218,11 +224,16 @@ def server_round(port: int, side: str, requests: dict[int, int]) -> dict[str, An
     return results
 
 
-def scenario_server(args: argparse.Namespace, root: Path) -> dict[str, Any]:
+def request_counts(args: argparse.Namespace) -> dict[int, int]:
+    """Requests per redis-benchmark run, by pipeline depth (``-P 16`` gets 4x)."""
     if args.smoke:
-        requests = {1: 2000, PIPELINE: 4000}
-    else:
-        requests = {1: args.requests or 100_000, PIPELINE: (args.requests or 100_000) * 4}
+        return {1: 2000, PIPELINE: 4000}
+    unpipelined = args.requests or 100_000
+    return {1: unpipelined, PIPELINE: unpipelined * 4}
+
+
+def scenario_server(args: argparse.Namespace, root: Path) -> dict[str, Any]:
+    requests = request_counts(args)
     rounds = alternating_rounds(root, args.rounds, "",
                                 lambda side, port: server_round(port, side, requests))
     for this in rounds:
@@ -488,8 +499,9 @@ FLOOR_TESTS: list[tuple[str, list[str], list[str]]] = [
     ("ADDJOB q body 0 / XADD", ["ADDJOB", "q", "body", "0"], ["XADD", "s", "*", "f", "body"]),
     ("PING / PING", ["PING"], ["PING"]),
 ]
-#: How each side counts what its ADDJOB / XADD stored.
+#: How each side counts what its ADDJOB / XADD tests stored, and what its memory fill stored.
 STORED = {"disque": ["QLEN", "q"], "floor": ["FLOORLEN"], "redis": ["XLEN", "s"]}
+FILLED = {"disque": ["QLEN", "mq"], "floor": ["FLOORLEN"], "redis": ["XLEN", "ms"]}
 
 
 #: What each side's memory fill adds (100-byte bodies, as in ``memory``).
@@ -502,16 +514,15 @@ def floor_round(server: DisqueProcess | RedisProcess, side: str, requests: dict[
     port = server.port
     # Memory first, on the fresh server; the throughput tests then run with
     # the filled jobs resident, as the server scenario's do.
-    count = {"disque": ["QLEN", "mq"], "floor": ["FLOORLEN"], "redis": ["XLEN", "ms"]}[side]
     results: dict[str, Any] = {"memory": memory_fill(port, server.pid, FLOOR_FILL[side], fill,
-                                                     count)}
+                                                     FILLED[side])}
     for pipeline, count in requests.items():
         for _, disque_cmd, redis_cmd in FLOOR_TESTS:
             cmd = redis_cmd if side == "redis" else disque_cmd
             results[f"{cmd[0]} P{pipeline}"] = run_benchmark(
                 benchmark_command(port, cmd, requests=count, pipeline=pipeline))
     stored = raw_command(port, *STORED[side])
-    if side == "floor":
+    if side == "floor" and isinstance(stored, int):
         stored -= fill  # FLOORLEN counts the memory fill's jobs too
     # redis-benchmark rounds -n up to whole pipelines: at least every request stored.
     if not isinstance(stored, int) or stored < sum(requests.values()):
@@ -522,10 +533,7 @@ def floor_round(server: DisqueProcess | RedisProcess, side: str, requests: dict[
 
 
 def scenario_floor(args: argparse.Namespace, root: Path) -> dict[str, Any]:
-    if args.smoke:
-        requests = {1: 2000, PIPELINE: 4000}
-    else:
-        requests = {1: args.requests or 100_000, PIPELINE: (args.requests or 100_000) * 4}
+    requests = request_counts(args)
     fill = 20_000 if args.smoke else 1_000_000
     sides = ("disque", "floor", "redis")
     rounds = alternating_rounds(root, args.rounds, "floor-",

@@ -105,13 +105,8 @@ def test_floor_smoke_compares_the_node_with_its_floor_and_redis(tmp_path: Path) 
         assert len(row["commands"]) == 3
     (rnd,) = result["rounds"]
     assert rnd["order"] == ["disque", "floor", "redis"]
-    # Every ADDJOB (and XADD) stored an entry on each side, the floor node included.
-    for side in ("disque", "floor", "redis"):
-        assert rnd[side]["stored"] >= 6000, rnd[side]
-    # The memory fill ran on each fresh server (all entries counted, or it raises).
-    assert result["fill"] == 20_000
+    # The memory fill grew each node's RSS, the floor node's included.
     for side in ("disque", "floor"):
-        assert rnd[side]["memory"]["jobs"] == 20_000
         assert result["memory"][side]["rss_per_job"] > 0, result["memory"]
     assert rnd["redis"]["memory"]["used_per_job"] > 0
     assert "FLOORLEN" not in stdout and "floor/redis" in stdout and "RSS B/job" in stdout
