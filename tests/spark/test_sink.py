@@ -7,6 +7,7 @@ rest goes through Spark end to end.  Every test uses its own queue names.
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Iterator
 
@@ -211,6 +212,32 @@ def test_lost_node_is_retried_until_it_is_back(server, disque) -> None:
     message = PartitionWriter(config, 0, sleep=sleep).write(batches())
     assert len(restarts) == 1 and message.retries == 1 and message.jobs == 20
     assert drain(disque, "lost") == [b"after"] * 10
+
+
+def test_node_out_of_memory_slows_the_writer_down_until_jobs_are_consumed(
+        server, disque, caplog: pytest.LogCaptureFixture) -> None:
+    # Room for about 8 jobs of 100 bytes above what the node uses now
+    # (~570 bytes accounted per queued job): the rest of the partition gets
+    # -OOM until a consumer takes jobs away.
+    used = int(disque.info("memory")["memory"]["used_memory"])
+    disque.config_set("maxmemory", used + 8 * 570)
+    consumed: list[bytes] = []
+
+    def sleep(seconds: float) -> None:
+        consumed.extend(drain(disque, "oom"))  # the consumer frees memory
+
+    config = config_for(server, queue="oom", retryBackoff="10ms")
+    sent = [f"{i:03d}-" + "x" * 96 for i in range(40)]
+    with caplog.at_level(logging.INFO, logger="spark_connector.writer"):
+        message = PartitionWriter(config, 0, sleep=sleep).write(
+            iter([pa.record_batch({"body": sent})]))
+    consumed.extend(drain(disque, "oom"))
+    assert message.jobs == 40 and message.retries >= 3, message
+    refusals = [r.getMessage() for r in caplog.records if "refused" in r.getMessage()]
+    assert len(refusals) == message.retries
+    assert all("(OOM)" in line for line in refusals), refusals
+    # Every row arrived once: a refused ADDJOB added nothing, its re-send did.
+    assert sorted(consumed) == sorted(body.encode() for body in sent)
 
 
 def test_non_retryable_error_is_not_retried(server, disque) -> None:
