@@ -21,7 +21,8 @@ ctime, memory accounting, AOF and keyspace hooks, waking blocked clients,
 re-arming the job timer.
 
 Its throughput is therefore an upper bound for the ADDJOB handler of this
-design: no tuning of the real handler can beat it, and the gap between the
+design: with this node's ``Job`` class, ID generator and reply type, no
+tuning of the real handler can beat it, and the gap between the
 two is the most that tuning the handler could still win.  (The request path
 that every command shares, parser, dispatch, encoder and event loop, is the
 same in both and not bounded by it.)  ``FLOORLEN`` answers how many jobs it

@@ -216,14 +216,16 @@ def test_lost_node_is_retried_until_it_is_back(server, disque) -> None:
 
 def test_node_out_of_memory_slows_the_writer_down_until_jobs_are_consumed(
         server, disque, caplog: pytest.LogCaptureFixture) -> None:
-    # Room for about 8 jobs of 100 bytes above what the node uses now
-    # (~570 bytes accounted per queued job): the rest of the partition gets
-    # -OOM until a consumer takes jobs away.
+    # Room for 8 jobs of 100 bytes (~570 bytes accounted each) above what the
+    # node uses now, less the queue's own ~1.2 kB: ~6 jobs get in, the rest
+    # of the partition gets -OOM until a consumer takes jobs away.
     used = int(disque.info("memory")["memory"]["used_memory"])
     disque.config_set("maxmemory", used + 8 * 570)
     consumed: list[bytes] = []
+    waits: list[float] = []
 
     def sleep(seconds: float) -> None:
+        waits.append(seconds)
         consumed.extend(drain(disque, "oom"))  # the consumer frees memory
 
     config = config_for(server, queue="oom", retryBackoff="10ms")
@@ -233,6 +235,8 @@ def test_node_out_of_memory_slows_the_writer_down_until_jobs_are_consumed(
             iter([pa.record_batch({"body": sent})]))
     consumed.extend(drain(disque, "oom"))
     assert message.jobs == 40 and message.retries >= 3, message
+    # Each refusal waited retryBackoff (10 ms, with jitter in [0.5, 1]) before the re-send.
+    assert len(waits) == message.retries and all(0.005 <= w <= 0.01 for w in waits), waits
     refusals = [r.getMessage() for r in caplog.records if "refused" in r.getMessage()]
     assert len(refusals) == message.retries
     assert all("(OOM)" in line for line in refusals), refusals
