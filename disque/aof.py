@@ -129,7 +129,6 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from .clock import random_time_error
 from .job import (
     FLAG_BCAST_QUEUED,
     FLAG_BCAST_WILLQUEUE,
@@ -1316,7 +1315,7 @@ class AppendOnlyFile:
 def apply_loaded_jobs(state: ServerState, jobs: Any, restore_queues: bool) -> dict[str, int]:
     """Register replayed jobs: active (requeued later by RETRY) or, once, queued."""
     from .ack import gc_retry_delay_ms
-    from .jobs import register_job
+    from .jobs import register_job, requeue_time
     from .queue import enqueue_job
 
     now = state.clock.now_ms()
@@ -1349,12 +1348,12 @@ def apply_loaded_jobs(state: ServerState, jobs: Any, restore_queues: bool) -> di
                     job.qtime = max(now, job.ctime // 1_000_000 + job.delay * 1000)
                 elif job.retry:
                     # Delivered: requeue RETRY after now, as after a delivery.
-                    job.qtime = now + job.retry * 1000 + random_time_error()
+                    job.qtime = requeue_time(state, job.retry, now)
                     job.flags |= FLAG_BCAST_WILLQUEUE
                 else:
                     job.qtime = 0   # a delivered RETRY-0 job is never queued again
             elif job.retry:
-                job.qtime = now + (job.delay + job.retry) * 1000 + random_time_error()
+                job.qtime = requeue_time(state, job.delay + job.retry, now)
                 job.flags |= FLAG_BCAST_WILLQUEUE
                 if not job.flags & FLAG_DELIVERED:
                     # Not known to have been delivered: requeueing it is not

@@ -21,6 +21,7 @@ from collections.abc import Iterator
 from itertools import islice
 from typing import TYPE_CHECKING
 
+from .clock import random_time_error
 from .job import ACKED, ACTIVE, B64_VALUE, FLAG_BCAST_WILLQUEUE, FLAG_DELIVERED, QUEUED, Job
 from .keyspace import SlicedDict, job_id_slice
 
@@ -35,6 +36,7 @@ __all__ = [
     "register_job",
     "unregister_job",
     "update_awake_time",
+    "requeue_time",
     "process_job",
     "process_due_jobs",
     "JOB_OVERHEAD_BYTES",
@@ -274,6 +276,16 @@ def update_awake_time(state: ServerState, job: Job) -> None:
         state.schedule_changed(when)
 
 
+def requeue_time(state: ServerState, retry_s: int, now: int) -> int:
+    """When a job delivered (or queued) at ``now`` is queued again: RETRY later.
+
+    With the original's jitter (randomTimeError), so that the copies on
+    several nodes do not all requeue at once; as a time object shared with
+    the jobs that got the same value.
+    """
+    return state.shared_int(now + retry_s * 1000 + random_time_error())
+
+
 def process_job(state: ServerState, job: Job, now: int) -> None:
     """Everything time does to a job, in the original's order (job.c:processJob)."""
     from . import ack
@@ -297,16 +309,14 @@ def process_job(state: ServerState, job: Job, now: int) -> None:
     if state_ == ACTIVE and job.qtime and job.qtime <= now:
         q = state.queues.lookup(job.queue) if job.queue is not None else None
         if q is not None and q.paused_in and job.retry > 0:
-            from .clock import random_time_error
-            job.qtime = now + job.retry * 1000 + random_time_error()
+            job.qtime = requeue_time(state, job.retry, now)
             job.flags |= FLAG_BCAST_WILLQUEUE
         elif not enqueue_job(state, job):
             # Nothing will ever queue it again (RETRY 0 after delivery).
             job.qtime = 0
     # 4. Still queued at its retry time (nobody fetched it): just postpone.
     elif state_ == QUEUED and job.qtime and job.qtime <= now and job.retry > 0:
-        from .clock import random_time_error
-        job.qtime = now + job.retry * 1000 + random_time_error()
+        job.qtime = requeue_time(state, job.retry, now)
         job.flags |= FLAG_BCAST_WILLQUEUE
     # 5. Acked: time for another garbage-collection attempt.
     elif state_ == ACKED and job.qtime and job.qtime <= now:

@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING
 from sortedcontainers import SortedKeyList
 
 from . import jobs as jobs_mod
-from .clock import random_time_error
 from .job import (
     ACKED,
     ACTIVE,
@@ -184,7 +183,7 @@ def enqueue_job(state: ServerState, job: Job, nack: bool = False, *,
     job.state = QUEUED
     if retry:
         flags |= FLAG_BCAST_WILLQUEUE
-        job.qtime = state.shared_int(now + retry * 1000 + random_time_error())
+        job.qtime = jobs_mod.requeue_time(state, retry, now)
     else:
         job.qtime = 0
     if flags & FLAG_BCAST_QUEUED or nack:

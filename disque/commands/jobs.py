@@ -6,9 +6,8 @@ from typing import TYPE_CHECKING, Any
 
 from .. import ack
 from ..blocking import block_for_jobs, getjob_entry
-from ..clock import random_time_error
 from ..job import ACTIVE, FLAG_BCAST_WILLQUEUE, Job, JobState
-from ..jobs import register_job, unregister_job, update_awake_time
+from ..jobs import register_job, requeue_time, unregister_job, update_awake_time
 from ..protocol import NULL_ARRAY, Map, ReplyError, Status
 from ..queue import PAUSED_IN, PAUSED_OUT, dequeue_job, enqueue_job, fetch_job, fetch_jobs
 from .registry import (
@@ -322,7 +321,7 @@ def working(state: ServerState, client: ClientConnection, argv: list[bytes]) -> 
     dequeue_job(state, job)
     if job.retry:
         job.flags |= FLAG_BCAST_WILLQUEUE
-        job.qtime = now + job.retry * 1000 + random_time_error()
+        job.qtime = requeue_time(state, job.retry, now)
         update_awake_time(state, job)
     state.cluster.broadcast_working(job)
     return job.retry
