@@ -103,7 +103,7 @@ def format_address(address: tuple[str, int]) -> str:
 
 def encode_arg(value: Arg) -> bytes:
     """One command argument as bytes (see the module docstring for why)."""
-    if type(value) is bytes or isinstance(value, bytes):
+    if isinstance(value, bytes):
         return value
     if isinstance(value, str):
         return value.encode("utf-8", "surrogateescape")
@@ -118,7 +118,7 @@ def encode_arg(value: Arg) -> bytes:
 
 def text(value: Any) -> str:
     """A name/ID from a reply as str (lossless, see the module docstring)."""
-    if type(value) is bytes or isinstance(value, bytes):
+    if isinstance(value, bytes):
         return value.decode("utf-8", "surrogateescape")
     if isinstance(value, int):
         return str(value)
