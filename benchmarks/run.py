@@ -152,12 +152,9 @@ STARTERS: dict[str, Callable[[Path, str], DisqueProcess | RedisProcess]] = {
 
 
 def alternating_rounds(root: Path, rounds: int, prefix: str,
-                       run: Callable[[str, Any], Any],
-                       sides: tuple[str, ...] = ("disque", "redis"),
-                       pass_server: bool = False) -> list[dict[str, Any]]:
-    """``run(side, port)`` on a fresh server of each side, once per round.
-
-    With ``pass_server`` it gets the server object rather than its port.
+                       run: Callable[[str, DisqueProcess | RedisProcess], Any],
+                       sides: tuple[str, ...] = ("disque", "redis")) -> list[dict[str, Any]]:
+    """``run(side, server)`` on a fresh server of each side, once per round.
 
     The order of the sides rotates every round (disque, Redis; Redis,
     disque; ... and with three sides each takes each place once in three
@@ -173,7 +170,7 @@ def alternating_rounds(root: Path, rounds: int, prefix: str,
             print(f"round {rnd + 1}/{rounds}: {side} ...", flush=True)
             server = STARTERS[side](root, f"{prefix}{side}-{rnd}")
             try:
-                this[side] = run(side, server if pass_server else server.port)
+                this[side] = run(side, server)
             finally:
                 server.kill()
         out.append(this)
@@ -235,7 +232,7 @@ def request_counts(args: argparse.Namespace) -> dict[int, int]:
 def scenario_server(args: argparse.Namespace, root: Path) -> dict[str, Any]:
     requests = request_counts(args)
     rounds = alternating_rounds(root, args.rounds, "",
-                                lambda side, port: server_round(port, side, requests))
+                                lambda side, server: server_round(server.port, side, requests))
     for this in rounds:
         this["disque_qlen_after"] = this["disque"]["left_after_pops"]
 
@@ -360,8 +357,8 @@ def scenario_cycle(args: argparse.Namespace, root: Path) -> dict[str, Any]:
     cycles = {"disque": disque_cycle, "redis": redis_cycle}
     rounds = alternating_rounds(
         root, args.rounds, "cycle-",
-        lambda side, port: {mode: cycles[side](port, jobs, mode == "batched")
-                            for mode, jobs in sizes.items()})
+        lambda side, server: {mode: cycles[side](server.port, jobs, mode == "batched")
+                              for mode, jobs in sizes.items()})
     runs = {mode: {side: [this[side][mode] for this in rounds] for side in cycles}
             for mode in sizes}
     table = []
@@ -538,7 +535,7 @@ def scenario_floor(args: argparse.Namespace, root: Path) -> dict[str, Any]:
     sides = ("disque", "floor", "redis")
     rounds = alternating_rounds(root, args.rounds, "floor-",
                                 lambda side, server: floor_round(server, side, requests, fill),
-                                sides, pass_server=True)
+                                sides)
     table: list[dict[str, Any]] = []
     for pipeline in requests:
         for label, disque_cmd, redis_cmd in FLOOR_TESTS:
@@ -558,15 +555,14 @@ def scenario_floor(args: argparse.Namespace, root: Path) -> dict[str, Any]:
     print()
     print(f"floor: redis-benchmark, {CLIENTS} clients, medians of {args.rounds} round(s). "
           "'floor' is a node whose ADDJOB does only the unavoidable work "
-          "(benchmarks/floor_node.py): no ADDJOB of this design can beat it.")
+          "(benchmarks/floor_node.py): no tuning of the ADDJOB handler can beat it.")
     print_table(["test", "-P", "disque rps", "floor rps", "redis rps", "disque/redis",
                  "floor/redis", "disque/floor"],
                 [[t["test"], t["pipeline"], t["disque_rps"], t["floor_rps"], t["redis_rps"],
                   t["disque_vs_redis"], t["floor_vs_redis"], t["disque_vs_floor"]]
                  for t in table])
-    memory = {side: {"rss_per_job": median([r[side]["memory"]["rss_per_job"] for r in rounds]),
-                     "used_per_job": median([r[side]["memory"]["used_per_job"]
-                                             for r in rounds])}
+    # RSS only: the floor node accounts no memory, so its used_memory says nothing.
+    memory = {side: {"rss_per_job": median([r[side]["memory"]["rss_per_job"] for r in rounds])}
               for side in sides}
     redis_entry = memory["redis"]["rss_per_job"]
     print(f"\nmemory, {fill:,} entries of {len(BODY)} bytes (RSS delta / entries, medians):")
