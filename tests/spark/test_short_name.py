@@ -11,6 +11,7 @@ directory outside the checkout, in a fresh interpreter, as a user would.
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -85,7 +86,11 @@ def test_short_name_found_by_spark_outside_the_checkout(tmp_path: Path, server) 
 
 def test_regular_install_ships_the_lookup_module(tmp_path: Path) -> None:
     """A wheel installs pyspark_disque as a top-level module that the listing sees."""
-    pip(tmp_path, "wheel", "--no-deps", "-w", str(tmp_path / "wheel"), str(ROOT))
+    # Built from a copy: an in-tree build would leave build/ in the checkout.
+    source = tmp_path / "source"
+    shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(
+        ".git", "build", "*.egg-info", "__pycache__", ".*_cache", "demo-output"))
+    pip(tmp_path, "wheel", "--no-deps", "-w", str(tmp_path / "wheel"), str(source))
     (wheel,) = (tmp_path / "wheel").glob("*.whl")
     target = tmp_path / "site"
     pip(tmp_path, "install", "--no-deps", "--target", str(target), str(wheel))
