@@ -1,7 +1,9 @@
 """``disque-server``: the node's lifecycle.
 
 Start-up: read the configuration, change to ``dir``, load (or create) the
-node identity from ``nodes.conf``, listen, and arm two timers:
+node identity from ``nodes.conf``, listen for clients and (on port + 10000)
+for the cluster bus (``cluster/bus.py``, with its own 100 ms cron), and arm
+two timers:
 
 * the **job timer**, armed for the earliest ``awakeme`` in the schedule and
   re-armed only when an earlier one appears, so an idle node does not wake
@@ -21,12 +23,14 @@ import asyncio
 import logging
 import os
 import signal
+import socket
 import sys
 import time
 from collections.abc import Callable
 
 from . import __version__
 from .cluster import ClusterState, NodesFileError
+from .cluster.bus import BUS_PORT_OFFSET, ClusterBus
 from .config import Config, ConfigError
 from .connection import ClientConnection
 from .gcpolicy import CollectorPolicy
@@ -37,6 +41,11 @@ from .state import ServerState
 __all__ = ["DisqueServer", "main"]
 
 log = logging.getLogger("disque.server")
+
+#: The highest client port: the cluster bus listens on port + 10000.
+MAX_PORT = 65535 - BUS_PORT_OFFSET
+#: Room in a bus message around the largest job body a client may send.
+BUS_MESSAGE_SLACK = 1024 * 1024
 
 #: Idle queues are looked at every 100 ms, like the original's evictIdleQueues.
 QUEUE_EVICTION_PERIOD_S = 0.1
@@ -84,27 +93,64 @@ class DisqueServer:
         from .aof import setup_persistence
         setup_persistence(self, state)  # loads the AOF before listening
 
-        for address in config.bind:
-            host = None if address == "*" else address
-            try:
-                server = await loop.create_server(
-                    lambda: ClientConnection(state), host, config.port,
-                    backlog=config.tcp_backlog, reuse_address=True)
-            except OSError as err:
-                raise SystemExit(f"Could not create server TCP listening socket "
-                                 f"{address}:{config.port}: {err.strerror}") from None
-            self._servers.append(server)
+        await self._listen(config, state)
         if config.port == 0:
-            self.port = self._servers[0].sockets[0].getsockname()[1]
             state.tcp_port = self.port
             cluster.myself.port = self.port
             cluster.save()
+        bus = ClusterBus(cluster, state.clock.now_ms, lambda: config.cluster_node_timeout,
+                         max_message=config.proto_max_bulk_len + BUS_MESSAGE_SLACK,
+                         before_flush=state.before_reply_hooks)
+        state.bus = bus
+        await bus.start(config.bind, self.port)
         self._cron_deadline = loop.time()
         self._schedule_cron()
         log.info("Disque %s (python) started, pid %d, node %s", __version__, os.getpid(),
                  cluster.myself_id)
         addresses = ", ".join(f"{a}:{self.port}" for a in config.bind)
         log.info("Ready to accept connections on %s", addresses)
+
+    async def _listen(self, config: Config, state: ServerState) -> None:
+        """The client listeners, on a port whose bus port (+10000) is free too.
+
+        With ``port 0`` the kernel picks the client port; one above 55535 has
+        no bus port, and a taken bus port makes the node unusable in a
+        cluster, so such picks are given back and another one is tried.
+        """
+        if config.port > MAX_PORT:
+            raise SystemExit(f"Port {config.port} is too high: the cluster bus listens on "
+                             f"port + {BUS_PORT_OFFSET}, so the highest usable port is "
+                             f"{MAX_PORT}")
+        for _attempt in range(100):
+            servers = await self._create_listeners(config, state, config.port)
+            port = servers[0].sockets[0].getsockname()[1]
+            if config.port or (port <= MAX_PORT and _bus_port_free(config.bind, port)):
+                self._servers = servers
+                self.port = port
+                return
+            for server in servers:
+                server.close()
+        raise SystemExit("Could not find a free port whose cluster bus port is free too")
+
+    async def _create_listeners(self, config: Config, state: ServerState,
+                                port: int) -> list[asyncio.base_events.Server]:
+        loop = asyncio.get_running_loop()
+        servers: list[asyncio.base_events.Server] = []
+        for address in config.bind:
+            host = None if address == "*" else address
+            try:
+                server = await loop.create_server(
+                    lambda: ClientConnection(state), host, port,
+                    backlog=config.tcp_backlog, reuse_address=True)
+            except OSError as err:
+                for other in servers:
+                    other.close()
+                raise SystemExit(f"Could not create server TCP listening socket "
+                                 f"{address}:{port}: {err.strerror}") from None
+            servers.append(server)
+            if not port:  # the other addresses listen on the port the first one got
+                port = server.sockets[0].getsockname()[1]
+        return servers
 
     def _change_dir(self, path: str) -> None:
         os.chdir(path)
@@ -210,6 +256,8 @@ class DisqueServer:
         if self._cron_handle is not None:
             self._cron_handle.cancel()
         state = self.state
+        if state is not None and state.bus is not None:
+            state.bus.stop()
         if state is not None:
             for client in list(state.clients.values()):
                 client.kill()
@@ -237,6 +285,20 @@ class DisqueServer:
 
     async def wait_stopped(self) -> None:
         await self._stopped.wait()
+
+
+def _bus_port_free(bind: list[str], port: int) -> bool:
+    """Whether port + 10000 can be bound on every bind address."""
+    for address in bind:
+        host = "" if address in ("*", "0.0.0.0") else address
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        with socket.socket(family, socket.SOCK_STREAM) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                sock.bind((host, port + BUS_PORT_OFFSET))
+            except OSError:
+                return False
+    return True
 
 
 # --------------------------------------------------------------------------

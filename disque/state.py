@@ -23,6 +23,7 @@ from .memory import MemoryTracker
 from .queue import QUEUE_OVERHEAD_BYTES, Queue, QueueRegistry
 
 if TYPE_CHECKING:
+    from .cluster.bus import ClusterBus
     from .connection import ClientConnection
 
 __all__ = ["ServerState", "Stats"]
@@ -87,6 +88,9 @@ class ServerState:
         self.shutdown_requested: Callable[[str], Any] | None = None
         # The append-only file, when persistence is on (see aof.py).
         self.aof: Any = None
+        # The cluster bus (cluster/bus.py), once the server listens; None in
+        # tests that drive the state without a server.
+        self.bus: ClusterBus | None = None
         config.on_change("maxmemory", self._set_maxmemory)
 
     def _set_maxmemory(self, value: int) -> None:

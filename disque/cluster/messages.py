@@ -1,60 +1,276 @@
-"""Cluster bus message encoding (the original's wire format, C-BEHAVIOUR.md §3).
+"""Cluster bus messages: the original's binary frames <-> typed messages.
+
+Sans-IO: bytes in, tuples out, and the reverse; no sockets, no node table.
+Every layout below was checked against the original server on the wire
+(a raw socket speaking to a 1.0-rc1 node).
 
 Header, 144 bytes, big-endian::
 
-    "DbuZ" | totlen u32 | ver u16 (1) | unused u16 | type u16 | count u16 |
-    sender[40] | myip[46] | reserved[34] | port u16 | flags u16 | state u8 |
-    mflags[3]
+    0   "DbuZ"            4   totlen u32 (whole message)
+    8   ver u16 (1)       10  unused u16
+    12  type u16          14  count u16 (gossip entries)
+    16  sender[40]        56  myip[46] (unused: zeros)
+    102 reserved[34]      136 port u16 (the sender's *client* port)
+    138 flags u16         140 state u8 (0)        141 mflags[3]
 
-Only the encoders used by the job state machine live here for now; the
-receiving side comes with the cluster bus.
+Bodies, by type (totlen must match exactly, or the message is dropped):
+
+* PING, PONG, MEET: ``count`` gossip entries of 104 bytes each:
+  node ID 40, ping_sent u32, pong_received u32 (low 32 bits of a ms clock),
+  ip 46 (NUL-padded text), port u16, flags u16, 6 unused bytes.
+* FAIL: the failing node's ID (40 bytes).
+* job-ID messages (GOTJOB ENQUEUE QUEUED SETACK WILLQUEUE GOTACK DELJOB
+  WORKING): job ID 40 + aux u32.
+* job messages (REPLJOB, YOURJOBS): numjobs u32, datasize u32, then
+  ``datasize`` bytes of serialized jobs (``job.serialize_job``, little-endian).
+* queue messages (NEEDJOBS, PAUSE): aux u32, name length u32, name.
+
+Framing errors (bad signature, a totlen below the header size or above the
+reader's limit) mean the peer does not speak the protocol or is hostile:
+the link is closed.  A well-framed message with a wrong length for its type
+is only dropped, as the original does.
 """
 
 from __future__ import annotations
 
 import struct
-from typing import TYPE_CHECKING
+from collections.abc import Iterable
+from typing import NamedTuple
 
-if TYPE_CHECKING:
-    from .state import ClusterNode
+__all__ = [
+    "FrameError", "FrameReader", "GossipEntry", "Message", "decode", "flags_from_wire",
+    "flags_to_wire",
+]
 
 SIGNATURE = b"DbuZ"
 VERSION = 1
 HEADER = struct.Struct(">4sIHHHH40s46s34sHHB3s")
-assert HEADER.size == 144
+HEADER_SIZE = HEADER.size
+assert HEADER_SIZE == 144
+GOSSIP = struct.Struct(">40sII46sHHHI")
+assert GOSSIP.size == 104
+_AUX = struct.Struct(">I")
+_TWO_U32 = struct.Struct(">II")
+_TOTLEN = struct.Struct(">I")
 
 # Message types.
 PING, PONG, MEET, FAIL, REPLJOB, GOTJOB, ENQUEUE, QUEUED, SETACK, WILLQUEUE, \
     GOTACK, DELJOB, NEEDJOBS, YOURJOBS, WORKING, PAUSE = range(16)
+TYPE_NAMES = ("ping", "pong", "meet", "fail", "repljob", "gotjob", "enqueue", "queued",
+              "setack", "willqueue", "gotack", "deljob", "needjobs", "yourjobs", "working",
+              "pause")
+GOSSIP_TYPES = frozenset((PING, PONG, MEET))
+JOB_ID_TYPES = frozenset((GOTJOB, ENQUEUE, QUEUED, SETACK, WILLQUEUE, GOTACK, DELJOB, WORKING))
+JOBS_TYPES = frozenset((REPLJOB, YOURJOBS))
+QUEUE_TYPES = frozenset((NEEDJOBS, PAUSE))
 
 # mflags[0] bits.
 MFLAG_NOREPLY = 1
 MFLAG_INCR_NACKS = 2
 MFLAG_INCR_DELIV = 4
 
-# Node flag bits carried in the header.
-NODE_FLAG_BITS = {"myself": 1, "fail?": 2, "fail": 4, "handshake": 8, "noaddr": 16,
-                  "leaving": 32}
+# Node flag bits, in the header (the sender's own flags) and in gossip entries.
+WIRE_FLAGS = {"fail?": 1, "fail": 2, "myself": 4, "handshake": 8, "noaddr": 16,
+              "meet": 32, "deleted": 64, "leaving": 128}
+_FLAG_BITS = tuple((bit, name) for name, bit in WIRE_FLAGS.items())
+
+#: The largest message a reader accepts unless told otherwise: a REPLJOB of
+#: one job of the largest body a client may send (proto-max-bulk-len) fits.
+DEFAULT_MAX_MESSAGE = 512 * 1024 * 1024 + 1024 * 1024
 
 
-def _header(msg_type: int, sender: ClusterNode, body_len: int, count: int = 0,
-            mflags: int = 0) -> bytes:
-    flags = 0
-    for name in sender.flags:
-        flags |= NODE_FLAG_BITS.get(name, 0)
-    return HEADER.pack(SIGNATURE, HEADER.size + body_len, VERSION, 0, msg_type, count,
-                       sender.id.encode(), b"", b"", sender.port, flags, 0,
+def flags_to_wire(flags: Iterable[str]) -> int:
+    bits = 0
+    for name in flags:
+        bits |= WIRE_FLAGS.get(name, 0)
+    return bits
+
+
+def flags_from_wire(bits: int) -> set[str]:
+    return {name for bit, name in _FLAG_BITS if bits & bit}
+
+
+class GossipEntry(NamedTuple):
+    node_id: str
+    ping_sent: int
+    pong_received: int
+    ip: str
+    port: int
+    flags: int
+
+
+class Message(NamedTuple):
+    """One decoded bus message.  Only the fields of its type are meaningful."""
+
+    type: int
+    sender: str
+    port: int            # the sender's client port
+    flags: int           # the sender's node flags (wire bits)
+    mflags: int
+    gossip: tuple[GossipEntry, ...] = ()
+    node_id: str = ""    # FAIL
+    job_id: bytes = b""  # job-ID messages
+    aux: int = 0         # job-ID and queue messages
+    queue: bytes = b""   # queue messages
+    numjobs: int = 0     # job messages
+    payload: bytes = b""  # job messages: the serialized jobs
+
+
+class FrameError(Exception):
+    """The byte stream is not the bus protocol: close the link."""
+
+
+# --------------------------------------------------------------------------
+# Encoding
+# --------------------------------------------------------------------------
+
+def header(msg_type: int, sender_id: str, port: int, flags: int, body_len: int,
+           count: int = 0, mflags: int = 0) -> bytes:
+    return HEADER.pack(SIGNATURE, HEADER_SIZE + body_len, VERSION, 0, msg_type, count,
+                       sender_id.encode("ascii"), b"", b"", port, flags, 0,
                        bytes((mflags, 0, 0)))
 
 
-def job_id_message(msg_type: int, sender: ClusterNode, job_id: bytes, aux: int,
-                   mflags: int = 0) -> bytes:
+def gossip_entry(entry: GossipEntry) -> bytes:
+    return GOSSIP.pack(entry.node_id.encode("ascii"), entry.ping_sent & 0xFFFFFFFF,
+                       entry.pong_received & 0xFFFFFFFF, entry.ip.encode("ascii")[:46],
+                       entry.port, entry.flags, 0, 0)
+
+
+def gossip_message(msg_type: int, sender_id: str, port: int, flags: int,
+                   entries: Iterable[GossipEntry]) -> bytes:
+    """PING, PONG or MEET with its gossip section."""
+    body = b"".join(gossip_entry(e) for e in entries)
+    count = len(body) // GOSSIP.size
+    return header(msg_type, sender_id, port, flags, len(body), count) + body
+
+
+def fail_message(sender_id: str, port: int, flags: int, failing_id: str) -> bytes:
+    return header(FAIL, sender_id, port, flags, 40) + failing_id.encode("ascii")
+
+
+def job_id_message(msg_type: int, sender_id: str, port: int, flags: int, job_id: bytes,
+                   aux: int, mflags: int = 0) -> bytes:
     """Messages about one job: 40-byte job ID + aux u32."""
-    body = job_id + struct.pack(">I", aux & 0xFFFFFFFF)
-    return _header(msg_type, sender, len(body), mflags=mflags) + body
+    return (header(msg_type, sender_id, port, flags, 44, mflags=mflags) + job_id
+            + _AUX.pack(aux & 0xFFFFFFFF))
 
 
-def queue_message(msg_type: int, sender: ClusterNode, queue: bytes, aux: int) -> bytes:
+def queue_message(msg_type: int, sender_id: str, port: int, flags: int, queue: bytes,
+                  aux: int) -> bytes:
     """Messages about a queue (NEEDJOBS, PAUSE): aux u32, name length u32, name."""
-    body = struct.pack(">II", aux & 0xFFFFFFFF, len(queue)) + queue
-    return _header(msg_type, sender, len(body)) + body
+    return (header(msg_type, sender_id, port, flags, 8 + len(queue))
+            + _TWO_U32.pack(aux & 0xFFFFFFFF, len(queue)) + queue)
+
+
+def jobs_message(msg_type: int, sender_id: str, port: int, flags: int, blobs: list[bytes],
+                 mflags: int = 0) -> bytes:
+    """REPLJOB / YOURJOBS: numjobs u32, datasize u32, the serialized jobs."""
+    data = b"".join(blobs)
+    return (header(msg_type, sender_id, port, flags, 8 + len(data), mflags=mflags)
+            + _TWO_U32.pack(len(blobs), len(data)) + data)
+
+
+# --------------------------------------------------------------------------
+# Decoding
+# --------------------------------------------------------------------------
+
+class FrameReader:
+    """Splits a link's byte stream into whole messages, checking each header.
+
+    ``feed`` takes whatever one read returned and gives back every complete
+    message in it (many per read under load); a partial one waits for the
+    next read.  The signature and the length are checked as soon as the
+    first 8 bytes of a message are there, so a hostile length is refused
+    before any of its body is buffered.
+    """
+
+    __slots__ = ("_buffer", "max_message")
+
+    def __init__(self, max_message: int = DEFAULT_MAX_MESSAGE) -> None:
+        self._buffer = bytearray()
+        self.max_message = max_message
+
+    @property
+    def pending(self) -> int:
+        """Bytes of an incomplete message held."""
+        return len(self._buffer)
+
+    def feed(self, data: bytes) -> list[bytes]:
+        buffer = self._buffer
+        buffer += data
+        frames: list[bytes] = []
+        pos = 0
+        end = len(buffer)
+        while end - pos >= 8:
+            if buffer[pos:pos + 4] != SIGNATURE:
+                raise FrameError("bad signature")
+            (totlen,) = _TOTLEN.unpack_from(buffer, pos + 4)
+            if totlen < HEADER_SIZE:
+                raise FrameError(f"message length {totlen} is below the header size")
+            if totlen > self.max_message:
+                raise FrameError(f"message length {totlen} is over the limit "
+                                 f"of {self.max_message} bytes")
+            if end - pos < totlen:
+                break
+            frames.append(bytes(buffer[pos:pos + totlen]))
+            pos += totlen
+        if pos:
+            del buffer[:pos]
+        return frames
+
+
+def _body_length_ok(msg_type: int, count: int, body: bytes) -> bool:
+    size = len(body)
+    if msg_type in GOSSIP_TYPES:
+        return size == count * GOSSIP.size
+    if msg_type == FAIL:
+        return size == 40
+    if msg_type in JOB_ID_TYPES:
+        return size == 44
+    if msg_type in JOBS_TYPES:
+        return size >= 8 and size == 8 + _TWO_U32.unpack_from(body, 0)[1]
+    if msg_type in QUEUE_TYPES:
+        return size >= 8 and size == 8 + _TWO_U32.unpack_from(body, 0)[1]
+    return False
+
+
+def _text(raw: bytes) -> str:
+    return raw.split(b"\0", 1)[0].decode("ascii", "replace")
+
+
+def decode(frame: bytes) -> Message | None:
+    """A whole frame (from :class:`FrameReader`) as a Message, or None to drop it.
+
+    Dropped: another protocol version, an unknown type, a body whose length
+    does not match its type, a sender ID that is not text.
+    """
+    (_sig, _totlen, version, _unused, msg_type, count, sender, _myip, _reserved, port,
+     flags, _state, mflags) = HEADER.unpack_from(frame, 0)
+    if version != VERSION or msg_type >= len(TYPE_NAMES):
+        return None
+    body = frame[HEADER_SIZE:]
+    if not _body_length_ok(msg_type, count, body):
+        return None
+    try:
+        sender_id = sender.decode("ascii")
+    except UnicodeDecodeError:
+        return None
+    base = (msg_type, sender_id, port, flags, mflags[0])
+    if msg_type in GOSSIP_TYPES:
+        entries = []
+        for i in range(count):
+            (node_id, ping_sent, pong_received, ip, gport, gflags, _u1,
+             _u2) = GOSSIP.unpack_from(body, i * GOSSIP.size)
+            entries.append(GossipEntry(_text(node_id), ping_sent, pong_received, _text(ip),
+                                       gport, gflags))
+        return Message(*base, gossip=tuple(entries))
+    if msg_type == FAIL:
+        return Message(*base, node_id=_text(body))
+    if msg_type in JOB_ID_TYPES:
+        return Message(*base, job_id=body[:40], aux=_AUX.unpack_from(body, 40)[0])
+    if msg_type in JOBS_TYPES:
+        numjobs, _size = _TWO_U32.unpack_from(body, 0)
+        return Message(*base, numjobs=numjobs, payload=body[8:])
+    aux, _size = _TWO_U32.unpack_from(body, 0)
+    return Message(*base, aux=aux, queue=body[8:])

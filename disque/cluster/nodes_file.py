@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import re
+import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
@@ -72,7 +73,14 @@ def load_nodes_file(path: str) -> list[ClusterNode] | None:
         if unknown or not port.isdigit():
             raise NodesFileError(f"Unrecoverable error: corrupted cluster config file "
                                  f"{path} at line {lineno}: {line!r}")
-        nodes.append(ClusterNode(fields[0], ip, int(port), flags))
+        if not (fields[3].isdigit() and fields[4].isdigit()):
+            raise NodesFileError(f"Unrecoverable error: corrupted cluster config file "
+                                 f"{path} at line {lineno}: {line!r}")
+        # As the original: a ping or pong time saved means "recently", now.
+        now = time.time_ns() // 1_000_000
+        nodes.append(ClusterNode(fields[0], ip, int(port), flags,
+                                 ping_sent=now if int(fields[3]) else 0,
+                                 pong_received=now if int(fields[4]) else 0))
     if not nodes:
         return None
     myself_count = sum(1 for n in nodes if "myself" in n.flags)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -42,16 +42,27 @@ def new_node_id() -> str:
 class Link(Protocol):
     def send(self, message: bytes) -> None: ...
 
+    def close(self) -> None: ...
 
-@dataclass
+
+@dataclass(eq=False)
 class ClusterNode:
     id: str
     ip: str
     port: int
     flags: set[str] = field(default_factory=set)
+    #: When our outstanding PING was sent (ms, 0 = none) and the last PONG came.
     ping_sent: int = 0
     pong_received: int = 0
+    #: Our outbound link to the node: every message we send it goes there.
     link: Link | None = None
+    #: When the node entered the table (ms): handshakes time out from here.
+    ctime: int = 0
+    #: Send MEET, not PING, on the next connection (CLUSTER MEET, not gossip).
+    meet: bool = False
+    #: Other nodes that reported this one failing: reporter ID -> when (ms).
+    fail_reports: dict[str, int] = field(default_factory=dict)
+    fail_time: int = 0
 
     @property
     def priority(self) -> int:
@@ -70,7 +81,9 @@ class ClusterNode:
 
 
 class ClusterState:
-    """The node table, with ``myself`` always in it."""
+    """The node table, with ``myself`` always in it, and the sends the job
+    state machine uses.  Membership rules (handshakes, gossip, failure
+    detection) live in ``membership.py``; the sockets in ``bus.py``."""
 
     def __init__(self, myself: ClusterNode, config_path: str | None) -> None:
         myself.flags.add(FLAG_MYSELF)
@@ -80,6 +93,12 @@ class ClusterState:
         self.messages_dropped = 0
         # {myself}: the node set of every job made here, shared by all of them.
         self.myself_set: frozenset[str] = frozenset((myself.id,))
+        # Node IDs FORGET banned from gossip re-adds: ID -> until when (ms).
+        self.banned: dict[str, int] = {}
+        # Called when nodes.conf must be written; the bus defers the write to
+        # the end of the event-loop turn (many changes, one write), as the
+        # original's clusterBeforeSleep.  Without a bus: write now.
+        self.save_later: Callable[[], None] = self.save
 
     # -- identity and persistence ------------------------------------------
 
@@ -93,7 +112,8 @@ class ClusterState:
             log.info("No cluster configuration found, I'm %s", state.myself_id)
             return state
         myself = next(n for n in nodes if FLAG_MYSELF in n.flags)
-        myself.ip, myself.port = ip, port
+        myself.ip = ip or myself.ip
+        myself.port = port
         state = cls(myself, config_path)
         for node in nodes:
             state.nodes[node.id] = node
@@ -110,7 +130,9 @@ class ClusterState:
 
     def reset(self, hard: bool) -> None:
         """CLUSTER RESET: forget every other node; HARD also takes a new ID."""
-        self.nodes = {self.myself.id: self.myself}
+        for node in list(self.nodes.values()):
+            if node is not self.myself:
+                self.remove_node(node)
         if hard:
             del self.nodes[self.myself.id]
             self.myself.id = new_node_id()
@@ -121,6 +143,15 @@ class ClusterState:
 
     # -- membership ---------------------------------------------------------
 
+    def remove_node(self, node: ClusterNode) -> None:
+        """Drop ``node`` from the table, its link and every report it made."""
+        self.nodes.pop(node.id, None)
+        if node.link is not None:
+            link, node.link = node.link, None
+            link.close()
+        for other in self.nodes.values():
+            other.fail_reports.pop(node.id, None)
+
     @property
     def size(self) -> int:
         """Nodes in the table that finished the handshake, failed ones included."""
@@ -129,8 +160,12 @@ class ClusterState:
         return sum(1 for n in self.nodes.values() if FLAG_HANDSHAKE not in n.flags)
 
     def reachable_nodes(self) -> list[ClusterNode]:
-        """Other nodes we may replicate to (not failing, leaving or handshaking)."""
-        bad = {FLAG_MYSELF, FLAG_HANDSHAKE, FLAG_LEAVING, FLAG_PFAIL, FLAG_FAIL, FLAG_NOADDR}
+        """Other nodes we may replicate to (not failing, leaving or handshaking).
+
+        NOADDR nodes are left out too: they are never linked (the original
+        counted them, C-BEHAVIOUR bug 6).
+        """
+        bad = _UNREACHABLE
         return [n for n in self.nodes.values() if not (n.flags & bad)]
 
     @property
@@ -155,6 +190,11 @@ class ClusterState:
 
     # -- sends (best effort) -----------------------------------------------
 
+    @property
+    def wire_flags(self) -> int:
+        """Our flags as the header carries them."""
+        return messages.flags_to_wire(self.myself.flags)
+
     def send(self, node_id: str, message: bytes) -> bool:
         node = self.nodes.get(node_id)
         if node is None or node.link is None or node is self.myself:
@@ -163,39 +203,58 @@ class ClusterState:
         node.link.send(message)
         return True
 
+    def _job_id_message(self, msg_type: int, job_id: bytes, aux: int,
+                        mflags: int = 0) -> bytes:
+        me = self.myself
+        return messages.job_id_message(msg_type, me.id, me.port, self.wire_flags, job_id,
+                                       aux, mflags)
+
     def _send_to_copies(self, nodes: Iterable[str], message: bytes) -> None:
         myself = self.myself.id
         for node_id in nodes:
             if node_id != myself:
                 self.send(node_id, message)
 
+    def broadcast(self, message: bytes) -> None:
+        """``message`` to every linked node."""
+        for node in list(self.nodes.values()):
+            if node.link is not None and node is not self.myself:
+                node.link.send(message)
+
     def broadcast_queued(self, job: Job, nack: bool) -> None:
         """QUEUED to the other copies, so they postpone their own requeue."""
         if len(job.delivered) > 1:
             flags = messages.MFLAG_INCR_NACKS if nack else messages.MFLAG_INCR_DELIV
-            self._send_to_copies(job.delivered, messages.job_id_message(
-                messages.QUEUED, self.myself, job.id, 0, flags))
+            self._send_to_copies(job.delivered,
+                                 self._job_id_message(messages.QUEUED, job.id, 0, flags))
 
     def broadcast_willqueue(self, job: Job) -> None:
         if len(job.delivered) > 1:
-            self._send_to_copies(job.delivered, messages.job_id_message(
-                messages.WILLQUEUE, self.myself, job.id, 0))
+            self._send_to_copies(job.delivered,
+                                 self._job_id_message(messages.WILLQUEUE, job.id, 0))
 
     def broadcast_working(self, job: Job) -> None:
         if len(job.delivered) > 1:
-            self._send_to_copies(job.delivered, messages.job_id_message(
-                messages.WORKING, self.myself, job.id, 0))
+            self._send_to_copies(job.delivered,
+                                 self._job_id_message(messages.WORKING, job.id, 0))
 
     def send_setack(self, node_id: str, job: Job, may_have: int) -> None:
-        self.send(node_id, messages.job_id_message(messages.SETACK, self.myself, job.id, may_have))
+        self.send(node_id, self._job_id_message(messages.SETACK, job.id, may_have))
+
+    def send_gotack(self, node_id: str, job_id: bytes, known: bool) -> None:
+        self.send(node_id, self._job_id_message(messages.GOTACK, job_id, int(known)))
 
     def broadcast_deljob(self, job_id: bytes, nodes: Iterable[str] | None) -> None:
         """DELJOB to ``nodes`` (every node when the job was unknown here)."""
         targets = self.other_node_ids() if nodes is None else nodes
-        message = messages.job_id_message(messages.DELJOB, self.myself, job_id, 0)
+        message = self._job_id_message(messages.DELJOB, job_id, 0)
         self._send_to_copies(list(targets), message)
 
     def broadcast_pause(self, queue: bytes, flags: int) -> None:
-        message = messages.queue_message(messages.PAUSE, self.myself, queue, flags)
-        for node_id in list(self.other_node_ids()):
-            self.send(node_id, message)
+        me = self.myself
+        self.broadcast(messages.queue_message(messages.PAUSE, me.id, me.port,
+                                              self.wire_flags, queue, flags))
+
+
+_UNREACHABLE = frozenset((FLAG_MYSELF, FLAG_HANDSHAKE, FLAG_LEAVING, FLAG_PFAIL, FLAG_FAIL,
+                          FLAG_NOADDR))

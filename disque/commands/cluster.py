@@ -1,6 +1,6 @@
-"""CLUSTER subcommands.  Until the cluster bus exists the node is a cluster
-of one: MEET validates its address and says the bus is missing, FORGET knows
-no other node, the rest answers for one node."""
+"""CLUSTER subcommands: membership (MEET, FORGET, RESET, LEAVING) and views
+of the node table (NODES, INFO, MYID).  The rules behind them live in
+``cluster/membership.py``; these handlers only parse and answer."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from .jobs import LEAVING_ERROR
 from .registry import SYNTAX_ERROR, CommandError, command, parse_int
 
 if TYPE_CHECKING:
+    from ..cluster.bus import ClusterBus
     from ..connection import ClientConnection
     from ..state import ServerState
 
@@ -44,8 +45,8 @@ def _meet(state: ServerState, client: ClientConnection, args: list[bytes], n: in
         raise CommandError(f"ERR Invalid node address specified: {ip}:{port}") from None
     if port > 55535:
         raise CommandError(f"ERR Invalid node address specified: {ip}:{port}")
-    return ReplyError("ERR This node runs without the cluster bus yet (single-node mode): "
-                      f"cannot meet {ip}:{port}")
+    _bus(state).membership.meet(ip, port)  # a handshake already under way: OK too
+    return OK
 
 
 def _nodes(state: ServerState, client: ClientConnection, args: list[bytes], n: int) -> Any:
@@ -64,13 +65,15 @@ def _info(state: ServerState, client: ClientConnection, args: list[bytes], n: in
     if args:
         raise CommandError(SYNTAX_ERROR)
     cl = state.cluster
+    bus = _bus(state)
     fields = [
         ("cluster_state", "ok"),
         ("cluster_known_nodes", len(cl.nodes)),
-        ("cluster_size", cl.size),
         ("cluster_reachable_nodes", cl.reachable_count),
+        ("cluster_size", cl.size),
+        ("cluster_stats_messages_sent", bus.stats_sent),
+        ("cluster_stats_messages_received", bus.messages_received),
         ("cluster_leaving", "yes" if cl.leaving else "no"),
-        ("cluster_bus", "disabled"),
     ]
     return "".join(f"{k}:{v}\r\n" for k, v in fields)
 
@@ -100,6 +103,7 @@ def _leaving(state: ServerState, client: ClientConnection, args: list[bytes], n:
         raise CommandError("ERR CLUSTER LEAVING takes yes or no")
     leaving = args[0].lower() == b"yes"
     state.cluster.set_leaving(leaving)
+    _bus(state).membership.ping_all()  # tell the others now, not at the next ping
     if leaving:
         unblock_all(state, ReplyError(LEAVING_ERROR))
     return OK
@@ -113,10 +117,10 @@ def _forget(state: ServerState, client: ClientConnection, args: list[bytes], n: 
         raise CommandError("ERR Invalid node identifier")
     if node_id == state.cluster.myself_id:
         raise CommandError("ERR I tried hard but I can't forget myself...")
-    if node_id not in state.cluster.nodes:
+    node = state.cluster.nodes.get(node_id)
+    if node is None:
         raise CommandError(f"ERR Unknown node {node_id}")
-    del state.cluster.nodes[node_id]
-    state.cluster.save()
+    _bus(state).membership.forget(node)
     return OK
 
 
@@ -128,6 +132,12 @@ def _saveconfig(state: ServerState, client: ClientConnection, args: list[bytes],
     except OSError as err:
         raise CommandError(f"ERR error saving the cluster node config: {err}") from None
     return OK
+
+
+def _bus(state: ServerState) -> ClusterBus:
+    if state.bus is None:  # only a state driven without a server (unit tests)
+        raise CommandError("ERR the cluster bus is not running")
+    return state.bus
 
 
 _HANDLERS = {

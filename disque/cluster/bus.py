@@ -1,0 +1,249 @@
+"""The cluster bus: the listener on port + 10000, the links, the cron, dispatch.
+
+* **Listener**: on every bind address, at the client port + 10000.
+* **Links** (``link.py``): one outbound link per known node, made by the
+  cron; inbound links come from the other nodes' crons.
+* **Cron** (every 100 ms on a fixed grid, like the original's clusterCron):
+  connect link-less nodes, the membership rules (``membership.py``: pings,
+  timeouts, PFAIL), close stalled inbound links.
+* **Dispatch**: PING, PONG, MEET and FAIL go to membership; every other type
+  to the handler registered for it in :attr:`ClusterBus.handlers` (the job
+  state machine registers REPLJOB, SETACK, ... beside the procedure each
+  belongs to), with the sender's node.  Messages from unknown senders are
+  ignored except PING and MEET, as in the original.
+* **Flush**: messages sent during an event-loop turn leave at its end, one
+  write per link, after the before-flush hooks (the AOF: a GOTJOB must not
+  promise a copy that is not logged yet); nodes.conf is written there too,
+  once per turn however many changes it had.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import Counter
+from collections.abc import Callable
+
+from . import messages
+from .link import BusLink
+from .membership import Membership
+from .messages import Message
+from .state import ClusterNode, ClusterState
+
+__all__ = ["BUS_PORT_OFFSET", "ClusterBus", "Handler"]
+
+log = logging.getLogger("disque.cluster")
+
+BUS_PORT_OFFSET = 10000
+#: The original's clusterCron period.
+CRON_PERIOD_S = 0.1
+
+Handler = Callable[[ClusterNode, Message], None]
+
+
+class ClusterBus:
+    def __init__(self, cluster: ClusterState, now_ms: Callable[[], int],
+                 node_timeout: Callable[[], int],
+                 max_message: int = messages.DEFAULT_MAX_MESSAGE,
+                 before_flush: list[Callable[[], None]] | None = None) -> None:
+        self.cluster = cluster
+        self.now_ms = now_ms
+        self.node_timeout = node_timeout
+        self.max_message = max_message
+        self.membership = Membership(cluster, now_ms, node_timeout)
+        self.handlers: dict[int, Handler] = {}
+        self.before_flush = before_flush if before_flush is not None else []
+        self.bind_ip = ""
+        self.inbound: set[BusLink] = set()
+        self._servers: list[asyncio.base_events.Server] = []
+        self._connecting: set[ClusterNode] = set()
+        self._dirty_links: list[BusLink] = []
+        self._flush_scheduled = False
+        self._save_pending = False
+        self._cron_handle: asyncio.TimerHandle | None = None
+        self._cron_deadline = 0.0
+        self._stopping = False
+        self.stats_sent = 0
+        self.stats_received: Counter[int] = Counter()
+        self.stats_dropped = 0
+        self.stats_bad_links = 0
+        self.stats_sent_bytes = 0
+        cluster.save_later = self._save_later
+
+    # -- lifecycle ------------------------------------------------------------
+
+    async def start(self, bind: list[str], port: int) -> None:
+        """Listen on ``port`` + 10000 on every bind address, start the cron."""
+        loop = asyncio.get_running_loop()
+        self.bind_ip = next((a for a in bind if a not in ("0.0.0.0", "::", "*")), "")
+        for address in bind:
+            host = None if address == "*" else address
+            server = await loop.create_server(lambda: BusLink(self), host,
+                                              port + BUS_PORT_OFFSET, reuse_address=True)
+            self._servers.append(server)
+        self._cron_deadline = loop.time()
+        self._schedule_cron()
+
+    def stop(self) -> None:
+        self._stopping = True
+        if self._cron_handle is not None:
+            self._cron_handle.cancel()
+        for server in self._servers:
+            server.close()
+        for link in list(self.inbound):
+            link.close()
+        for node in self.cluster.nodes.values():
+            if node.link is not None:
+                link, node.link = node.link, None
+                link.close()
+
+    # -- links ----------------------------------------------------------------
+
+    def link_made(self, link: BusLink) -> None:
+        node = link.node
+        if node is None:
+            self.inbound.add(link)
+            return
+        self._connecting.discard(node)
+        if self.cluster.nodes.get(node.id) is not node or node.link is not None:
+            link.close()  # forgotten (or linked) while we were connecting
+            return
+        node.link = link
+        # The first message says who we are; a ping already outstanding
+        # keeps its time, so a node that keeps accepting and dropping
+        # connections still reaches PFAIL.
+        old_ping_sent = node.ping_sent
+        self.membership.send_ping(node, messages.MEET if node.meet else messages.PING)
+        node.meet = False
+        if old_ping_sent:
+            node.ping_sent = old_ping_sent
+
+    def link_lost(self, link: BusLink) -> None:
+        self.inbound.discard(link)
+        node = link.node
+        if node is not None and node.link is link:
+            node.link = None
+
+    def _connect(self, node: ClusterNode) -> None:
+        if node in self._connecting or self._stopping:
+            return
+        self._connecting.add(node)
+        asyncio.get_running_loop().create_task(self._open_link(node))
+
+    async def _open_link(self, node: ClusterNode) -> None:
+        loop = asyncio.get_running_loop()
+        local = (self.bind_ip, 0) if self.bind_ip else None
+        try:
+            await asyncio.wait_for(loop.create_connection(
+                lambda: BusLink(self, node), node.ip, node.port + BUS_PORT_OFFSET,
+                local_addr=local), timeout=max(self.node_timeout(), 1000) / 1000)
+        except (OSError, TimeoutError, ValueError, OverflowError) as err:
+            self._connecting.discard(node)
+            log.debug("Connecting to node %s at %s:%d failed: %s", node.id, node.ip,
+                      node.port + BUS_PORT_OFFSET, err)
+            if not node.ping_sent:
+                node.ping_sent = self.now_ms()
+        except Exception:  # a bug: log it, never kill the cron's reconnects
+            self._connecting.discard(node)
+            log.exception("Connecting to node %s failed", node.id)
+
+    # -- receiving --------------------------------------------------------------
+
+    def receive(self, link: BusLink, frame: bytes) -> None:
+        msg = messages.decode(frame)
+        if msg is None:
+            self.stats_dropped += 1
+            return
+        self.stats_received[msg.type] += 1
+        try:
+            if msg.type in _MEMBERSHIP_TYPES:
+                self.membership.process(link, msg)
+                return
+            sender = self.cluster.nodes.get(msg.sender)
+            if sender is None or sender.flags & _NO_JOB_MESSAGES:
+                return
+            handler = self.handlers.get(msg.type)
+            if handler is None:
+                self.stats_dropped += 1
+                return
+            handler(sender, msg)
+        except Exception:  # a bug: drop this message, keep the link and the node
+            log.exception("Error processing cluster bus message %s from %s",
+                          messages.TYPE_NAMES[msg.type], msg.sender)
+
+    # -- sending ----------------------------------------------------------------
+
+    def want_flush(self, link: BusLink) -> None:
+        self._dirty_links.append(link)
+        self._schedule_flush()
+
+    def _save_later(self) -> None:
+        self._save_pending = True
+        self._schedule_flush()
+
+    def _schedule_flush(self) -> None:
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self.flush)
+
+    def flush(self) -> None:
+        """End of the turn: persistence first, then one write per link."""
+        self._flush_scheduled = False
+        links, self._dirty_links = self._dirty_links, []
+        if links:
+            for hook in self.before_flush:
+                hook()
+            for link in links:
+                link.flush()
+        if self._save_pending:
+            self._save_pending = False
+            try:
+                self.cluster.save()
+            except OSError as err:
+                log.warning("Could not save the cluster config: %s", err)
+
+    # -- the cron ---------------------------------------------------------------
+
+    def _schedule_cron(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._cron_deadline += CRON_PERIOD_S
+        now = loop.time()
+        if self._cron_deadline < now:  # fell behind: skip, don't burst
+            self._cron_deadline = now + CRON_PERIOD_S
+        self._cron_handle = loop.call_at(self._cron_deadline, self._cron)
+
+    def _cron(self) -> None:
+        try:
+            for node in self.membership.cron():
+                self._connect(node)
+            self._close_stalled_links()
+        except Exception:  # pragma: no cover - keep the cron alive, say it loudly
+            log.exception("Error in the cluster cron")
+        if not self._stopping:
+            self._schedule_cron()
+
+    def _close_stalled_links(self) -> None:
+        """Inbound links silent, or stuck inside a message, for too long.
+
+        A live peer pings every half node timeout, so silence for two node
+        timeouts means a dead or hostile peer; a message that has not
+        completed in one node timeout is a stalled sender.  Either way the
+        socket (and its partial buffer) is freed.
+        """
+        now = self.now_ms()
+        timeout = self.node_timeout()
+        for link in list(self.inbound):
+            if now - link.last_read > 2 * timeout or (
+                    link.partial_since and now - link.partial_since > timeout):
+                log.info("Closing a stalled cluster bus link from %s", link.peer_ip)
+                link.close()
+
+    # -- figures ----------------------------------------------------------------
+
+    @property
+    def messages_received(self) -> int:
+        return sum(self.stats_received.values())
+
+
+_MEMBERSHIP_TYPES = frozenset((messages.PING, messages.PONG, messages.MEET, messages.FAIL))
+_NO_JOB_MESSAGES = frozenset(("handshake", "myself"))
