@@ -103,7 +103,8 @@ def _leaving(state: ServerState, client: ClientConnection, args: list[bytes], n:
         raise CommandError("ERR CLUSTER LEAVING takes yes or no")
     leaving = args[0].lower() == b"yes"
     state.cluster.set_leaving(leaving)
-    _bus(state).membership.ping_all()  # tell the others now, not at the next ping
+    if state.bus is not None:
+        state.bus.membership.ping_all()  # tell the others now, not at the next ping
     if leaving:
         unblock_all(state, ReplyError(LEAVING_ERROR))
     return OK

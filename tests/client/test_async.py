@@ -91,7 +91,7 @@ def test_every_method(server: DisqueProcess) -> None:
             assert (await c.cluster_info())["cluster_known_nodes"] == 1
             assert await c.cluster_leaving() is False
             with pytest.raises(ResponseError):
-                await c.cluster_meet("127.0.0.1", 1)
+                await c.cluster_meet("not-an-ip", 7711)
             with pytest.raises(ResponseError):
                 await c.cluster_forget("f" * 40)
             await c.config_set("loglevel", "notice")

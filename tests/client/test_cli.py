@@ -68,11 +68,12 @@ def test_error_replies_exit_non_zero(server: DisqueProcess) -> None:
 
 
 def test_cluster_meet_is_passed_through(server: DisqueProcess) -> None:
-    result = disque(server.port, "--no-raw", "cluster", "meet", "127.0.0.1", "7712")
-    # The server has no cluster bus yet and says so; the CLI prints it as is.
-    assert result.returncode == 1
-    assert result.stdout.startswith("(error) ERR ")
-    assert "127.0.0.1:7712" in result.stdout
+    port = free_port()
+    result = disque(server.port, "--no-raw", "cluster", "meet", "127.0.0.1", str(port))
+    assert (result.returncode, result.stdout) == (0, "OK\n")
+    # Nobody listens there: the handshake node shows until it times out.
+    nodes = disque(server.port, "cluster", "nodes")
+    assert f" 127.0.0.1:{port} handshake " in nodes.stdout, nodes.stdout
     bad = disque(server.port, "--no-raw", "cluster", "meet", "not-an-ip", "7712")
     assert bad.stdout == "(error) ERR Invalid node address specified: not-an-ip:7712\n"
 
@@ -167,8 +168,8 @@ def test_interactive_session_with_history(server: DisqueProcess, tmp_path: Path)
     child.sendline("monitor-queues --count 1")
     child.expect_exact("QUEUE")
     child.expect_exact(prompt)
-    child.sendline("cluster meet 127.0.0.1 7712")
-    child.expect_exact("(error) ERR")
+    child.sendline("cluster meet not-an-ip 7712")
+    child.expect_exact("(error) ERR Invalid node address")
     child.expect_exact(prompt)
     child.sendline("quit")
     child.expect(pexpect.EOF)

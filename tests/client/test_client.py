@@ -231,9 +231,9 @@ def test_cluster_and_config_commands(client: Client) -> None:
     with pytest.raises(ResponseError) as err:
         client.cluster_forget("f" * 40)
     assert err.value.code == "ERR"
-    # No cluster bus yet: the server refuses MEET with an error (passed through).
-    with pytest.raises(ResponseError):
-        client.cluster_meet("127.0.0.1", 1)
+    # A bad address: the server's error is passed through.
+    with pytest.raises(ResponseError, match="Invalid node address"):
+        client.cluster_meet("not-an-ip", 7711)
     client.config_set("loglevel", "warning")
     assert client.config_get("loglevel") == {"loglevel": "warning"}
     client.add_job("r", b"x")
