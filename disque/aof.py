@@ -9,7 +9,7 @@ a RESP array of bulk strings.  Two kinds of records matter::
     *3\\r\\n$6\\r\\nDELJOB\\r\\n$40\\r\\n<job id>\\r\\n$8\\r\\n<crc>\\r\\n
 
 ``<serialized job>`` is the original's little-endian blob
-(:func:`disque.job.serialize_job`, C-BEHAVIOUR §9).  ``<crc>`` is 8 lowercase
+(:func:`disque.job.serialize_job`, the original's ``serializeJob``).  ``<crc>`` is 8 lowercase
 hex digits: the zlib CRC-32 of every byte of the record before the ``$8`` of
 the checksum element.  The checksum is this implementation's addition: it is
 what lets the loader tell a torn last write (crash) from a corrupted file,
@@ -51,7 +51,7 @@ are **not** queued: a job that was queued or active is active again and is
 requeued by its retry timer at ``now + DELAY + RETRY ± 250 ms``; RETRY-0 jobs
 get no queue time at all, so a reload never queues them.  A job whose record
 does not say it was ever delivered is requeued silently (the original counted
-that requeue as an additional delivery, C-BEHAVIOUR bug 9).
+that requeue as an additional delivery).
 
 With ``aof-enqueue-jobs-once yes`` queued jobs are queued again, counters
 untouched, delayed jobs that were never queued are queued when their delay
@@ -1357,7 +1357,7 @@ def apply_loaded_jobs(state: ServerState, jobs: Any, restore_queues: bool) -> di
                 job.flags |= FLAG_BCAST_WILLQUEUE
                 if not job.flags & FLAG_DELIVERED:
                     # Not known to have been delivered: requeueing it is not
-                    # an additional delivery (C-BEHAVIOUR bug 9).
+                    # an additional delivery (the original counted one).
                     job.flags &= ~FLAG_BCAST_QUEUED
             else:
                 job.qtime = 0   # RETRY 0: a reload never queues it

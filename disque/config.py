@@ -92,7 +92,7 @@ def _memory_nonzero(text: str) -> int:
     value = parse_memory(text)
     if value <= 0:
         # The original accepted 0 and then believed it was always out of
-        # memory (C-BEHAVIOUR bug 15).
+        # memory.
         raise ValueError("maxmemory must be greater than zero")
     return value
 

@@ -1,4 +1,4 @@
-"""Memory accounting and the out-of-memory rules (spec FAQ, C-BEHAVIOUR §8).
+"""Memory accounting and the out-of-memory rules (the original README's FAQ).
 
 Python's RSS is a poor signal for decisions: freed objects go back to the
 allocator, not to the OS, so RSS stays high after a burst and would keep

@@ -311,7 +311,7 @@ def working(state: ServerState, client: ClientConnection, argv: list[bytes]) -> 
     if job is None:
         return ReplyError("NOJOB Job not known in the context of this node.")
     if job.state == JobState.ACKED:
-        # The README documents an error here; the original accepted it (C-BEHAVIOUR bug 8).
+        # The original's README documents this error; its C code accepted the WORKING.
         return ReplyError("ACKED Job already acknowledged.")
     now = state.clock.now_ms()
     created = job.ctime // 1_000_000

@@ -39,7 +39,7 @@ def test_reload_after_crash_brings_jobs_back_active(aof_node) -> None:
     assert queued == set(soon)
     # ... the RETRY 0 job never (it is still active, with no requeue time), and
     # requeueing a job that was never delivered is not an additional delivery
-    # (the original counted one: C-BEHAVIOUR bug 9).
+    # (the original counted one).
     assert show(r, once)[b"state"] == b"active"
     for job_id in soon:
         assert show(r, job_id)[b"additional-deliveries"] == 0
