@@ -83,18 +83,18 @@ class DisqueProcess:
             self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
                                          start_new_session=True)
 
+        # The log may hold earlier runs: only accept a line written by this process.
+        before = self.log_path.read_bytes().count(b"Ready to accept")
+
         def ready() -> int | None:
             if self.proc is not None and self.proc.poll() is not None:
                 raise AssertionError(f"disque-server exited with {self.proc.returncode}:\n"
                                      f"{self.log_text()}")
-            ports = READY.findall(self.log_path.read_bytes())
-            return int(ports[-1]) if ports else None
+            log = self.log_path.read_bytes()
+            ports = READY.findall(log)
+            return int(ports[-1]) if ports and log.count(b"Ready to accept") > before else None
 
-        # The log may hold earlier runs: only accept a line written by this process.
-        before = self.log_path.read_bytes().count(b"Ready to accept")
-        wait_for(lambda: self.log_path.read_bytes().count(b"Ready to accept") > before and ready(),
-                 timeout, message="disque-server to be ready")
-        self.port = ready() or 0
+        self.port = wait_for(ready, timeout, message="disque-server to be ready")
         return self
 
     def log_text(self) -> str:

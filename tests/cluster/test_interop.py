@@ -1,0 +1,86 @@
+"""Mixed clusters: our nodes and the original C server in one cluster.
+
+The original is found through ``DISQUE_REFERENCE_SERVER`` (``.ci/run`` sets
+it when the reference build is beside the checkout); without it these tests
+skip.  This is the migration path of every existing Disque user: join our
+nodes to a running cluster of originals, or the other way round.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.support.cluster import (
+    TEST_NODE_TIMEOUT_MS,
+    ReferenceProcess,
+    flags_of,
+    meet,
+    node_id,
+    reference_server,
+    wait_joined,
+)
+from tests.support.process import DisqueProcess, wait_for
+
+pytestmark = pytest.mark.skipif(
+    reference_server() is None,
+    reason="needs the original server: set DISQUE_REFERENCE_SERVER to its disque-server")
+
+TIMEOUT_ARGS = ("--cluster-node-timeout", str(TEST_NODE_TIMEOUT_MS))
+
+
+@pytest.fixture
+def mixed(server_factory, tmp_path) -> tuple[list[DisqueProcess], list[ReferenceProcess]]:
+    ours = [server_factory(*TIMEOUT_ARGS) for _ in range(2)]
+    originals = [ReferenceProcess(tmp_path / f"ref{i}", *TIMEOUT_ARGS).start() for i in range(2)]
+    yield ours, originals
+    for ref in originals:
+        ref.kill()
+
+
+def test_ours_and_originals_join_both_ways(mixed) -> None:
+    ours, originals = mixed
+    meet(ours[0], originals[0])      # ours introduces an original
+    meet(originals[1], ours[1])      # an original introduces ours
+    meet(ours[0], ours[1])           # the rest is gossip
+    everybody = [*ours, *originals]
+    wait_joined(everybody)
+    for node in everybody:
+        hello = node.client().execute_command("HELLO")
+        assert len(hello) - 2 == 4 and {int(e[3]) for e in hello[2:]} == {1}
+
+
+def test_failures_and_leaving_are_seen_across_implementations(mixed) -> None:
+    ours, originals = mixed
+    everybody = [*ours, *originals]
+    for other in everybody[1:]:
+        meet(everybody[0], other)
+    wait_joined(everybody)
+
+    leaving = node_id(ours[0])
+    ours[0].client().execute_command("CLUSTER", "LEAVING", "yes")
+    for ref in originals:
+        wait_for(lambda ref=ref: "leaving" in flags_of(ref, leaving), timeout=10,
+                 message="the original to see our LEAVING flag")
+    ours[0].client().execute_command("CLUSTER", "LEAVING", "no")
+
+    # An original dies: ours flag it fail? then (with the other original) fail.
+    dead_original = node_id(originals[1])
+    originals[1].kill()
+    for node in (*ours, originals[0]):
+        wait_for(lambda node=node: "fail" in (flags_of(node, dead_original) or set()),
+                 timeout=20, message="FAIL of the killed original")
+    # It comes back (its nodes.conf keeps the ID) and our nodes clear the flag.
+    originals[1].start()
+    for node in (*ours, originals[0]):
+        wait_for(lambda node=node: flags_of(node, dead_original) <= {"noflags"}, timeout=20,
+                 message="our nodes to clear FAIL of the restarted original")
+    # One of ours dies: the originals agree with our survivor (3 of 4 is a majority).
+    dead_ours = node_id(ours[1])
+    ours[1].kill()
+    for node in (ours[0], *originals):
+        wait_for(lambda node=node: "fail" in (flags_of(node, dead_ours) or set()),
+                 timeout=20, message="FAIL of our killed node")
+    # It comes back with its ID and the originals clear the flag on its PONG.
+    ours[1].start(port=ours[1].port)
+    assert node_id(ours[1]) == dead_ours
+    wait_joined(everybody)

@@ -1,0 +1,132 @@
+"""The bus codec against the original's byte layouts (offsets written out
+from the original's cluster.h and checked on the wire against 1.0-rc1)."""
+
+from __future__ import annotations
+
+import struct
+
+import pytest
+
+from disque.cluster import messages as m
+
+SENDER = "0123456789abcdef0123456789abcdef01234567"
+OTHER = "fedcba9876543210fedcba9876543210fedcba98"
+JOB_ID = b"D-dcb833cf-8YL1NT17e9+wsA/09NqxscQI-05a1"
+
+
+def test_header_layout() -> None:
+    frame = m.job_id_message(m.SETACK, SENDER, 7711, m.flags_to_wire({"myself", "leaving"}),
+                             JOB_ID, 3, mflags=m.MFLAG_NOREPLY)
+    assert len(frame) == 188
+    assert frame[0:4] == b"DbuZ"
+    assert struct.unpack(">I", frame[4:8])[0] == 188          # totlen, whole message
+    assert struct.unpack(">H", frame[8:10])[0] == 1            # version
+    assert struct.unpack(">H", frame[12:14])[0] == 8           # type SETACK
+    assert struct.unpack(">H", frame[14:16])[0] == 0           # gossip count
+    assert frame[16:56] == SENDER.encode()
+    assert frame[56:136] == bytes(80)                          # myip + reserved
+    assert struct.unpack(">H", frame[136:138])[0] == 7711      # client port
+    assert struct.unpack(">H", frame[138:140])[0] == 4 | 128   # MYSELF | LEAVING
+    assert frame[140] == 0 and frame[141:144] == b"\x01\x00\x00"
+    assert frame[144:184] == JOB_ID and struct.unpack(">I", frame[184:188])[0] == 3
+
+
+def test_node_flag_bits_are_the_originals() -> None:
+    assert m.WIRE_FLAGS == {"fail?": 1, "fail": 2, "myself": 4, "handshake": 8,
+                            "noaddr": 16, "meet": 32, "deleted": 64, "leaving": 128}
+    assert m.flags_from_wire(1 | 128) == {"fail?", "leaving"}
+    assert m.flags_to_wire(["fail", "noaddr"]) == 2 | 16
+
+
+def test_gossip_entry_layout_and_round_trip() -> None:
+    entry = m.GossipEntry(OTHER, 1795465217438, 0, "127.0.0.2", 7712, 1)
+    frame = m.gossip_message(m.PING, SENDER, 7711, 4, [entry, entry._replace(node_id=SENDER)])
+    assert len(frame) == 144 + 2 * 104
+    assert struct.unpack(">H", frame[14:16])[0] == 2
+    g = frame[144:248]
+    assert g[0:40] == OTHER.encode()
+    assert struct.unpack(">I", g[40:44])[0] == 1795465217438 & 0xFFFFFFFF  # low 32 bits of ms
+    assert struct.unpack(">I", g[44:48])[0] == 0
+    assert g[48:94] == b"127.0.0.2".ljust(46, b"\0")
+    assert struct.unpack(">HH", g[94:98]) == (7712, 1)
+    assert g[98:104] == bytes(6)
+    msg = m.decode(frame)
+    assert msg is not None and msg.type == m.PING and msg.sender == SENDER and msg.port == 7711
+    assert msg.gossip[0] == entry._replace(ping_sent=1795465217438 & 0xFFFFFFFF)
+
+
+@pytest.mark.parametrize("frame, fields", [
+    (m.fail_message(SENDER, 1, 0, OTHER), {"type": m.FAIL, "node_id": OTHER}),
+    (m.queue_message(m.PAUSE, SENDER, 1, 0, b"myqueue", 3),
+     {"type": m.PAUSE, "queue": b"myqueue", "aux": 3}),
+    (m.jobs_message(m.REPLJOB, SENDER, 1, 0, [b"blob1", b"blob22"]),
+     {"type": m.REPLJOB, "numjobs": 2, "payload": b"blob1blob22"}),
+])
+def test_bodies_round_trip(frame: bytes, fields: dict) -> None:
+    msg = m.decode(frame)
+    assert msg is not None
+    for name, value in fields.items():
+        assert getattr(msg, name) == value
+
+
+def test_body_lengths_follow_the_original() -> None:
+    assert len(m.fail_message(SENDER, 1, 0, OTHER)) == 184
+    assert len(m.queue_message(m.NEEDJOBS, SENDER, 1, 0, b"q" * 10, 5)) == 152 + 10
+    assert len(m.jobs_message(m.YOURJOBS, SENDER, 1, 0, [b"x" * 30])) == 152 + 30
+
+
+def _with_totlen(frame: bytes, totlen: int) -> bytes:
+    return frame[:4] + struct.pack(">I", totlen) + frame[8:]
+
+
+def test_wrong_lengths_for_the_type_are_dropped() -> None:
+    ping = m.gossip_message(m.PING, SENDER, 1, 0, [])
+    # count says one gossip entry, none follows
+    assert m.decode(ping[:14] + struct.pack(">H", 1) + ping[16:]) is None
+    fail = m.fail_message(SENDER, 1, 0, OTHER)
+    assert m.decode(_with_totlen(fail + b"x", 185) + b"") is None  # one byte too many
+    job = m.job_id_message(m.GOTJOB, SENDER, 1, 0, JOB_ID, 0)
+    assert m.decode(job[:-1]) is None
+    queue = m.queue_message(m.PAUSE, SENDER, 1, 0, b"abc", 1)
+    assert m.decode(queue + b"d") is None                      # name length says 3
+    jobs = m.jobs_message(m.REPLJOB, SENDER, 1, 0, [b"abc"])
+    assert m.decode(jobs[:-1]) is None
+    assert m.decode(ping[:8] + struct.pack(">H", 2) + ping[10:]) is None  # version 2
+    assert m.decode(ping[:12] + struct.pack(">H", 99) + ping[14:]) is None  # unknown type
+
+
+def test_reader_splits_a_stream_in_any_chunks() -> None:
+    frames = [m.gossip_message(m.PING, SENDER, 1, 0, []),
+              m.job_id_message(m.QUEUED, SENDER, 1, 0, JOB_ID, 0),
+              m.queue_message(m.NEEDJOBS, SENDER, 1, 0, b"q", 5)]
+    stream = b"".join(frames) * 3
+    reader = m.FrameReader()
+    assert reader.feed(stream) == frames * 3                   # many messages per read
+    got: list[bytes] = []
+    for i in range(len(stream)):                                # one byte per read
+        got += reader.feed(stream[i:i + 1])
+    assert got == frames * 3 and reader.pending == 0
+
+
+@pytest.mark.parametrize("data, error", [
+    (b"GET / HTTP/1.1\r\n\r\n", "bad signature"),
+    (b"DbuZ" + struct.pack(">I", 143), "below the header size"),
+    (b"DbuZ" + struct.pack(">I", 0), "below the header size"),
+    (b"DbuZ" + struct.pack(">I", 0xFFFFFFFF), "over the limit"),
+])
+def test_reader_refuses_what_is_not_the_protocol(data: bytes, error: str) -> None:
+    with pytest.raises(m.FrameError, match=error):
+        m.FrameReader(max_message=1 << 20).feed(data)
+
+
+def test_reader_refuses_an_oversized_message_before_its_body() -> None:
+    reader = m.FrameReader(max_message=1000)
+    with pytest.raises(m.FrameError):
+        reader.feed(b"DbuZ" + struct.pack(">I", 1001))        # only 8 bytes were needed
+
+
+def test_truncated_message_waits_for_the_rest() -> None:
+    frame = m.job_id_message(m.DELJOB, SENDER, 1, 0, JOB_ID, 0)
+    reader = m.FrameReader()
+    assert reader.feed(frame[:100]) == [] and reader.pending == 100
+    assert reader.feed(frame[100:]) == [frame]
