@@ -9,7 +9,8 @@ Delivery contract (docs/SPARK.md explains it for users):
   of ``latestOffset(start)`` (Spark calls it only once the batch ending at
   ``start`` is in the commit log; it is the only hook that runs after the
   last batch of an availableNow run) and again, idempotently, in
-  ``commit(end)``.
+  ``commit(end)``.  That last call of an availableNow run returns one empty
+  batch, so that the run's final progress report shows the final ACK.
 * Staged jobs that are not acknowledged yet are kept leased with WORKING
   heartbeats (:mod:`.leases`).
 
@@ -328,7 +329,7 @@ class _DriverSide:
         log.info("availableNow: will read at most %d jobs", self.available_now_budget)
 
     def latest(self, start: int, limit: ReadLimit) -> int:
-        self.ack_through(start)
+        acked = self.ack_through(start)
         staged_after = [s for s in self.staging.batches() if s > start]
         if staged_after:
             # Staged before a crash but never (or not yet) in Spark's offset
@@ -336,7 +337,7 @@ class _DriverSide:
             return staged_after[0]
         budget = self.available_now_budget
         if budget is not None and budget <= 0:
-            return start
+            return self._closing_batch(start) if acked else start
         max_jobs, min_jobs = self._limits(limit)
         if budget is not None:
             max_jobs = budget if max_jobs is None else min(max_jobs, budget)
@@ -352,10 +353,29 @@ class _DriverSide:
             log.warning("no Disque node reachable, no new batch this time: %s", exc)
             return start
         if not staged:
+            if acked and self.available_now_budget is not None:
+                return self._closing_batch(start)
             return start
         self.last_batch_at = time.monotonic()
         self.last_staged = seq
         self.counters["batchesStaged"] += 1
+        return seq
+
+    def _closing_batch(self, start: int) -> int:
+        """availableNow: an empty batch, so that the run reports its final ACK.
+
+        The jobs of a run's last batch are acknowledged here, in the trigger
+        after it committed. Spark reports no progress for a trigger without
+        new data, so the run would end with a last progress showing those
+        jobs leased and unacknowledged. An empty batch makes this trigger
+        one that Spark runs and reports, with the counters as they are now;
+        the next call acknowledges nothing and the run ends.
+        """
+        seq = start + 1
+        table = empty_table()
+        self.staging.stage_driver_batch(seq, table)
+        self.tables[seq] = table
+        self.last_staged = seq
         return seq
 
     def _limits(self, limit: ReadLimit) -> tuple[int | None, int | None]:
@@ -517,8 +537,12 @@ class _DriverSide:
 
     # ------------------------------------------------------------------ ACK
 
-    def ack_through(self, end: int) -> None:
-        """Acknowledge every staged batch <= ``end``, then forget it (idempotent)."""
+    def ack_through(self, end: int) -> int:
+        """Acknowledge every staged batch <= ``end``, then forget it (idempotent).
+
+        Returns the number of jobs acknowledged by this call.
+        """
+        acked = 0
         for seq in [s for s in self.staging.batches() if s <= end]:
             # Executor batches are read from disk: every part the tasks published.
             table = self.tables.get(seq)
@@ -540,7 +564,7 @@ class _DriverSide:
                 # the next trigger. Failing the query would not help.
                 log.warning("could not acknowledge batch %d yet (will retry): %s", seq, exc)
                 self.keeper.hold(seq, ids)
-                return
+                return acked
             with self._parts_lock:
                 # Again: the keeper thread may have discovered (and held) a
                 # part of this batch since the first release.
@@ -554,7 +578,9 @@ class _DriverSide:
                 if self.available_now_budget is not None:
                     self.available_now_budget += max(0, planned - len(ids))
             self.counters["jobsAcked"] += len(ids)
+            acked += len(ids)
             log.info("batch %d: acknowledged %d jobs", seq, len(ids))
+        return acked
 
     # -------------------------------------------------------------- metrics
 

@@ -241,6 +241,36 @@ def test_available_now_reads_only_what_was_queued_at_the_start(server, client: C
     reader.stop()
 
 
+def test_available_now_ends_with_an_empty_batch_that_reports_the_final_ack(
+        server, client: Client, tmp_path: Path) -> None:
+    client.add_jobs("q", [f"{i}" for i in range(4)])
+    reader = make_reader(server, tmp_path / "s")
+    reader.prepareForTriggerAvailableNow()
+    first = reader.latestOffset({"batch": 0}, ReadMaxRows(10))
+    assert first == {"batch": 1} and len(rows(reader, 0, 1)) == 4
+    assert reader.reportLatestOffset()["jobsLeased"] == 4
+    # Spark reports no progress for a trigger without new data: the call
+    # that acknowledges the last batch returns an empty one instead.
+    closing = reader.latestOffset(first, ReadMaxRows(10))
+    assert closing == {"batch": 2} and rows(reader, 1, 2) == []
+    assert registered(client) == 0
+    metrics = reader.reportLatestOffset()
+    assert (metrics["jobsAcked"], metrics["jobsLeased"], metrics["batchesStaged"]) == (4, 0, 1)
+    assert reader.latestOffset(closing, ReadMaxRows(10)) == closing  # the run ends
+    assert StagingArea(tmp_path / "s").batches() == []
+    reader.stop()
+
+
+def test_processing_time_reader_adds_no_empty_batch(server, client: Client,
+                                                    tmp_path: Path) -> None:
+    client.add_jobs("q", ["a", "b"])
+    reader = make_reader(server, tmp_path / "s")
+    end = reader.latestOffset({"batch": 0}, ReadMaxRows(10))
+    assert reader.latestOffset(end, ReadMaxRows(10)) == end  # acked, nothing new
+    assert registered(client) == 0
+    reader.stop()
+
+
 def test_body_format_string_and_bad_utf8(server, client: Client, tmp_path: Path) -> None:
     client.add_job("q", "héllo")
     reader = make_reader(server, tmp_path / "s", bodyFormat="string")

@@ -46,8 +46,29 @@ def test_available_now_drains_the_queue_exactly_once(spark, server, tmp_path: Pa
     # The source's counters ride along in the progress' latestOffset.
     progress = json.loads(query.lastProgress["sources"][0]["latestOffset"])
     assert progress["jobsFetched"] == 2500 and progress["redeliveredSeen"] == 0
+    assert progress["jobsAcked"] == 2500 and progress["jobsLeased"] == 0
     bodies = spark.sql("select body from drain_once where body like '{\"n\": 7}'").collect()
     assert [r.body for r in bodies] == ['{"n": 7}']
+
+
+@pytest.mark.parametrize("fetch_mode", ["driver", "executor"])
+def test_available_now_progress_ends_with_the_final_ack(spark, server, tmp_path: Path,
+                                                        fetch_mode: str) -> None:
+    # One batch: the jobs are acknowledged after it committed, in a trigger of
+    # their own; the run's last progress report must already show that.
+    client = Client(f"127.0.0.1:{server.port}")
+    client.add_jobs("events", [f"{i}" for i in range(100)])
+    query = (stream(spark, server, tmp_path, fetchMode=fetch_mode)
+             .writeStream.format("memory").queryName(f"final_ack_{fetch_mode}")
+             .option("checkpointLocation", str(tmp_path / "checkpoint"))
+             .trigger(availableNow=True).start())
+    query.awaitTermination(180)
+    assert query.exception() is None
+    assert registered(client) == 0
+    progress = json.loads(query.lastProgress["sources"][0]["latestOffset"])
+    assert (progress["jobsFetched"], progress["jobsAcked"], progress["jobsLeased"]) == (
+        100, 100, 0), progress
+    assert sum(p["numInputRows"] for p in query.recentProgress) == 100
 
 
 def test_processing_time_trigger_follows_a_live_producer(spark, server, tmp_path: Path) -> None:
