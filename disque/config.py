@@ -36,13 +36,23 @@ _UNITS = {None: 1, "b": 1, "k": 1000, "kb": 1024, "m": 1000 ** 2, "mb": 1024 ** 
           "g": 1000 ** 3, "gb": 1024 ** 3}
 
 
+#: Memory values are byte counts in 64 bits, as in the original.
+MAX_MEMORY_VALUE = 2 ** 63 - 1
+
+
 def parse_memory(text: str) -> int:
     """``1gb`` -> 1073741824, ``100k`` -> 100000 (Redis's memtoll units)."""
     match = _MEMORY.match(text.strip())
     if not match:
-        raise ValueError(f"invalid memory value {text!r}")
+        raise ValueError(f"invalid memory value {text!r}: use a byte count, "
+                         "optionally with k, kb, m, mb, g or gb")
     unit = match.group(2).lower() if match.group(2) else None
-    return int(match.group(1)) * _UNITS[unit]
+    digits = match.group(1)
+    value = int(digits) * _UNITS[unit] if len(digits) <= 19 else MAX_MEMORY_VALUE + 1
+    if value > MAX_MEMORY_VALUE:
+        raise ValueError(f"memory value {text!r} is out of range: at most "
+                         f"{MAX_MEMORY_VALUE} bytes")
+    return value
 
 
 def format_memory(value: int) -> str:
@@ -61,7 +71,10 @@ def _yes_no(text: str) -> bool:
 
 def _int_range(low: int, high: int) -> Callable[[str], int]:
     def parse(text: str) -> int:
-        value = int(text)
+        try:
+            value = int(text)
+        except ValueError:
+            raise ValueError(f"argument must be an integer between {low} and {high}") from None
         if not low <= value <= high:
             raise ValueError(f"argument must be between {low} and {high}")
         return value
@@ -244,8 +257,9 @@ class Config:
         old = getattr(self, directive.attr)
         try:
             value = directive.parse(text)
-        except ValueError:
-            raise ConfigError(f"Invalid argument '{text}' for CONFIG SET '{name}'") from None
+        except ValueError as err:
+            # The reason says what would be accepted (a range, a set of words).
+            raise ConfigError(f"Invalid argument '{text}' for CONFIG SET '{name}': {err}") from None
         setattr(self, directive.attr, value)
         try:
             for listener in self._listeners.get(directive.name, ()):

@@ -21,6 +21,7 @@ Levels, as a fraction of ``maxmemory``:
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from typing import TYPE_CHECKING
@@ -28,7 +29,9 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from .state import ServerState
 
-__all__ = ["MemoryTracker", "rss_bytes", "free_memory_if_needed"]
+__all__ = ["MemoryTracker", "rss_bytes", "free_memory_if_needed", "smallest_limit"]
+
+log = logging.getLogger("disque.memory")
 
 #: Eviction stops after this long, so one command never stalls the loop.
 EVICTION_BUDGET_S = 0.001
@@ -43,14 +46,60 @@ def rss_bytes() -> int:
         return 0
 
 
+def _mb(nbytes: int) -> str:
+    return f"{nbytes / 1024 ** 2:.1f}mb"
+
+
+def smallest_limit(base: int) -> int:
+    """The least ``maxmemory`` under which one small job in a new queue fits.
+
+    ``base`` (the process's size at start-up) counts in ``used_memory``, so
+    a limit at or below it refuses every ADDJOB with -OOM.
+    """
+    from .jobs import JOB_OVERHEAD_BYTES
+    from .queue import QUEUE_ENTRY_BYTES, QUEUE_OVERHEAD_BYTES
+
+    return base + JOB_OVERHEAD_BYTES + QUEUE_OVERHEAD_BYTES + QUEUE_ENTRY_BYTES + 1
+
+
+def limit_problem(maxmemory: int, base: int) -> str | None:
+    """Why ``maxmemory`` cannot hold a single job on top of ``base``, or None."""
+    least = smallest_limit(base)
+    if maxmemory >= least:
+        return None
+    return (f"maxmemory {maxmemory} ({_mb(maxmemory)}) cannot hold a single job: the node "
+            f"itself uses {base} bytes ({_mb(base)}, its size at start-up, counted in "
+            f"used_memory), so every ADDJOB would get -OOM; the least that holds one job "
+            f"is {least}, and real work needs much more")
+
+
 class MemoryTracker:
-    __slots__ = ("accounted", "base", "maxmemory", "peak")
+    __slots__ = ("_maxmemory", "accounted", "base", "peak")
 
     def __init__(self, maxmemory: int, base: int | None = None) -> None:
         self.base = rss_bytes() if base is None else base
         self.accounted = 0
         self.peak = self.base
-        self.maxmemory = maxmemory
+        # At start-up a limit that is too small is logged, not refused: the
+        # baseline is only known once the process runs, and the node still
+        # answers reads and admin commands (CONFIG SET can fix the limit).
+        self._maxmemory = maxmemory
+        problem = limit_problem(maxmemory, self.base)
+        if problem is not None:
+            log.warning("WARNING: %s. Raise it with CONFIG SET maxmemory or --maxmemory.",
+                        problem)
+
+    @property
+    def maxmemory(self) -> int:
+        return self._maxmemory
+
+    @maxmemory.setter
+    def maxmemory(self, value: int) -> None:
+        """Refuses (ValueError) a limit that cannot hold one job (CONFIG SET)."""
+        problem = limit_problem(value, self.base)
+        if problem is not None:
+            raise ValueError(problem)
+        self._maxmemory = value
 
     def add(self, nbytes: int) -> None:
         self.accounted += nbytes
@@ -68,7 +117,7 @@ class MemoryTracker:
     def level(self) -> int:
         """0 normal, 1 above 75%, 2 above 95%, 3 at or above 100% of maxmemory."""
         used = self.base + self.accounted
-        limit = self.maxmemory
+        limit = self._maxmemory
         if used * 20 <= limit * 15:
             return 0
         if used * 20 <= limit * 19:

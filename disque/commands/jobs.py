@@ -6,10 +6,11 @@ from typing import TYPE_CHECKING, Any
 
 from .. import ack
 from ..blocking import block_for_jobs, getjob_entry
-from ..job import ACTIVE, FLAG_BCAST_WILLQUEUE, Job, JobState
+from ..job import ACTIVE, FLAG_BCAST_WILLQUEUE, WAIT_REPL, Job, JobState
 from ..jobs import register_job, requeue_time, unregister_job, update_awake_time
 from ..protocol import NULL_ARRAY, Map, ReplyError, Status
 from ..queue import PAUSED_IN, PAUSED_OUT, dequeue_job, enqueue_job, fetch_job, fetch_jobs
+from ..replication import replicate_job
 from .registry import (
     BLOCKED,
     SYNTAX_ERROR,
@@ -30,6 +31,10 @@ MAX_RETRY_DEFAULT = 300
 MAX_TTL = 10 * 365 * 86400
 #: RETRY/DELAY are stored as unsigned 32-bit seconds (the serialized form).
 MAX_SECONDS = 2 ** 32 - 1
+
+
+DELAY_AFTER_TTL = ("ERR The specified DELAY is greater than TTL. Job refused since "
+                   "would never be delivered")
 
 
 class AddJobOptions:
@@ -63,21 +68,21 @@ def parse_addjob(argv: list[bytes]) -> AddJobOptions:
         has_value = i + 1 < n
         if opt == b"replicate" and has_value:
             opts.replicate = parse_int(argv[i + 1], "ERR REPLICATE must be between 1 and 65535",
-                                       1, 65535)
+                                       1, 65535, "ERR REPLICATE must be between 1 and 65535")
             i += 2
         elif opt == b"ttl" and has_value:
-            opts.ttl = parse_int(argv[i + 1], "ERR TTL must be a number > 0", 1)
-            if opts.ttl > MAX_TTL:
-                raise CommandError(f"ERR TTL must be a number > 0 and at most {MAX_TTL} (10 years)")
+            opts.ttl = parse_int(argv[i + 1], "ERR TTL must be a number > 0", 1, MAX_TTL,
+                                 f"ERR TTL must be a number > 0 and at most {MAX_TTL} (10 years)")
             i += 2
         elif opt == b"retry" and has_value:
-            opts.retry = parse_int(argv[i + 1], "ERR RETRY time must be a non negative number", 0)
-            if opts.retry > MAX_SECONDS:
-                raise CommandError(f"ERR RETRY time must be a non negative number "
+            opts.retry = parse_int(argv[i + 1], "ERR RETRY time must be a non negative number",
+                                   0, MAX_SECONDS, "ERR RETRY time must be a non negative number "
                                    f"not greater than {MAX_SECONDS}")
             i += 2
         elif opt == b"delay" and has_value:
-            opts.delay = parse_int(argv[i + 1], "ERR DELAY time must be a non negative number", 0)
+            # Any DELAY too big to be a number is also beyond the TTL: say that.
+            opts.delay = parse_int(argv[i + 1], "ERR DELAY time must be a non negative number",
+                                   0, too_big=DELAY_AFTER_TTL)
             i += 2
         elif opt == b"maxlen" and has_value:
             opts.maxlen = parse_int(argv[i + 1], "ERR MAXLEN must be a positive number", 1)
@@ -104,8 +109,7 @@ def addjob(state: ServerState, client: ClientConnection, argv: list[bytes]) -> A
         raise CommandError("ERR With RETRY set to 0 please explicitly set  REPLICATE to 1 "
                            "(at-most-once delivery)")
     if delay >= ttl:
-        raise CommandError("ERR The specified DELAY is greater than TTL. Job refused since "
-                           "would never be delivered")
+        raise CommandError(DELAY_AFTER_TTL)
     if retry == -1:
         retry = max(1, min(MAX_RETRY_DEFAULT, ttl // 10))
 
@@ -132,14 +136,16 @@ def addjob(state: ServerState, client: ClientConnection, argv: list[bytes]) -> A
             return ReplyError("MAXLEN Queue is already longer than the specified MAXLEN count")
         if q.flags & PAUSED_IN:
             return ReplyError("PAUSED Queue paused in input, try later")
-    if needed > 0:
-        # Synchronous replication needs the cluster bus; until it runs no
-        # peer is linked, so no copy could be made.
-        return ReplyError("NOREPL Not enough reachable nodes for the requested replication level")
-
     if q is None:
         q = state.queue_for_write(argv[1])
     now = state.clock.now_ms()
+    if needed > 0:
+        job = Job(state.ids.next_id(ttl, retry), q.name, argv[2], WAIT_REPL, replicate,
+                  state.next_ctime(now), now + ttl * 1000, delay, retry)
+        reply = replicate_job(state, client, job, needed, bool(extrepl), opts.timeout,
+                              opts.async_)
+        return BLOCKED if reply is None else reply
+
     job = Job(state.ids.next_id(ttl, retry), q.name, argv[2], ACTIVE, replicate,
               state.next_ctime(now), state.shared_int(now + ttl * 1000), delay, retry,
               cluster.myself_set)

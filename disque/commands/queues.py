@@ -97,11 +97,14 @@ def pause(state: ServerState, client: ClientConnection, argv: list[bytes]) -> An
 # --------------------------------------------------------------------------
 
 def _scan_cursor(raw: bytes) -> int | None:
-    """An unsigned number in cursor form, or None."""
-    if not raw.isdigit() or len(raw) > 20:
+    """An unsigned number in cursor form, or None.
+
+    A number too long to be any cursor is still meant as one: it gets
+    "invalid cursor" (from _check_cursor), not "syntax error".
+    """
+    if not raw.isdigit():
         return None
-    value = int(raw)
-    return value if value < 2 ** 64 else None
+    return int(raw) if len(raw) <= 20 else 2 ** 64
 
 
 def _check_cursor(cursor: int) -> int:

@@ -32,7 +32,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Command", "CommandError", "COMMANDS", "command", "execute", "BLOCKED",
-    "parse_int", "parse_job_ids", "SYNTAX_ERROR", "INT_ERROR",
+    "parse_int", "parse_job_ids", "parse_timeout_ms", "range_error", "SYNTAX_ERROR",
+    "INT_ERROR",
 ]
 
 log = logging.getLogger("disque.commands")
@@ -133,24 +134,52 @@ def execute(state: ServerState, client: ClientConnection, argv: list[bytes]) -> 
 # --------------------------------------------------------------------------
 
 def parse_int(raw: bytes, error: str = INT_ERROR, low: int = INT64_MIN,
-              high: int = INT64_MAX) -> int:
-    """A strict decimal integer in [low, high] (no spaces, no '+', no floats)."""
-    if not raw or len(raw) > 20 or not (raw.isdigit() or (raw[:1] == b"-" and raw[1:].isdigit())):
-        raise CommandError(error)
-    if len(raw) > 1 and (raw[:1] == b"0" or raw[:2] == b"-0"):
-        raise CommandError(error)  # like string2ll: no leading zeros
-    value = int(raw)
-    if not low <= value <= high:
-        raise CommandError(error)
-    return value
+              high: int = INT64_MAX, too_big: str | None = None) -> int:
+    """A strict decimal integer in [low, high] (no spaces, no '+', no floats).
+
+    ``error`` answers what is not a number and, like the original's messages
+    ("TTL must be a number > 0"), a number below ``low``. A well-formed
+    number above ``high`` answers ``too_big``, by default ``error`` plus the
+    upper bound; with the generic ``INT_ERROR`` any number out of range gets
+    the range (a caller with its own generic text and no bounds keeps it).
+    The original answered its generic text for numbers beyond 64 bits, which
+    left a user who typed a valid-looking number guessing.
+    """
+    negative = raw[:1] == b"-"
+    digits = raw[1:] if negative else raw
+    if not digits.isdigit() or (digits[:1] == b"0" and (negative or len(digits) > 1)):
+        raise CommandError(error)  # like string2ll: no '+', no spaces, no leading zeros
+    # More than 19 digits is beyond 64 bits: no need to convert it (and
+    # Python refuses int() of very long strings).
+    value = int(raw) if len(digits) <= 19 else (INT64_MIN - 1 if negative else INT64_MAX + 1)
+    if low <= value <= high:
+        return value
+    if value < low and low > INT64_MIN and error != INT_ERROR:
+        raise CommandError(error)  # the caller's text states the lower bound
+    if value > high and too_big is not None:
+        raise CommandError(too_big)
+    if error == INT_ERROR:
+        raise CommandError(range_error(low, high))
+    if low > INT64_MIN:
+        raise CommandError(f"{error} and at most {high}")
+    raise CommandError(error)  # a caller's own generic text, e.g. "... or out of range"
+
+
+def range_error(low: int, high: int) -> str:
+    """The error for a well-formed number out of a command's range."""
+    return f"ERR value is out of range, must be between {low} and {high}"
+
+
+#: getTimeoutFromObjectOrReply's text, for what is not a number.
+TIMEOUT_ERROR = "ERR timeout is not an integer or out of range"
 
 
 def parse_timeout_ms(raw: bytes) -> int:
     """A command timeout in milliseconds (getTimeoutFromObjectOrReply)."""
-    value = parse_int(raw, "ERR timeout is not an integer or out of range")
-    if value < 0:
+    if raw[:1] == b"-" and raw[1:].isdigit() and raw[1:2] != b"0":
         raise CommandError("ERR timeout is negative")
-    return value
+    return parse_int(raw, TIMEOUT_ERROR, 0, too_big=(
+        f"ERR timeout is out of range, must be between 0 and {INT64_MAX} (milliseconds)"))
 
 
 def parse_job_ids(ids: list[bytes]) -> list[bytes]:

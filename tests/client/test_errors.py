@@ -71,7 +71,9 @@ def test_too_late(client: Client) -> None:
 
 
 def test_out_of_memory(client: Client) -> None:
-    client.config_set("maxmemory", "1mb")
+    client.add_jobs("oq", [b"y" * 1000] * 5)
+    # Exactly what the node uses now: full (a smaller limit is refused).
+    client.config_set("maxmemory", client.info("memory")["memory"]["used_memory"])
     with pytest.raises(OutOfMemory) as err:
         client.add_job("oq", b"x")
     assert err.value.code == "OOM"

@@ -17,6 +17,7 @@ RESP client because redis-py strips the ``ERR`` prefix.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,7 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from disque.config import DIRECTIVES
 from tests.server.test_protocol_raw import JOB_ID, UNKNOWN_ID, Resp, err_text, parse
 from tests.support.process import DisqueProcess, wait_for
 
@@ -37,7 +39,10 @@ INT64_UNDER = str(-2 ** 63 - 1).encode()
 
 #: Never a valid integer, in any field.
 NOT_INTS = [b"abc", b"", b"1.5", b"+1", b" 1", b"1 ", b"0x10", b"1e3", b"-0", b"\xff",
-            b"1\x00", HUGE, INT64_OVER, INT64_UNDER]
+            b"1\x00"]
+#: Well-formed numbers beyond 64 bits: answered with the range, not "not a number".
+TOO_BIG = [HUGE, INT64_OVER, b"9" * 5000]
+TOO_SMALL = [b"-99999999999999999999", INT64_UNDER]
 
 
 def arg_id(value: Any) -> str:
@@ -190,20 +195,34 @@ def test_unknown_command_binary_name(c: Resp) -> None:
 
 TIMEOUT_ERR = "ERR timeout is not an integer or out of range"
 NEG_TIMEOUT = "ERR timeout is negative"
+TIMEOUT_RANGE = f"ERR timeout is out of range, must be between 0 and {2 ** 63 - 1} (milliseconds)"
+AT_MOST_INT64 = f" and at most {2 ** 63 - 1}"
+DELAY_AFTER_TTL = ("ERR The specified DELAY is greater than TTL. Job refused since would never "
+                   "be delivered")
 
 ADDJOB_ERRORS = (
     [((b"bi-add", b"b", v), TIMEOUT_ERR) for v in NOT_INTS]
-    + [((b"bi-add", b"b", v), NEG_TIMEOUT) for v in (b"-1", INT64_MIN)]
+    + [((b"bi-add", b"b", v), NEG_TIMEOUT) for v in (b"-1", INT64_MIN, *TOO_SMALL)]
+    + [((b"bi-add", b"b", v), TIMEOUT_RANGE) for v in TOO_BIG]
     + [((b"bi-add", b"b", b"0", b"TTL", v), "ERR TTL must be a number > 0")
-       for v in [*NOT_INTS, b"0", b"-1", INT64_MIN]]
+       for v in [*NOT_INTS, b"0", b"-1", INT64_MIN, *TOO_SMALL]]
+    + [((b"bi-add", b"b", b"0", b"TTL", v),
+        "ERR TTL must be a number > 0 and at most 315360000 (10 years)")
+       for v in [b"315360001", INT64_MAX, *TOO_BIG]]
     + [((b"bi-add", b"b", b"0", b"DELAY", v), "ERR DELAY time must be a non negative number")
-       for v in [*NOT_INTS, b"-1", INT64_MIN]]
+       for v in [*NOT_INTS, b"-1", INT64_MIN, *TOO_SMALL]]
+    + [((b"bi-add", b"b", b"0", b"DELAY", v), DELAY_AFTER_TTL) for v in TOO_BIG]
     + [((b"bi-add", b"b", b"0", b"RETRY", v), "ERR RETRY time must be a non negative number")
-       for v in [*NOT_INTS, b"-1", INT64_MIN]]
+       for v in [*NOT_INTS, b"-1", INT64_MIN, *TOO_SMALL]]
+    + [((b"bi-add", b"b", b"0", b"RETRY", v),
+        "ERR RETRY time must be a non negative number not greater than 4294967295")
+       for v in [b"4294967296", INT64_MAX, *TOO_BIG]]
     + [((b"bi-add", b"b", b"0", b"REPLICATE", v), "ERR REPLICATE must be between 1 and 65535")
-       for v in [*NOT_INTS, b"0", b"-1", b"65536", INT64_MAX, INT64_MIN]]
+       for v in [*NOT_INTS, b"0", b"-1", b"65536", INT64_MAX, INT64_MIN, *TOO_BIG, *TOO_SMALL]]
     + [((b"bi-add", b"b", b"0", b"MAXLEN", v), "ERR MAXLEN must be a positive number")
-       for v in [*NOT_INTS, b"0", b"-1", INT64_MIN]]
+       for v in [*NOT_INTS, b"0", b"-1", INT64_MIN, *TOO_SMALL]]
+    + [((b"bi-add", b"b", b"0", b"MAXLEN", v), "ERR MAXLEN must be a positive number"
+        + AT_MOST_INT64) for v in TOO_BIG]
     # An option with no value, an unknown option.
     + [((b"bi-add", b"b", b"0", opt), "ERR syntax error")
        for opt in (b"TTL", b"DELAY", b"RETRY", b"REPLICATE", b"MAXLEN", b"FOO", b"", b"\xff",
@@ -213,6 +232,41 @@ ADDJOB_ERRORS = (
     # Options are parsed before the timeout, like the original.
     + [((b"bi-add", b"b", b"abc", b"TTL", b"0"), "ERR TTL must be a number > 0")]
 )
+
+
+# Every numeric argument, with a well-formed number far out of its range: the
+# error names the range (the original said "must be a number > 0" for a TTL
+# of 99999999999999999999, which is a number > 0).
+OUT_OF_RANGE = [
+    ("ADDJOB", "bi-range", "b", HUGE),
+    *[("ADDJOB", "bi-range", "b", 0, opt, HUGE)
+      for opt in ("TTL", "RETRY", "DELAY", "MAXLEN", "REPLICATE")],
+    ("GETJOB", "NOHANG", "COUNT", HUGE, "FROM", "bi-range"),
+    ("GETJOB", "TIMEOUT", HUGE, "FROM", "bi-range"),
+    ("QPEEK", "bi-range", HUGE), ("QPEEK", "bi-range", b"-" + HUGE),
+    *[("QSCAN", opt, HUGE) for opt in ("COUNT", "MINLEN", "MAXLEN", "IMPORTRATE")],
+    ("JSCAN", "COUNT", HUGE),
+    ("CLIENT", "KILL", "ID", HUGE),
+    ("DEBUG", "SLEEP", HUGE),
+    *[("CONFIG", "SET", name, HUGE) for name, d in DIRECTIVES.items()
+      if isinstance(d.default, int) and not isinstance(d.default, bool) and d.mutable],
+]
+RANGE_WORDS = re.compile(r"at most \d+|between -?\d+ and \d+|not greater than \d+|"
+                         r"takes \d+ to \d+|DELAY is greater than TTL")
+
+
+@pytest.mark.parametrize("args", OUT_OF_RANGE, ids=arg_id)
+def test_out_of_range_numbers_name_the_range(c: Resp, args: tuple) -> None:
+    text = assert_error_no_new_jobs(c, args, prefix="ERR ")
+    assert RANGE_WORDS.search(text), text
+    assert "not an integer" not in text and "must be a number > 0\"" not in text
+
+
+def test_issue_examples_name_the_range(c: Resp) -> None:
+    assert_error(c, ("ADDJOB", "q", "body", 0, "TTL", HUGE),
+                 exact="ERR TTL must be a number > 0 and at most 315360000 (10 years)")
+    assert_error(c, ("GETJOB", "NOHANG", "COUNT", HUGE, "FROM", "q"),
+                 exact=f"ERR COUNT must be a number greater than zero and at most {2 ** 63 - 1}")
 
 
 @pytest.mark.parametrize(("args", "expected"), ADDJOB_ERRORS, ids=arg_id)
@@ -258,14 +312,9 @@ def test_addjob_large_valid_numbers(c: Resp) -> None:
     assert all(JOB_ID.match(i) for i in ids), ids
     assert int(ids[2][-4:], 16) % 2 == 0  # RETRY 0: at-most-once, even TTL field
     assert int(ids[0][-4:], 16) % 2 == 1
-    # Huge TTL/RETRY are either accepted or refused with the original's message.
-    for option, message in ((b"TTL", "ERR TTL must be a number > 0"),
-                            (b"RETRY", "ERR RETRY time must be a non negative number")):
-        reply = c.call("ADDJOB", "bi-add-ok", "b", 0, option, INT64_MAX)
-        if JOB_ID.match(reply if isinstance(reply, bytes) else b""):
-            ids.append(reply)
-        else:
-            assert err_text(reply).startswith(message)
+    ids.append(c.call("ADDJOB", "bi-add-ok", "b", 0, "TTL", 315360000))  # 10 years: the limit
+    ids.append(c.call("ADDJOB", "bi-add-ok", "b", 0, "RETRY", 4294967295))
+    assert all(JOB_ID.match(i) for i in ids[-2:]), ids
     assert c.call("ACKJOB", *ids) == len(ids)
     assert c.call("QLEN", "bi-add-ok") == 0
 
@@ -283,9 +332,12 @@ def test_addjob_maxlen_refuses_when_full(c: Resp) -> None:
 
 GETJOB_ERRORS = (
     [(("COUNT", v, "FROM", "bi-get"), "ERR COUNT must be a number greater than zero")
-     for v in [*NOT_INTS, b"0", b"-1", INT64_MIN]]
+     for v in [*NOT_INTS, b"0", b"-1", INT64_MIN, *TOO_SMALL]]
+    + [(("NOHANG", "COUNT", v, "FROM", "bi-get"),
+        "ERR COUNT must be a number greater than zero" + AT_MOST_INT64) for v in TOO_BIG]
     + [(("TIMEOUT", v, "FROM", "bi-get"), TIMEOUT_ERR) for v in NOT_INTS]
-    + [(("TIMEOUT", v, "FROM", "bi-get"), NEG_TIMEOUT) for v in (b"-1", INT64_MIN)]
+    + [(("TIMEOUT", v, "FROM", "bi-get"), NEG_TIMEOUT) for v in (b"-1", INT64_MIN, *TOO_SMALL)]
+    + [(("TIMEOUT", v, "FROM", "bi-get"), TIMEOUT_RANGE) for v in TOO_BIG]
     + [(args, "ERR syntax error") for args in [
         ("NOHANG", "COUNT", "1"), ("NOHANG", "FROM"), ("NOHANG", "TIMEOUT"), ("NOHANG", "COUNT"),
         ("BAR", "FROM", "bi-get"), ("NOHANG", b"", "FROM", "bi-get"),
@@ -532,6 +584,12 @@ def test_unknown_queue_lookups(c: Resp) -> None:
 def test_qpeek_bad_count(c: Resp, count: bytes) -> None:
     assert_error(c, ("QPEEK", SENTINEL_QUEUE, count),
                  exact="ERR value is not an integer or out of range")
+
+
+@pytest.mark.parametrize("count", [*TOO_BIG, *TOO_SMALL], ids=arg_id)
+def test_qpeek_count_out_of_range(c: Resp, count: bytes) -> None:
+    assert_error(c, ("QPEEK", SENTINEL_QUEUE, count), exact=(
+        f"ERR value is out of range, must be between {-2 ** 63} and {2 ** 63 - 1}"))
 
 
 def test_qpeek_extreme_counts(c: Resp) -> None:

@@ -35,6 +35,37 @@ def test_oom_refuses_growth_but_keeps_serving(server: DisqueProcess) -> None:
     assert r.execute_command("ADDJOB", "q", body, 0)
 
 
+def test_maxmemory_below_the_baseline_is_warned_at_start_and_refused_by_config_set(
+        server_factory) -> None:
+    # A Python node weighs tens of MB before it holds any job: that baseline
+    # counts in used_memory, so a smaller limit refuses every ADDJOB.
+    node = server_factory("--maxmemory", "1mb")
+    warning = next((line for line in node.log_text().splitlines()
+                    if "cannot hold a single job" in line), None)
+    assert warning is not None, node.log_text()
+    r = node.client()
+    base = r.info("memory")["used_memory"]
+    assert f"maxmemory 1048576 (1.0mb) cannot hold a single job: the node itself uses {base} " \
+        "bytes" in warning
+    assert "CONFIG SET maxmemory" in warning
+    # CONFIG SET refuses such a limit and keeps the old one.
+    with pytest.raises(redis.ResponseError) as err:
+        r.execute_command("CONFIG", "SET", "maxmemory", "2mb")
+    assert str(err.value).startswith(
+        "Invalid argument '2mb' for CONFIG SET 'maxmemory': maxmemory 2097152 (2.0mb) cannot "
+        f"hold a single job: the node itself uses {base} bytes")
+    assert r.execute_command("CONFIG", "GET", "maxmemory") == [b"maxmemory", b"1mb"]
+    with pytest.raises(redis.exceptions.OutOfMemoryError):
+        r.execute_command("ADDJOB", "q", "x", 0)
+    # A limit above the baseline is taken, and jobs fit again.
+    assert r.execute_command("CONFIG", "SET", "maxmemory", str(base + 1_000_000)) == b"OK"
+    assert r.execute_command("ADDJOB", "q", "x", 0)
+
+
+def test_default_maxmemory_logs_no_warning(server) -> None:
+    assert "cannot hold a single job" not in server.log_text()
+
+
 def test_eviction_of_delivered_at_most_once_jobs(server: DisqueProcess) -> None:
     r = server.client()
     used = r.info("memory")["used_memory"]
