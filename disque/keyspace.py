@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import zlib
 from collections.abc import Callable, Iterator
+from itertools import compress, islice
 from typing import Generic, TypeVar
 
 from .job import B64_VALUE
@@ -97,25 +98,27 @@ class SlicedDict(Generic[K, V]):
              accept: Callable[[V], bool] | None = None) -> tuple[int, list[V]]:
         """Return ``(next_cursor, values)`` starting at slice ``cursor``.
 
-        Visits whole slices until at least ``count`` values were looked at or
-        ``count * 10`` slices were visited (Redis's bound on empty buckets);
-        ``next_cursor`` is 0 when the iteration is complete.
+        Visits whole slices until at least ``count`` values were looked at;
+        ``next_cursor`` is 0 when the iteration is complete.  Empty slices
+        are skipped without limit: Redis bounds empty buckets per call
+        (``count * 10``) because its table can have millions of them, but
+        there are only ``SLICES`` here, so a small keyspace comes back whole
+        in one call with cursor 0, as SCAN users expect.  (With that bound a
+        node with 3 queues answered QSCAN with empty pages and needed 5
+        calls to reach cursor 0.)
         """
         found: list[V] = []
         seen = 0
-        visited = 0
-        max_visits = max(count * 10, 1)
-        slice_no = cursor
-        while slice_no < SLICES:
-            part = self._slices[slice_no]
-            slice_no += 1
-            visited += 1
-            if part:
-                seen += len(part)
-                if accept is None:
-                    found.extend(part.values())
-                else:
-                    found.extend(v for v in part.values() if accept(v))
-            if seen >= count or visited >= max_visits:
-                break
-        return (slice_no if slice_no < SLICES else 0), found
+        slices = self._slices
+        # The C-level scan for the next non-empty slice keeps a call over an
+        # almost empty table cheap (~0.1 ms for all 4096 slices on a slow core).
+        for slice_no in compress(range(cursor, SLICES), islice(slices, cursor, None)):
+            part = slices[slice_no]
+            seen += len(part)
+            if accept is None:
+                found.extend(part.values())
+            else:
+                found.extend(v for v in part.values() if accept(v))
+            if seen >= count:
+                return (slice_no + 1 if slice_no + 1 < SLICES else 0), found
+        return 0, found

@@ -56,6 +56,15 @@ def test_one_shot_raw_output_when_piped(server: DisqueProcess) -> None:
     assert disque(p, "getjob", "nohang", "from", "q").stdout == "\n"
 
 
+def test_qscan_shows_a_small_keyspace_in_one_call(server: DisqueProcess) -> None:
+    p = server.port
+    for queue in ("emails", "sms", "push"):
+        disque(p, "addjob", queue, "x", "0")
+    out = disque(p, "--no-raw", "qscan").stdout.splitlines()
+    assert out[0] == '1) "0"'  # the cursor: the iteration is complete
+    assert sorted(line.split('"')[1] for line in out[1:]) == ["emails", "push", "sms"]
+
+
 def test_error_replies_exit_non_zero(server: DisqueProcess) -> None:
     p = server.port
     result = disque(p, "--no-raw", "working", fake_job_id())

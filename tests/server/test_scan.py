@@ -75,3 +75,28 @@ def test_qscan_options(r: redis.Redis) -> None:
     assert r.execute_command("QSCAN", "BUSYLOOP", "IMPORTRATE", 1)[1] == []
     cursor, _ = r.execute_command("QSCAN", "COUNT", 1)
     assert cursor.isdigit()
+
+
+def test_small_keyspace_comes_back_whole_in_one_call(r: redis.Redis) -> None:
+    # Like SCAN on a small Redis keyspace: one call, cursor 0, every name.
+    ids = {r.execute_command("ADDJOB", name, "x", 0) for name in ("a", "b", "c")}
+    for args in ((), ("0",)):
+        cursor, names = r.execute_command("QSCAN", *args)
+        assert (cursor, sorted(names)) == (b"0", [b"a", b"b", b"c"])
+        cursor, found = r.execute_command("JSCAN", *args)
+        assert (cursor, set(found)) == (b"0", ids)
+
+
+def test_empty_keyspace_ends_in_one_call(r: redis.Redis) -> None:
+    assert r.execute_command("QSCAN") == [b"0", []]
+    assert r.execute_command("JSCAN") == [b"0", []]
+
+
+def test_default_count_pages_a_bigger_keyspace_in_few_calls(r: redis.Redis) -> None:
+    pipe = r.pipeline(transaction=False)
+    for i in range(250):
+        pipe.execute_command("ADDJOB", f"q{i}", "x", 0)
+    pipe.execute()
+    names, calls = scan_all(r, "QSCAN")
+    assert len(set(names)) == 250
+    assert calls <= 4  # pages of about COUNT (100) names, never empty ones
