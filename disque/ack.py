@@ -13,14 +13,17 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from .clock import random_time_error
-from .job import ACKED, QUEUED, Job, ttl_minutes_from_id
+from .job import ACKED, QUEUED, WAIT_REPL, Job, ttl_minutes_from_id
 from .jobs import register_job, unregister_job, update_awake_time
 from .queue import dequeue_job
 
 if TYPE_CHECKING:
+    from .cluster.messages import Message
+    from .cluster.state import ClusterNode
     from .state import ServerState
 
-__all__ = ["acknowledge_job", "try_job_gc", "create_dummy_ack", "fast_ack", "gc_retry_delay_ms"]
+__all__ = ["acknowledge_job", "try_job_gc", "create_dummy_ack", "fast_ack", "gc_retry_delay_ms",
+           "receive_deljob", "receive_gotack", "receive_setack"]
 
 #: gc_retry stops growing here (the original's cap).
 GC_RETRY_CAP = 10
@@ -119,3 +122,62 @@ def fast_ack(state: ServerState, job_id: bytes) -> bool:
     cluster.broadcast_deljob(job_id, job.delivered)
     unregister_job(state, job)
     return True
+
+
+# --------------------------------------------------------------------------
+# Bus messages of the GC (SETACK, GOTACK, DELJOB)
+# --------------------------------------------------------------------------
+
+def receive_setack(state: ServerState, sender: ClusterNode, msg: Message) -> None:
+    """SETACK(may_have): the sender acked the job and asks if we know it.
+
+    We ack our copy and answer GOTACK(known).  When we know of more copies
+    than the sender (``aux`` is the size of its node list), the sender's
+    view is incomplete: our own GC takes over, and a sender holding a dummy
+    ACK (``aux`` 0) is told we know the job so that it drops its dummy.
+    """
+    job = state.jobs.get(msg.job_id)
+    cluster = state.cluster
+    if job is not None:
+        if job.state == WAIT_REPL:
+            from .replication import replication_achieved_by_ack
+            replication_achieved_by_ack(state, job)
+        acknowledge_job(state, job)
+    if job is None or len(job.delivered) <= msg.aux:
+        cluster.send_gotack(sender.id, msg.job_id, job is not None)
+        return
+    if msg.aux == 0:
+        cluster.send_gotack(sender.id, msg.job_id, True)
+    try_job_gc(state, job)
+
+
+def receive_gotack(state: ServerState, sender: ClusterNode, msg: Message) -> None:
+    """GOTACK(known): a node confirms the ACK (gotAckReceived)."""
+    job = state.jobs.get(msg.job_id)
+    if job is None or job.state != ACKED:
+        return
+    known = bool(msg.aux)
+    if job.is_dummy_ack:
+        if known:
+            # That node knows the job and runs the GC with the real node list.
+            unregister_job(state, job)
+            return
+        job.confirmed = job.confirmed | {sender.id}
+        nodes = state.cluster.nodes
+        if all(node_id in job.confirmed for node_id, node in nodes.items()
+               if "handshake" not in node.flags):
+            unregister_job(state, job)
+        return
+    if known or sender.id in job.delivered:
+        job.delivered = job.delivered | {sender.id}
+        job.confirmed = job.confirmed | {sender.id}
+    if job.delivered <= job.confirmed:
+        state.cluster.broadcast_deljob(job.id, job.delivered)
+        unregister_job(state, job)
+
+
+def receive_deljob(state: ServerState, sender: ClusterNode, msg: Message) -> None:
+    """DELJOB: the GC completed (or FASTACK): forget the job in any state."""
+    job = state.jobs.get(msg.job_id)
+    if job is not None:
+        unregister_job(state, job)

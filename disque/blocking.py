@@ -18,7 +18,7 @@ from .queue import Queue, fetch_job
 if TYPE_CHECKING:
     from .state import ServerState
 
-__all__ = ["BlockedGet", "block_for_jobs", "unblock", "serve_blocked_clients",
+__all__ = ["Blocked", "BlockedGet", "block_for_jobs", "unblock", "serve_blocked_clients",
            "unblock_all", "getjob_entry", "NO_REPLY"]
 
 #: Timeouts are capped: a wait this long is "forever" for every practical purpose
@@ -32,12 +32,27 @@ _DELIVERIES = b"additional-deliveries"
 
 
 class Waiter(Protocol):
-    blocked: BlockedGet | None
+    blocked: Blocked | None
 
     def resume(self, reply: Any) -> None: ...
 
 
+class Blocked(Protocol):
+    """What :func:`unblock` needs of a blocked command."""
+
+    client: Waiter
+    timer: asyncio.TimerHandle | None
+
+    def release(self, state: ServerState) -> None: ...
+
+    def timeout_reply(self, state: ServerState) -> Any: ...
+
+    def abandoned(self, state: ServerState) -> None: ...
+
+
 class BlockedGet:
+    """A client waiting in GETJOB for a job on one of ``queues``."""
+
     __slots__ = ("client", "queues", "timer", "withcounters")
 
     def __init__(self, client: Waiter, queues: list[Queue], withcounters: bool) -> None:
@@ -45,6 +60,20 @@ class BlockedGet:
         self.queues = queues
         self.withcounters = withcounters
         self.timer: asyncio.TimerHandle | None = None
+
+    def release(self, state: ServerState) -> None:
+        """Unblocking, whatever the cause: leave every queue's waiters."""
+        now = state.clock.now_ms()
+        for q in self.queues:
+            q.waiters.pop(self, None)
+            q.atime = now
+
+    def timeout_reply(self, state: ServerState) -> Any:
+        from .protocol import NULL_ARRAY
+        return NULL_ARRAY
+
+    def abandoned(self, state: ServerState) -> None:
+        """The client went away: nothing of a GETJOB is left to undo."""
 
 
 def getjob_entry(job: Job, withcounters: bool) -> list[Any]:
@@ -73,25 +102,27 @@ def block_for_jobs(state: ServerState, client: Waiter, names: list[bytes], timeo
     return blocked
 
 
-def unblock(state: ServerState, blocked: BlockedGet, reply: Any, timed_out: bool = False) -> None:
-    """Take the client off every queue and send it ``reply`` (unless NO_REPLY)."""
+def unblock(state: ServerState, blocked: Blocked, reply: Any, timed_out: bool = False) -> None:
+    """Release the client and send it ``reply`` (unless NO_REPLY: it went away).
+
+    ``blocked`` is a :class:`BlockedGet` or a replicating ADDJOB
+    (``replication.BlockedAdd``): each knows what to release, what to
+    answer on timeout and what to undo when its client is gone.
+    """
     client = blocked.client
     if client.blocked is not blocked:
         return  # already unblocked
-    now = state.clock.now_ms()
-    for q in blocked.queues:
-        q.waiters.pop(blocked, None)
-        q.atime = now
+    blocked.release(state)
     if blocked.timer is not None and not timed_out:
         blocked.timer.cancel()
     blocked.timer = None
     client.blocked = None
     state.blocked_clients -= 1
     if reply is NO_REPLY:
+        blocked.abandoned(state)
         return
     if timed_out:
-        from .protocol import NULL_ARRAY
-        reply = NULL_ARRAY
+        reply = blocked.timeout_reply(state)
     client.resume(reply)
 
 

@@ -27,7 +27,7 @@ import time
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
-from .blocking import NO_REPLY, BlockedGet, unblock
+from .blocking import NO_REPLY, Blocked, unblock
 from .commands import BLOCKED, execute
 from .protocol import CommandParser, ProtocolError, ReplyError, encode
 
@@ -110,7 +110,7 @@ class ClientConnection(asyncio.Protocol):
         self.created = time.monotonic()
         self.last_interaction = self.created
         self.last_command = "NULL"
-        self.blocked: BlockedGet | None = None
+        self.blocked: Blocked | None = None
         self.pending: deque[list[bytes]] = deque()
         self._closing = False
         self._close_silently = False

@@ -251,13 +251,25 @@ def ttl_minutes_from_id(job_id: bytes) -> int:
 _FIXED = struct.Struct("<40sBBHIQIIHH")
 
 
-def serialize_job(job: Job) -> bytes:
-    """The job in the original's serialized blob form (see above)."""
+def serialize_job(job: Job, bus_now_ms: int | None = None) -> bytes:
+    """The job in the original's serialized blob form (see above).
+
+    With ``bus_now_ms``, the form sent on the cluster bus: the expiry as the
+    seconds left (+1, so a copy never outlives nothing) rather than an
+    absolute time, since the nodes' clocks differ; and without the DELIVERED
+    flag, which is this node's business.
+    """
     queue = job.queue or b""
     nodes = sorted(job.delivered)
+    flags = job.flags
+    if bus_now_ms is None:
+        etime_s = job.etime // 1000
+    else:
+        etime_s = max(0, job.etime - bus_now_ms) // 1000 + 1
+        flags &= ~FLAG_DELIVERED
     parts = [
         _FIXED.pack(job.id, (int(job.state) & 0x0F) | (min(job.gc_retry, 15) << 4),
-                    job.flags & 0xFF, job.repl & 0xFFFF, (job.etime // 1000) & 0xFFFFFFFF,
+                    flags & 0xFF, job.repl & 0xFFFF, etime_s & 0xFFFFFFFF,
                     job.ctime & 0xFFFFFFFFFFFFFFFF, job.delay & 0xFFFFFFFF,
                     job.retry & 0xFFFFFFFF, min(job.nacks, 0xFFFF),
                     min(job.additional_deliveries, 0xFFFF)),

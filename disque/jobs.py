@@ -22,7 +22,16 @@ from itertools import islice
 from typing import TYPE_CHECKING
 
 from .clock import random_time_error
-from .job import ACKED, ACTIVE, B64_VALUE, FLAG_BCAST_WILLQUEUE, FLAG_DELIVERED, QUEUED, Job
+from .job import (
+    ACKED,
+    ACTIVE,
+    B64_VALUE,
+    FLAG_BCAST_WILLQUEUE,
+    FLAG_DELIVERED,
+    QUEUED,
+    WAIT_REPL,
+    Job,
+)
 from .keyspace import SlicedDict, job_id_slice
 
 if TYPE_CHECKING:
@@ -247,6 +256,9 @@ def unregister_job(state: ServerState, job: Job) -> None:
     if job.state == QUEUED:
         from .queue import dequeue_job
         dequeue_job(state, job)
+    elif job.state == WAIT_REPL and state.replicating:
+        from .replication import replication_removed
+        replication_removed(state, job)  # its client gets -NOREPL
     if state.jobs._remove(job):
         state.memory.sub(job_memory(job))
         if state.job_removed_hooks:

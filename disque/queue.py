@@ -27,6 +27,8 @@ from .keyspace import SlicedDict, name_slice
 
 if TYPE_CHECKING:
     from .blocking import BlockedGet
+    from .cluster.messages import Message
+    from .cluster.state import ClusterNode
     from .state import ServerState
 
 __all__ = [
@@ -259,3 +261,25 @@ def fetch_jobs(state: ServerState, q: Queue, count: int) -> list[Job]:
             evictable_add(job)
     # The awake time is the same for queued and active jobs: no schedule update.
     return taken
+
+
+def set_pause(state: ServerState, q: Queue, flags: int) -> None:
+    """Pause ``q`` in ``flags`` (PAUSED_IN, PAUSED_OUT); serve its waiting
+    clients if it stopped being paused for output."""
+    was_paused_out = q.paused_out
+    q.flags = flags
+    q.atime = state.clock.now_ms()
+    if was_paused_out and not q.paused_out and q.waiters:
+        from .blocking import serve_blocked_clients
+        serve_blocked_clients(state, q)
+
+
+def receive_pause(state: ServerState, sender: ClusterNode, msg: Message) -> None:
+    """PAUSE from another node (PAUSE ... BCAST there): copy its pause flags."""
+    flags = msg.aux & (PAUSED_IN | PAUSED_OUT)
+    q = state.queues.lookup(msg.queue)
+    if q is None:
+        if not flags:
+            return
+        q = state.queue_for_write(msg.queue)
+    set_pause(state, q, flags)

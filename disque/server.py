@@ -29,6 +29,7 @@ import time
 from collections.abc import Callable
 
 from . import __version__
+from .bus_handlers import register_job_messages
 from .cluster import ClusterState, NodesFileError
 from .cluster.bus import BUS_PORT_OFFSET, ClusterBus
 from .config import Config, ConfigError
@@ -102,6 +103,7 @@ class DisqueServer:
                          max_message=config.proto_max_bulk_len + BUS_MESSAGE_SLACK,
                          before_flush=state.before_reply_hooks)
         state.bus = bus
+        register_job_messages(bus, state)
         await bus.start(config.bind, self.port)
         self._cron_deadline = loop.time()
         self._schedule_cron()

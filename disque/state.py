@@ -25,6 +25,7 @@ from .queue import QUEUE_OVERHEAD_BYTES, Queue, QueueRegistry
 if TYPE_CHECKING:
     from .cluster.bus import ClusterBus
     from .connection import ClientConnection
+    from .replication import BlockedAdd
 
 __all__ = ["ServerState", "Stats"]
 
@@ -91,6 +92,8 @@ class ServerState:
         # The cluster bus (cluster/bus.py), once the server listens; None in
         # tests that drive the state without a server.
         self.bus: ClusterBus | None = None
+        # ADDJOBs waiting for their copies, by job ID (replication.py).
+        self.replicating: dict[bytes, BlockedAdd] = {}
         config.on_change("maxmemory", self._set_maxmemory)
 
     def _set_maxmemory(self, value: int) -> None:

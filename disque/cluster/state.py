@@ -221,10 +221,16 @@ class ClusterState:
             if node.link is not None and node is not self.myself:
                 node.link.send(message)
 
-    def broadcast_queued(self, job: Job, nack: bool) -> None:
-        """QUEUED to the other copies, so they postpone their own requeue."""
+    def broadcast_queued(self, job: Job, nack: bool, count: bool = True) -> None:
+        """QUEUED to the other copies, so they postpone their own requeue.
+
+        ``count``: the copies bump their counters too (a NACK, or one more
+        delivery); not when we only answer a WILLQUEUE about a queued job.
+        """
         if len(job.delivered) > 1:
-            flags = messages.MFLAG_INCR_NACKS if nack else messages.MFLAG_INCR_DELIV
+            flags = 0
+            if count:
+                flags = messages.MFLAG_INCR_NACKS if nack else messages.MFLAG_INCR_DELIV
             self._send_to_copies(job.delivered,
                                  self._job_id_message(messages.QUEUED, job.id, 0, flags))
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ..blocking import getjob_entry, serve_blocked_clients
+from ..blocking import getjob_entry
 from ..job import JobState
 from ..keyspace import SLICES
 from ..protocol import Map
-from ..queue import PAUSED_IN, PAUSED_OUT, pause_label
+from ..queue import PAUSED_IN, PAUSED_OUT, pause_label, set_pause
 from .jobs import show_reply
 from .registry import SYNTAX_ERROR, CommandError, command, parse_int
 
@@ -81,11 +81,7 @@ def pause(state: ServerState, client: ClientConnection, argv: list[bytes]) -> An
     if update and (q is not None or new_flags):
         if q is None:
             q = state.queue_for_write(argv[1])
-        was_paused_out = q.paused_out
-        q.flags = new_flags
-        q.atime = state.clock.now_ms()
-        if was_paused_out and not q.paused_out and q.waiters:
-            serve_blocked_clients(state, q)
+        set_pause(state, q, new_flags)
     flags = q.flags if q is not None else 0
     if bcast:
         state.cluster.broadcast_pause(argv[1], flags)

@@ -1,0 +1,43 @@
+"""The job messages of the cluster bus, each to the procedure it belongs to.
+
+The bus (``cluster/bus.py``) knows nothing of jobs: it decodes a message,
+finds the sender and calls the handler registered here for its type.  Each
+handler lives beside the rule it implements, under the spec's name:
+replication (REPLJOB, GOTJOB, ENQUEUE), re-queueing (QUEUED, WILLQUEUE,
+WORKING), ACK garbage collection (SETACK, GOTACK, DELJOB), queues (PAUSE).
+NEEDJOBS/YOURJOBS (federation) are not handled yet: they are dropped and
+counted, and a node of ours never sends them.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import TYPE_CHECKING
+
+from . import ack, replication, requeue
+from .cluster import messages
+from .queue import receive_pause
+
+if TYPE_CHECKING:
+    from .cluster.bus import ClusterBus
+    from .state import ServerState
+
+__all__ = ["register_job_messages"]
+
+HANDLERS = {
+    messages.REPLJOB: replication.receive_repljob,
+    messages.GOTJOB: replication.receive_gotjob,
+    messages.ENQUEUE: replication.receive_enqueue,
+    messages.QUEUED: requeue.receive_queued,
+    messages.WILLQUEUE: requeue.receive_willqueue,
+    messages.WORKING: requeue.receive_working,
+    messages.SETACK: ack.receive_setack,
+    messages.GOTACK: ack.receive_gotack,
+    messages.DELJOB: ack.receive_deljob,
+    messages.PAUSE: receive_pause,
+}
+
+
+def register_job_messages(bus: ClusterBus, state: ServerState) -> None:
+    for msg_type, handler in HANDLERS.items():
+        bus.handlers[msg_type] = partial(handler, state)

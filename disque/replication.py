@@ -1,0 +1,339 @@
+"""Synchronous replication of new jobs (the spec's ADDJOB with REPLICATE n).
+
+A job added with REPLICATE n > 1 is copied to n - 1 other nodes (n under
+*external replication*, when this node keeps no copy) before the client
+gets its ID:
+
+1. The job waits in ``wait-repl``; ``confirmed`` starts as {myself} ({}
+   under external replication).  REPLJOB, with the full node list, goes to
+   ``needed`` reachable, linked nodes picked at random.
+2. Each copy's node answers GOTJOB.  With n confirmations the job is
+   *replication achieved*: queued here (or, under external replication,
+   ENQUEUE goes to one of the copies and the local object is dropped), and
+   the client gets the ID.
+3. Every 50 ms without enough confirmations one more node is added and the
+   unconfirmed ones get REPLJOB again (a lost message or a node that died
+   after being picked).
+4. ``ms-timeout`` passes (or the client disconnects) first: ``-NOREPL``,
+   and the partial copies are deleted with DELJOB.
+
+With ASYNC (or REPLICATE 1 under external replication) the client gets the
+ID at once and REPLJOB goes out once, with NOREPLY.
+
+Receiving side: :func:`receive_repljob` stores copies, :func:`receive_gotjob`
+counts confirmations, :func:`receive_enqueue` queues a copy on request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from typing import TYPE_CHECKING, Any
+
+from .blocking import Waiter, unblock
+from .clock import random_time_error
+from .cluster import messages
+from .job import (
+    ACTIVE,
+    FLAG_BCAST_QUEUED,
+    FLAG_BCAST_WILLQUEUE,
+    WAIT_REPL,
+    Job,
+    SerializationError,
+    deserialize_job,
+    serialize_job,
+)
+from .jobs import register_job, unregister_job, update_awake_time
+from .protocol import ReplyError, Status
+from .queue import PAUSED_IN, enqueue_job
+
+if TYPE_CHECKING:
+    from .cluster.messages import Message
+    from .cluster.state import ClusterNode
+    from .state import ServerState
+
+__all__ = ["BlockedAdd", "receive_enqueue", "receive_gotjob", "receive_repljob",
+           "replicate_job", "replication_removed"]
+
+log = logging.getLogger("disque.replication")
+
+#: One more node is asked this often while confirmations are missing.
+EXTRA_NODE_PERIOD_S = 0.05
+
+NOREPL_TIMEOUT = ("NOREPL Timeout reached before replicating to the requested number "
+                  "of nodes")
+NOREPL_REMOVED = ("NOREPL job removed (expired?) before the requested replication level "
+                  "was achieved")
+
+
+class BlockedAdd:
+    """A client waiting for its job's copies (blocking.Blocked)."""
+
+    __slots__ = ("client", "extrepl", "job", "needed", "retry_timer", "timer")
+
+    def __init__(self, client: Waiter, job: Job, needed: int, extrepl: bool) -> None:
+        self.client = client
+        self.job = job
+        self.needed = needed
+        self.extrepl = extrepl
+        self.timer: asyncio.TimerHandle | None = None
+        self.retry_timer: asyncio.TimerHandle | None = None
+
+    def release(self, state: ServerState) -> None:
+        state.replicating.pop(self.job.id, None)
+        if self.retry_timer is not None:
+            self.retry_timer.cancel()
+            self.retry_timer = None
+
+    def timeout_reply(self, state: ServerState) -> Any:
+        _drop_partial_copies(state, self.job)
+        return ReplyError(NOREPL_TIMEOUT)
+
+    def abandoned(self, state: ServerState) -> None:
+        _drop_partial_copies(state, self.job)
+
+
+def _drop_partial_copies(state: ServerState, job: Job) -> None:
+    """Replication failed: forget the job here and, best effort, everywhere."""
+    if state.jobs.get(job.id) is job:
+        state.cluster.broadcast_deljob(job.id, job.delivered)
+        unregister_job(state, job)
+
+
+# --------------------------------------------------------------------------
+# Sending side
+# --------------------------------------------------------------------------
+
+def _repljob(state: ServerState, job: Job, noreply: bool) -> bytes:
+    me = state.cluster.myself
+    blob = serialize_job(job, bus_now_ms=state.clock.now_ms())
+    return messages.jobs_message(messages.REPLJOB, me.id, me.port, state.cluster.wire_flags,
+                                 [blob], messages.MFLAG_NOREPLY if noreply else 0)
+
+
+def _add_targets(state: ServerState, job: Job, count: int) -> int:
+    """Add up to ``count`` new reachable, linked nodes to the job's node list."""
+    candidates = [n for n in state.cluster.reachable_nodes()
+                  if n.link is not None and n.id not in job.delivered]
+    random.shuffle(candidates)
+    chosen = [n.id for n in candidates[:count]]
+    if chosen:
+        job.delivered = job.delivered | frozenset(chosen)
+    return len(chosen)
+
+
+def _send_repljob(state: ServerState, job: Job) -> None:
+    """REPLJOB to every listed node that has not confirmed (the others get it
+    with NOREPLY: the node list changed, their copy must learn it)."""
+    cluster = state.cluster
+    ask = _repljob(state, job, noreply=False)
+    inform = None
+    for node_id in job.delivered:
+        if node_id == cluster.myself.id:
+            continue
+        if node_id in job.confirmed:
+            inform = inform or _repljob(state, job, noreply=True)
+            cluster.send(node_id, inform)
+        else:
+            cluster.send(node_id, ask)
+
+
+def replicate_job(state: ServerState, client: Waiter, job: Job, needed: int, extrepl: bool,
+                  timeout_ms: int, async_: bool) -> Any:
+    """Start replicating a new job (ADDJOB's synchronous or ASYNC path).
+
+    Returns the reply for the client now, or None when it must wait (the
+    caller answers BLOCKED).
+    """
+    cluster = state.cluster
+    myself = cluster.myself.id
+    job.delivered = frozenset() if extrepl else cluster.myself_set
+    _add_targets(state, job, needed)
+    if async_:
+        if extrepl:
+            if not job.delivered:
+                return ReplyError("NOREPL Not enough reachable nodes for the requested "
+                                  "replication level")
+            # Nothing is stored here: one recipient queues the job.
+            targets = sorted(job.delivered)
+            _broadcast_repljob_noreply(state, job)
+            _send_enqueue(state, random.choice(targets), job)
+            return Status(job.id.decode())
+        job.state = ACTIVE
+        _store_achieved(state, job)
+        _broadcast_repljob_noreply(state, job)
+        return Status(job.id.decode())
+    job.state = WAIT_REPL
+    job.confirmed = frozenset() if extrepl else frozenset((myself,))
+    register_job(state, job)
+    blocked = BlockedAdd(client, job, needed, extrepl)
+    state.replicating[job.id] = blocked
+    _send_repljob(state, job)
+    loop = asyncio.get_running_loop()
+    if timeout_ms > 0:
+        blocked.timer = loop.call_later(timeout_ms / 1000, unblock, state, blocked, None, True)
+    blocked.retry_timer = loop.call_later(EXTRA_NODE_PERIOD_S, _retry, state, blocked)
+    client.blocked = blocked
+    state.blocked_clients += 1
+    return None
+
+
+def _broadcast_repljob_noreply(state: ServerState, job: Job) -> None:
+    message = _repljob(state, job, noreply=True)
+    for node_id in job.delivered:
+        if node_id != state.cluster.myself.id:
+            state.cluster.send(node_id, message)
+
+
+def _retry(state: ServerState, blocked: BlockedAdd) -> None:
+    """Every 50 ms while confirmations are missing: one more node, REPLJOB again."""
+    blocked.retry_timer = None
+    job = blocked.job
+    if state.replicating.get(job.id) is not blocked or job.state != WAIT_REPL:
+        return
+    _add_targets(state, job, 1)
+    _send_repljob(state, job)
+    blocked.retry_timer = asyncio.get_running_loop().call_later(
+        EXTRA_NODE_PERIOD_S, _retry, state, blocked)
+
+
+def _store_achieved(state: ServerState, job: Job) -> None:
+    """The local copy of a job whose replication is achieved: queue (or delay) it, log it."""
+    now = state.clock.now_ms()
+    if job.delay:
+        job.qtime = now + job.delay * 1000
+        if state.jobs.get(job.id) is not job:
+            register_job(state, job)
+        else:
+            update_awake_time(state, job)
+    else:
+        job.qtime = now
+        enqueue_job(state, job, now=now)
+        if state.jobs.get(job.id) is not job:
+            register_job(state, job)
+    if state.job_created_hooks:
+        state.on_job_created(job)
+
+
+def _send_enqueue(state: ServerState, node_id: str, job: Job) -> None:
+    me = state.cluster.myself
+    state.cluster.send(node_id, messages.job_id_message(
+        messages.ENQUEUE, me.id, me.port, state.cluster.wire_flags, job.id, job.delay))
+
+
+def _replication_achieved(state: ServerState, blocked: BlockedAdd) -> None:
+    job = blocked.job
+    if blocked.extrepl:
+        # No local copy: one of the copies queues it, ours goes.
+        _send_enqueue(state, random.choice(sorted(job.confirmed)), job)
+        state.jobs.schedule.discard(job)
+        state.replicating.pop(job.id, None)
+        job.state = ACTIVE  # not wait-repl: unregistering must not answer the client
+        unregister_job(state, job)
+    else:
+        job.state = ACTIVE
+        _store_achieved(state, job)
+    # NOREPLY to the nodes still unconfirmed is not needed: they will
+    # answer GOTJOB, which is ignored for a job that is no longer waiting.
+    unblock(state, blocked, Status(job.id.decode()))
+
+
+def replication_achieved_by_ack(state: ServerState, job: Job) -> None:
+    """SETACK for a job still waiting for copies: somebody processed a copy,
+    so the job exists where it matters; the client gets its ID and the
+    caller acks the job."""
+    blocked = state.replicating.get(job.id)
+    job.state = ACTIVE
+    if blocked is not None:
+        unblock(state, blocked, Status(job.id.decode()))
+
+
+def replication_removed(state: ServerState, job: Job) -> None:
+    """A job waiting for its copies was removed (DELJOB, expiry, FLUSHALL)."""
+    blocked = state.replicating.get(job.id)
+    if blocked is not None and blocked.job is job:
+        unblock(state, blocked, ReplyError(NOREPL_REMOVED))
+
+
+# --------------------------------------------------------------------------
+# Receiving side
+# --------------------------------------------------------------------------
+
+def receive_gotjob(state: ServerState, sender: ClusterNode, msg: Message) -> None:
+    job = state.jobs.get(msg.job_id)
+    if job is None or job.state != WAIT_REPL:
+        return
+    job.confirmed = job.confirmed | {sender.id}
+    if len(job.confirmed) >= job.repl:
+        blocked = state.replicating.get(job.id)
+        if blocked is not None:
+            _replication_achieved(state, blocked)
+
+
+def receive_repljob(state: ServerState, sender: ClusterNode, msg: Message) -> None:
+    """Store the copies of a REPLJOB and confirm them with GOTJOB."""
+    if state.memory.level() >= 1 or state.cluster.leaving:
+        return  # the sender will pick another node
+    now = state.clock.now_ms()
+    payload = msg.payload
+    offset = 0
+    for _ in range(msg.numjobs):
+        try:
+            copy, offset = deserialize_job(payload, offset)
+        except SerializationError as err:
+            log.warning("Bad job in REPLJOB from %s: %s", sender.id, err)
+            return
+        if copy.queue is None:
+            continue
+        q = state.queues.lookup(copy.queue)
+        if q is not None and q.flags & PAUSED_IN:
+            continue
+        job = state.jobs.get(copy.id)
+        if job is not None:
+            job.delivered = job.delivered | copy.delivered
+        else:
+            _store_copy(state, copy, now)
+        if not msg.mflags & messages.MFLAG_NOREPLY:
+            me = state.cluster.myself
+            state.cluster.send(sender.id, messages.job_id_message(
+                messages.GOTJOB, me.id, me.port, state.cluster.wire_flags, copy.id, 0))
+
+
+def _store_copy(state: ServerState, job: Job, now: int) -> None:
+    """A new copy from another node: active, first requeue after DELAY + RETRY.
+
+    A RETRY-0 copy gets a queue time all the same (the original gave it
+    none, so it could never be queued: C-BEHAVIOUR bug 2).
+    """
+    job.etime = now + job.etime * 1000  # the bus sends the seconds left
+    job.state = ACTIVE
+    job.flags = (job.flags | FLAG_BCAST_QUEUED) & ~FLAG_BCAST_WILLQUEUE
+    job.gc_retry = 0
+    job.queue = state.queue_for_write(job.queue).name if job.queue else None
+    if job.retry:
+        job.qtime = now + (job.delay + job.retry) * 1000 + random_time_error()
+        job.flags |= FLAG_BCAST_WILLQUEUE
+    else:
+        job.qtime = now + job.delay * 1000
+    register_job(state, job)
+    if state.job_created_hooks:
+        state.on_job_created(job)
+
+
+def receive_enqueue(state: ServerState, sender: ClusterNode, msg: Message) -> None:
+    """ENQUEUE(delay): queue our copy now, or after ``delay`` seconds."""
+    job = state.jobs.get(msg.job_id)
+    if job is None or job.state not in (WAIT_REPL, ACTIVE):
+        return
+    q = state.queues.lookup(job.queue) if job.queue is not None else None
+    if q is not None and q.flags & PAUSED_IN:
+        return
+    job.flags &= ~FLAG_BCAST_QUEUED
+    now = state.clock.now_ms()
+    if msg.aux:
+        job.qtime = now + msg.aux * 1000
+        update_awake_time(state, job)
+    else:
+        job.qtime = now
+        enqueue_job(state, job, now=now)
