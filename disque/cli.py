@@ -344,6 +344,19 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+class CliClient(Client):
+    """The CLI's client: like redis-cli, it talks to a node that wants a password.
+
+    Without a password, a node with ``requirepass`` refuses the HELLO
+    handshake; the CLI keeps the connection anyway and lets the node answer
+    each command: ``PING`` gets PONG (the node answers it before AUTH, for
+    health checks), everything else ``-NOAUTH``, and ``AUTH`` at the prompt
+    logs in.
+    """
+
+    _hello_optional = True
+
+
 class Cli:
     """One CLI session: a client, an output mode, and how to print."""
 
@@ -356,10 +369,10 @@ class Cli:
         password = options.password or os.environ.get("DISQUE_PASSWORD") or None
         # No read timeout (GETJOB may block for as long as the user asked);
         # one re-send after a lost connection, like redis-cli's reconnect.
-        self.client = Client(self.address, password=password, socket_timeout=None,
-                             connect_timeout=5.0, max_retries=1, reconnect_timeout=0,
-                             randomize=False,
-                             connection_kwargs={"parser_class": CliParser})
+        self.client = CliClient(self.address, password=password, socket_timeout=None,
+                                connect_timeout=5.0, max_retries=1, reconnect_timeout=0,
+                                randomize=False,
+                                connection_kwargs={"parser_class": CliParser})
 
     def connection_error(self, exc: BaseException) -> None:
         cause = exc

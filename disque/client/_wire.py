@@ -92,6 +92,11 @@ class Hello:
         return None
 
 
+#: What a client that may skip the handshake records when HELLO is refused
+#: before authentication: no node ID, no node table.
+NO_HELLO = Hello(1, "", ())
+
+
 def format_address(address: tuple[str, int]) -> str:
     host, port = address
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"

@@ -17,6 +17,7 @@ from ..exceptions import (
     ConnectionFailed,
     DisqueError,
     Leaving,
+    NoAuth,
     ProtocolError,
     ResponseError,
 )
@@ -100,6 +101,11 @@ class Client(ClientBase):
     queue behind one another.
     """
 
+    #: Keep a connection whose HELLO got -NOAUTH when no password was given
+    #: (the CLI, like redis-cli: the node then answers each command itself,
+    #: PING with PONG).  A program wants the error at connect instead.
+    _hello_optional = False
+
     def _init_connection_state(self) -> None:
         self._conn: redis.Connection | None = None
         self._hello: Hello | None = None
@@ -173,7 +179,12 @@ class Client(ClientBase):
                 self._roundtrip(conn, w.request("AUTH", self.password))
             if self.client_name:
                 self._roundtrip(conn, w.request("CLIENT", "SETNAME", self.client_name))
-            hello = w.parse_hello(self._roundtrip(conn, w.hello()))
+            try:
+                hello = w.parse_hello(self._roundtrip(conn, w.hello()))
+            except NoAuth:
+                if self.password is not None or not self._hello_optional:
+                    raise
+                hello = w.NO_HELLO
         except BaseException:
             conn.disconnect()
             raise
@@ -181,8 +192,10 @@ class Client(ClientBase):
 
     def _adopt(self, address: Address, conn: redis.Connection, hello: Hello) -> None:
         old = self._conn
-        self._table.learn(address, hello)
-        self._conn, self._address, self._node_id, self._hello = conn, address, hello.node_id, hello
+        if hello is not w.NO_HELLO:
+            self._table.learn(address, hello)
+        self._conn, self._address, self._hello = conn, address, hello
+        self._node_id = hello.node_id or None
         self._avoid = None
         if old is not None and old is not conn:
             old.disconnect()

@@ -11,8 +11,10 @@ from pathlib import Path
 
 import pexpect
 import pytest
+import redis
 
 from disque import Client
+from disque.exceptions import NoAuth
 from tests.client.conftest import address, fake_job_id
 from tests.support.process import DisqueProcess, free_port, wait_for
 
@@ -97,12 +99,26 @@ def test_connection_failure() -> None:
 
 def test_password(server_factory) -> None:
     secured = server_factory("--requirepass", "pw")
-    denied = disque(secured.port, "--no-raw", "ping")
+    denied = disque(secured.port, "--no-raw", "qlen", "q")
     assert (denied.returncode, denied.stdout) == (1, "(error) NOAUTH Authentication required.\n")
     assert disque(secured.port, "-a", "pw", "ping").stdout == "PONG\n"
     assert disque(secured.port, "ping", env={"DISQUE_PASSWORD": "pw"}).stdout == "PONG\n"
     wrong = disque(secured.port, "-a", "nope", "ping")
     assert wrong.returncode == 1 and "invalid password" in wrong.stdout
+
+
+def test_ping_without_password_answers_like_redis_cli(server_factory) -> None:
+    # The node answers PING before AUTH (health checks); the CLI must show
+    # that answer, as redis-cli does, not fail its own handshake first.
+    secured = server_factory("--requirepass", "pw")
+    plain = redis.Redis(port=secured.port, protocol=2)
+    assert plain.ping() is True
+    plain.close()
+    pinged = disque(secured.port, "--no-raw", "ping")
+    assert (pinged.returncode, pinged.stdout, pinged.stderr) == (0, "PONG\n", "")
+    # A program using the library still learns at connect that it lacks the password.
+    with pytest.raises(NoAuth), Client(address(secured), reconnect_timeout=0) as c:
+        c.ping()
 
 
 def test_host_option_and_help(server: DisqueProcess) -> None:
@@ -224,8 +240,12 @@ def test_interactive_auth_and_ctrl_c(server_factory, tmp_path: Path) -> None:
     secured = server_factory("--requirepass", "pw")
     prompt = f"127.0.0.1:{secured.port}> "
     child = spawn(secured.port, tmp_path / "history")
+    child.expect_exact(prompt)  # connected: the node answers what it answers without AUTH
+    child.sendline("ping")
+    child.expect_exact("PONG")
+    child.sendline("qlen q")
     child.expect_exact("(error) NOAUTH Authentication required.")
-    child.expect_exact("not connected> ")
+    child.expect_exact(prompt)
     child.sendline("auth wrong")
     child.expect_exact("(error) ERR invalid password")
     child.sendline("auth pw")
