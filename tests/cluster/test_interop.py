@@ -84,3 +84,26 @@ def test_failures_and_leaving_are_seen_across_implementations(mixed) -> None:
     ours[1].start(port=ours[1].port)
     assert node_id(ours[1]) == dead_ours
     wait_joined(everybody)
+
+
+def _show(node: DisqueProcess, job_id: bytes) -> dict | None:
+    reply = node.client().execute_command("SHOW", job_id)
+    return None if reply is None else dict(zip(reply[::2], reply[1::2], strict=True))
+
+
+def test_jobs_replicate_and_gc_across_implementations(mixed) -> None:
+    ours, originals = mixed
+    everybody = [*ours, *originals]
+    for other in everybody[1:]:
+        meet(everybody[0], other)
+    wait_joined(everybody)
+    for creator, acker in ((ours[0], originals[1]), (originals[0], ours[1])):
+        job_id = creator.client().execute_command("ADDJOB", "q", "mixed", 5000,
+                                                  "REPLICATE", 4, "RETRY", 30)
+        copies = {n.port: _show(n, job_id) for n in everybody}
+        assert all(copies.values()), copies  # the job blob travels both ways
+        assert {c[b"body"] for c in copies.values()} == {b"mixed"}
+        assert {c[b"queue"] for c in copies.values()} == {b"q"}
+        assert acker.client().execute_command("ACKJOB", job_id) == 1
+        wait_for(lambda job_id=job_id: not any(_show(n, job_id) for n in everybody),
+                 timeout=20, message="the ACK GC to reach every implementation")

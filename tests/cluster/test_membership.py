@@ -9,6 +9,7 @@ import pytest
 
 from tests.support.cluster import (
     TEST_NODE_TIMEOUT_MS,
+    cluster_info,
     cluster_view,
     flags_of,
     meet,
@@ -19,9 +20,7 @@ from tests.support.process import DisqueProcess, wait_for
 
 
 def info_field(node: DisqueProcess, field: str) -> int:
-    text = node.client().execute_command("CLUSTER", "INFO").decode()
-    fields = dict(line.split(":", 1) for line in text.split("\r\n") if ":" in line)
-    return int(fields[field])
+    return int(cluster_info(node)[field])
 
 
 def test_five_nodes_joined_in_a_chain_discover_each_other(make_cluster) -> None:

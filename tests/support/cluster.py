@@ -85,6 +85,11 @@ def cluster_view(node: DisqueProcess) -> dict[str, dict[str, Any]]:
     return view
 
 
+def cluster_info(node: DisqueProcess) -> dict[str, str]:
+    text = node.client().execute_command("CLUSTER", "INFO").decode()
+    return dict(line.split(":", 1) for line in text.split("\r\n") if ":" in line)
+
+
 def meet(node: DisqueProcess, other: DisqueProcess) -> None:
     assert node.client().execute_command("CLUSTER", "MEET", "127.0.0.1", other.port) == b"OK"
 
@@ -105,6 +110,9 @@ def fully_joined(nodes: Sequence[DisqueProcess]) -> bool:
         for info in view.values():
             if info["flags"] - {"myself", "noflags"} or info["link"] != "connected":
                 return False
+        # The original recomputes this in its cron, a little after its view.
+        if cluster_info(node)["cluster_reachable_nodes"] != str(len(nodes) - 1):
+            return False
     return True
 
 

@@ -1,0 +1,154 @@
+"""Jobs across real nodes: copies, survival of node losses, ACK GC,
+re-queue without duplicates, -NOREPL."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from typing import Any
+
+import pytest
+import redis
+
+from tests.support.cluster import node_id
+from tests.support.process import DisqueProcess, wait_for
+
+
+def show(node: DisqueProcess, job_id: bytes) -> dict[bytes, Any] | None:
+    reply = node.client().execute_command("SHOW", job_id)
+    return None if reply is None else dict(zip(reply[::2], reply[1::2], strict=True))
+
+
+def holders(nodes: list[DisqueProcess], job_id: bytes) -> list[DisqueProcess]:
+    return [n for n in nodes if n.alive() and show(n, job_id) is not None]
+
+
+def test_copies_land_on_exactly_n_nodes(make_cluster) -> None:
+    nodes = make_cluster(5)
+    for replicate in (2, 3, 5):
+        job_id = nodes[0].client().execute_command("ADDJOB", "q", "x", 5000,
+                                                   "REPLICATE", replicate)
+        have = holders(nodes, job_id)
+        # Replication is synchronous: every copy exists when the ID is returned.
+        assert len(have) == replicate and nodes[0] in have
+        listed = {n.decode() for n in show(nodes[0], job_id)[b"nodes-delivered"]}
+        assert listed == {node_id(n) for n in have}
+        states = {show(n, job_id)[b"state"] for n in have}
+        assert states == {b"queued", b"active"}  # queued where it was added only
+        assert show(nodes[0], job_id)[b"state"] == b"queued"
+
+
+def test_default_replication_is_min_3_and_cluster_size(make_cluster) -> None:
+    a, b = make_cluster(2)
+    job_id = a.client().execute_command("ADDJOB", "q", "x", 5000)
+    assert show(a, job_id)[b"repl"] == 2 and len(holders([a, b], job_id)) == 2
+
+
+def test_job_survives_the_loss_of_replicate_minus_one_nodes(make_cluster) -> None:
+    nodes = make_cluster(4)
+    creator = nodes[0]
+    job_id = creator.client().execute_command("ADDJOB", "q", "survivor", 5000,
+                                              "REPLICATE", 3, "RETRY", 1)
+    have = holders(nodes, job_id)
+    survivor = next(n for n in have if n is not creator)
+    for node in have:
+        if node is not survivor:
+            node.kill()  # the creator and one more copy: REPLICATE - 1 nodes
+    # The last copy is queued at its RETRY time and delivered.
+    job = wait_for(lambda: survivor.client().execute_command(
+        "GETJOB", "NOHANG", "FROM", "q"), timeout=15, message="the surviving copy")
+    assert job[0][1] == job_id and job[0][2] == b"survivor"
+
+
+def test_ack_on_any_copy_removes_the_job_from_every_node(make_cluster) -> None:
+    nodes = make_cluster(3)
+    job_id = nodes[0].client().execute_command("ADDJOB", "q", "x", 5000, "REPLICATE", 3)
+    assert len(holders(nodes, job_id)) == 3
+    assert nodes[2].client().execute_command("ACKJOB", job_id) == 1
+    wait_for(lambda: not holders(nodes, job_id), timeout=10,
+             message="the GC to delete every copy")
+
+
+def test_gc_waits_for_a_dead_copy_and_completes_when_it_returns(make_cluster) -> None:
+    nodes = make_cluster(3, "--appendonly", "yes", "--appendfsync", "always")
+    a, b, c = nodes
+    job_id = a.client().execute_command("ADDJOB", "q", "x", 5000, "REPLICATE", 3)
+    c.kill()
+    assert a.client().execute_command("ACKJOB", job_id) == 1
+    wait_for(lambda: show(b, job_id) is None or show(b, job_id)[b"state"] == b"acked",
+             timeout=10, message="b to learn of the ACK")
+    # c may still hold a copy: the ACK is held, not forgotten.
+    assert show(a, job_id)[b"state"] == b"acked"
+    c.start(port=c.port)
+    assert show(c, job_id) is not None  # its copy came back from the AOF
+    wait_for(lambda: not holders(nodes, job_id), timeout=60,
+             message="the held GC to finish once c is back")
+
+
+def test_no_job_is_queued_on_two_nodes_at_once(make_cluster) -> None:
+    nodes = make_cluster(3)
+    ids = [nodes[i % 3].client().execute_command("ADDJOB", "q", f"j{i}", 5000,
+                                                 "REPLICATE", 3, "RETRY", 1)
+           for i in range(30)]
+    started = time.monotonic()
+    polls = 0
+
+    def three_retry_periods_without_a_double() -> bool:
+        nonlocal polls
+        polls += 1
+        queued: dict[bytes, int] = {}
+        for node in nodes:
+            for job_id in ids:
+                info = show(node, job_id)
+                if info is not None and info[b"state"] == b"queued":
+                    queued[job_id] = queued.get(job_id, 0) + 1
+        assert all(count == 1 for count in queued.values()), queued
+        assert len(queued) == len(ids)  # and none lost from every queue
+        return time.monotonic() - started > 3.5  # the copies' RETRY came 3 times
+
+    # Nobody consumes: at every RETRY each copy would queue the job again,
+    # unless WILLQUEUE/QUEUED tell it the job is queued elsewhere.
+    wait_for(three_retry_periods_without_a_double, timeout=30, interval=0.2,
+             message="three RETRY periods")
+    assert polls > 5
+    delivered = []
+    for node in nodes:
+        while jobs := node.client().execute_command("GETJOB", "NOHANG", "COUNT", 100,
+                                                    "FROM", "q"):
+            delivered += [job[1] for job in jobs]
+    assert sorted(delivered) == sorted(ids)  # each exactly once
+
+
+def test_noreply_timeout_leaves_no_copies(make_cluster) -> None:
+    a, b, c = make_cluster(3)
+    os.kill(c.pid, signal.SIGSTOP)  # linked, but it never answers GOTJOB
+    try:
+        with pytest.raises(redis.ResponseError, match="NOREPL Timeout reached before "
+                                                      "replicating"):
+            a.client().execute_command("ADDJOB", "q", "x", 300, "REPLICATE", 3, "RETRY", 1)
+    finally:
+        os.kill(c.pid, signal.SIGCONT)
+    ids = [j for n in (a, b, c)
+           for j in n.client().execute_command("JSCAN", 0, "COUNT", 1000)[1]]
+    wait_for(lambda: not any(n.client().execute_command("JSCAN", 0, "COUNT", 1000)[1]
+                             for n in (a, b, c)), timeout=10,
+             message=lambda: f"the partial copies to go (had {ids})")
+
+
+def test_async_replies_at_once_and_copies_follow(make_cluster) -> None:
+    nodes = make_cluster(3)
+    job_id = nodes[1].client().execute_command("ADDJOB", "q", "x", 0, "REPLICATE", 3, "ASYNC")
+    wait_for(lambda: len(holders(nodes, job_id)) == 3, timeout=5, message="3 copies")
+
+
+def test_retry_zero_copies_are_queued_when_leaving(make_cluster) -> None:
+    """The original never queued a RETRY-0 copy (C-BEHAVIOUR bug 2): a job
+    added on a leaving node, replicated externally, was lost."""
+    a, b = make_cluster(2)
+    a.client().execute_command("CLUSTER", "LEAVING", "yes")
+    job_id = a.client().execute_command("ADDJOB", "q", "x", 5000, "REPLICATE", 1, "RETRY", 0)
+    assert show(a, job_id) is None  # no local copy while leaving
+    job = wait_for(lambda: b.client().execute_command("GETJOB", "NOHANG", "FROM", "q"),
+                   timeout=5, message="the copy to be queued on b")
+    assert job[0][1] == job_id
