@@ -117,6 +117,12 @@ def option_choice(options: Mapping[str, str], name: str, choices: tuple[str, ...
     return value
 
 
+#: How long an unreachable node is tried again before giving up (source and
+#: sink alike): the Python client's own default, long enough for a node to
+#: restart, short enough that a wrong address fails the job soon.
+DEFAULT_RECONNECT_TIMEOUT_MS = 10_000
+
+
 def _split_list(raw: str) -> list[str]:
     return [item.strip() for item in raw.split(",") if item.strip()]
 
@@ -127,12 +133,18 @@ class ConnectionConfig:
 
     ``nodes`` is the seed list ("host:port,host:port"); the client learns the
     rest of the cluster from HELLO.
+
+    ``reconnect_timeout_s`` (option ``reconnectTimeout``) is the one rule for
+    a node that cannot be reached, for the source and the sink alike: it is
+    tried again (with a backoff) for that long, so a restarting node is
+    waited for, and then the operation gives up naming the node.
     """
 
     nodes: tuple[str, ...] = ("127.0.0.1:7711",)
     password: str | None = None
     connect_timeout_s: float = 2.0
     socket_timeout_s: float = 30.0
+    reconnect_timeout_s: float = DEFAULT_RECONNECT_TIMEOUT_MS / 1000
 
     @classmethod
     def from_options(cls, options: Mapping[str, str]) -> ConnectionConfig:
@@ -148,15 +160,24 @@ class ConnectionConfig:
                 raise OptionError("nodes", f"has a bad address {node!r}: {exc}") from None
         connect_ms = option_int(options, "connectTimeoutMs", 2000, minimum=1)
         socket_ms = option_int(options, "socketTimeoutMs", 30_000, minimum=1)
-        assert connect_ms is not None and socket_ms is not None
+        reconnect_ms = option_duration_ms(options, "reconnectTimeout",
+                                          DEFAULT_RECONNECT_TIMEOUT_MS)
+        assert connect_ms is not None and socket_ms is not None and reconnect_ms is not None
         return cls(tuple(nodes), option_str(options, "password"),
-                   connect_ms / 1000, socket_ms / 1000)
+                   connect_ms / 1000, socket_ms / 1000, reconnect_ms / 1000)
 
     def client(self, *, node: str | None = None, client_name: str = "spark-disque",
-               reconnect_timeout_s: float = 10.0) -> Client:
-        """A new synchronous client (seeded with ``node`` only, when given)."""
+               reconnect_timeout_s: float | None = None) -> Client:
+        """A new synchronous client (seeded with ``node`` only, when given).
+
+        It searches for a reachable node for ``reconnect_timeout_s``
+        (default: the ``reconnectTimeout`` option) before raising
+        ConnectionFailed.
+        """
         from disque.client import Client
 
+        if reconnect_timeout_s is None:
+            reconnect_timeout_s = self.reconnect_timeout_s
         return Client(node or ",".join(self.nodes), password=self.password,
                       connect_timeout=self.connect_timeout_s,
                       socket_timeout=self.socket_timeout_s, client_name=client_name,

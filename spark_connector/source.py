@@ -27,20 +27,27 @@ __all__ = ["DisqueDataSource", "check_reachable"]
 
 
 def check_reachable(config: SourceConfig) -> None:
-    """Fail the query now, naming the option, if no node answers."""
+    """Fail the query at its start, naming the option, if a node does not answer.
+
+    Each node is tried for ``reconnectTimeout``, the rule the sink follows
+    too: a node that is restarting is waited for, a wrong address fails the
+    query once that time has passed.
+    """
     from disque.exceptions import AuthError, ConnectionFailed
 
     from .options import OptionError
 
-    for node in config.connection.nodes:
-        client = config.connection.client(node=node, client_name="spark-disque-check",
-                                          reconnect_timeout_s=config.connection.connect_timeout_s)
+    connection = config.connection
+    for node in connection.nodes:
+        client = connection.client(node=node, client_name="spark-disque-check")
         try:
             client.ping()
         except AuthError as exc:
             raise OptionError("password", f"was refused by {node}: {exc}") from None
         except ConnectionFailed as exc:
-            raise OptionError("nodes", f"lists {node}, which cannot be reached: {exc}") from None
+            raise OptionError("nodes", f"lists {node}, which cannot be reached (tried for "
+                              f"{connection.reconnect_timeout_s:g} s, reconnectTimeout): "
+                              f"{exc}") from None
         finally:
             client.close()
 

@@ -15,7 +15,9 @@ are turned into Python lists once per batch.  ADDJOBs go out pipelined,
 ``batchSize`` per round trip; jobs refused with a transient error
 (``retryErrors``) are re-sent with exponential backoff, and a partition
 gives up after ``maxRetries`` attempts in a row without progress, with an
-error naming the queue and the server's reason.
+error naming the queue and the server's reason.  A node that cannot be
+reached (``CONNECTION``) is tried again for ``reconnectTimeout`` instead,
+the rule the source follows too.
 
 Delivery is at-least-once: a retried task, a replayed micro-batch or a
 re-sent pipeline after a dropped connection may add a job twice.  With
@@ -286,11 +288,19 @@ class PartitionWriter:
         return delay / 1000 * random.uniform(0.5, 1.0)
 
     def send(self, reqs: list[Request]) -> None:
-        """Add these jobs, re-sending the ones refused with a transient error."""
+        """Add these jobs, re-sending the ones refused with a transient error.
+
+        Error replies in ``retryErrors`` are re-sent at most ``maxRetries``
+        times in a row without progress.  An unreachable node is tried again
+        until ``reconnectTimeout`` has passed since it stopped answering (the
+        source's rule too), however many attempts that takes.
+        """
         config = self.config
         pending = reqs
         attempt = 0
         started = time.monotonic()
+        unreachable_since: float | None = None
+        reconnects = 0
         while pending:
             error: BaseException | None = None
             failed: list[Request] = []
@@ -301,8 +311,23 @@ class PartitionWriter:
             except ConnectionFailed as exc:
                 # Unknown which of the pipeline were added: re-send them all
                 # (at-least-once; a dedup key lets consumers drop the copy).
-                error, failed = exc, pending
+                if "CONNECTION" not in config.retry_errors:
+                    self._give_up(pending[0], exc, attempt, started, retryable=False)
+                now = time.monotonic()
+                if unreachable_since is None:
+                    unreachable_since = now
+                remaining = config.connection.reconnect_timeout_s - (now - unreachable_since)
+                if remaining <= 0:
+                    self._give_up(pending[0], exc, reconnects, started, retryable=True)
+                reconnects += 1
+                self.retries += 1
+                log.info("partition %d: no node reachable, retry %d (for %.1f s more): %s",
+                         self.partition, reconnects, remaining, exc)
+                # The last wait ends at the deadline: one more try there.
+                self.sleep(min(self._backoff(reconnects), remaining))
+                continue
             else:
+                unreachable_since, reconnects = None, 0
                 fatal: tuple[Request, DisqueError] | None = None
                 for req, result in zip(pending, results, strict=True):
                     if not isinstance(result, DisqueError):
@@ -336,8 +361,10 @@ class PartitionWriter:
         code = _error_code(error)
         where = self._client.address if self._client is not None else None
         if retryable:
+            limit = (f"reconnectTimeout={self.config.connection.reconnect_timeout_s:g} s"
+                     if code == "CONNECTION" else f"maxRetries={self.config.max_retries}")
             why = (f"still failing after {retries} {'retry' if retries == 1 else 'retries'} in "
-                   f"{time.monotonic() - started:.1f} s (maxRetries={self.config.max_retries})")
+                   f"{time.monotonic() - started:.1f} s ({limit})")
         else:
             why = (f"not retried ({code} is not in retryErrors)" if code in RETRYABLE_ERRORS
                    else "not retried")

@@ -96,11 +96,13 @@ class AsyncClient(ClientBase):
                     continue
                 await self._adopt(address, conn, hello)
                 return
-            delay = next(delays)
-            if time.monotonic() + delay > deadline:
+            # The last pause ends at the deadline, for one more round there:
+            # a node that comes back just in time is found.
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
                 raise ConnectionFailed("no Disque node reachable: "
                                        + self._describe_errors(errors), errors)
-            await asyncio.sleep(delay)
+            await asyncio.sleep(min(next(delays), remaining))
 
     async def _open(self, address: Address) -> tuple[redis.asyncio.Connection, Hello]:
         options = {**w.connection_options(asynchronous=True), **self.connection_kwargs}

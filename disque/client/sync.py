@@ -78,10 +78,11 @@ class Client(ClientBase):
         How many times one command is re-sent after a dropped connection or
         ``-LEAVING`` (3).
     reconnect_timeout
-        Seconds one search for a node may take (10): rounds over every known
+        Seconds one search for a node goes on (10): rounds over every known
         node, with a pause between rounds of ``retry_backoff`` seconds
-        (0.05) doubling up to ``retry_backoff_max`` (1.0).  At least one
-        round is always made; 0 means exactly one.  Then ConnectionFailed.
+        (0.05) doubling up to ``retry_backoff_max`` (1.0), the last round
+        at this deadline.  At least one round is always made; 0 means
+        exactly one.  Then ConnectionFailed.
     randomize
         Try nodes of equal priority in random order (True, as the spec
         says); False keeps the order given, for a preferred local node.
@@ -160,11 +161,13 @@ class Client(ClientBase):
                     continue
                 self._adopt(address, conn, hello)
                 return
-            delay = next(delays)
-            if time.monotonic() + delay > deadline:
+            # The last pause ends at the deadline, for one more round there:
+            # a node that comes back just in time is found.
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
                 raise ConnectionFailed("no Disque node reachable: "
                                        + self._describe_errors(errors), errors)
-            time.sleep(delay)
+            time.sleep(min(next(delays), remaining))
 
     def _open(self, address: Address) -> tuple[redis.Connection, Hello]:
         """A new connection to ``address``, authenticated, with its HELLO."""

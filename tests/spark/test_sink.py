@@ -346,10 +346,11 @@ def test_unreachable_node_is_a_clear_error(spark) -> None:
     df = spark.range(3).coalesce(1).selectExpr("cast(id as string) as body")
     with pytest.raises(Exception) as info:
         (df.write.format("disque").mode("append").option("nodes", f"127.0.0.1:{port}")
-         .option("queue", "nowhere").option("maxRetries", "1").option("retryBackoff", "10ms")
-         .save())
+         .option("queue", "nowhere").option("reconnectTimeout", "500ms")
+         .option("retryBackoff", "10ms").save())
     message = str(info.value)
     assert "CONNECTION" in message and f"127.0.0.1:{port}" in message
+    assert "reconnectTimeout=0.5 s" in message
     assert "queue 'nowhere'" in message
 
 

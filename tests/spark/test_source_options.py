@@ -82,7 +82,8 @@ def test_batch_reads_do_not_need_a_staging_path() -> None:
 
 def test_unreachable_node_is_named(unused_port: int) -> None:
     config = SourceConfig.from_options(
-        {**BASE, "nodes": f"127.0.0.1:{unused_port}", "connectTimeoutMs": "200"},
+        {**BASE, "nodes": f"127.0.0.1:{unused_port}", "connectTimeoutMs": "200",
+         "reconnectTimeout": "200ms"},
         streaming=True)
     with pytest.raises(OptionError, match=f"option 'nodes' lists 127.0.0.1:{unused_port}"):
         check_reachable(config)
