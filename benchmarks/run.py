@@ -43,6 +43,11 @@ Scenarios:
     an ID map, a FIFO and a time bucket, the reply) and ``XADD``/``PING``
     against Redis; the three alternate per round.  The floor's ratio to
     Redis is the best any tuning of the real handler could reach.
+``cluster``
+    ``ADDJOB`` on a 3-node cluster (default REPLICATE 3, REPLICATE 2, ASYNC)
+    against one node, for ours and, when ``DISQUE_REFERENCE_SERVER`` is
+    set, the original; ratios are cluster / lone node of the same
+    implementation (``benchmarks/cluster.py``).
 ``spark-source`` / ``spark-sink``
     run ``benchmarks.spark_source`` / ``benchmarks.spark_sink`` in a
     subprocess (``--smoke`` becomes the source's ``--smoke`` and the sink's
@@ -85,7 +90,8 @@ from tests.support.process import DisqueProcess, raw_command
 
 CLIENTS = 50
 PIPELINE = 16
-SCENARIOS = ("server", "cycle", "memory", "soak", "floor", "spark-source", "spark-sink")
+SCENARIOS = ("server", "cycle", "memory", "soak", "floor", "cluster", "spark-source",
+             "spark-sink")
 FLOOR_NODE = Path(__file__).resolve().parent / "floor_node.py"
 
 
@@ -602,12 +608,19 @@ def delegate(module: str) -> Callable[[argparse.Namespace, Path], dict[str, Any]
     return run
 
 
+def scenario_cluster(args: argparse.Namespace, root: Path) -> dict[str, Any]:
+    from benchmarks.cluster import scenario_cluster as run
+
+    return run(args, root, request_counts(args))
+
+
 RUNNERS: dict[str, Callable[[argparse.Namespace, Path], dict[str, Any]]] = {
     "server": scenario_server,
     "cycle": scenario_cycle,
     "memory": scenario_memory,
     "soak": scenario_soak,
     "floor": scenario_floor,
+    "cluster": scenario_cluster,
     "spark-source": delegate("benchmarks.spark_source"),
     "spark-sink": delegate("benchmarks.spark_sink"),
 }
@@ -629,7 +642,7 @@ def main(argv: list[str] | None = None) -> int:
         args.rounds = 2 if args.scenario == "soak" else 1  # soak: growth needs two rounds
     elif args.rounds is None:
         args.rounds = 10 if args.scenario == "soak" else 3
-    if args.scenario in ("server", "cycle", "memory", "floor"):
+    if args.scenario in ("server", "cycle", "memory", "floor", "cluster"):
         missing = missing_tools()
         if missing:
             print(f"missing {', '.join(missing)}: install the Debian packages redis-server "

@@ -1,0 +1,118 @@
+"""The ``cluster`` scenario: ADDJOB on a 3-node cluster against one node.
+
+For each implementation (ours, and the original when
+``DISQUE_REFERENCE_SERVER`` names its binary), in rotating order per round:
+
+* one lone node: ``ADDJOB q body 0`` (a lone node replicates to nobody);
+* three joined nodes, load on the first: ``ADDJOB q body 0`` (the default
+  REPLICATE, 3: every copy confirmed before the reply), ``... REPLICATE 2``
+  and ``... ASYNC`` (replicated after the reply).
+
+``redis-benchmark``, 50 clients, unpipelined and ``-P 16``.  Each cluster
+figure is divided by the same implementation's lone-node figure of the same
+round (the issue's target for ours: >= 0.6x unpipelined, >= 0.4x with -P 16),
+and every run is checked: the first node must hold one job per request
+(redis-benchmark counts ``-NOREPL`` answers as successes).
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from benchmarks.redis_tools import benchmark_command, run_benchmark
+from tests.support.cluster import ReferenceProcess, join, reference_server, wait_joined
+from tests.support.process import DisqueProcess, raw_command
+
+CLUSTER_TESTS: list[tuple[str, list[str]]] = [
+    ("ADDJOB q body 0 (REPLICATE 3)", ["ADDJOB", "q", "body", "0"]),
+    ("ADDJOB q body 0 REPLICATE 2", ["ADDJOB", "q", "body", "0", "REPLICATE", "2"]),
+    ("ADDJOB q body 0 ASYNC (REPLICATE 3)", ["ADDJOB", "q", "body", "0", "ASYNC"]),
+]
+SINGLE = ["ADDJOB", "q", "body", "0"]
+NODE_ARGS = ("--appendonly", "no", "--maxmemory", "20gb")
+
+
+def start_nodes(root: Path, impl: str, size: int, tag: str) -> list[DisqueProcess]:
+    nodes: list[DisqueProcess] = []
+    for i in range(size):
+        workdir = root / f"{tag}-{impl}-{size}-{i}"
+        node = (ReferenceProcess(workdir, *NODE_ARGS) if impl == "original"
+                else DisqueProcess(workdir, *NODE_ARGS))
+        nodes.append(node.start())
+    if size > 1:
+        join(nodes)
+        wait_joined(nodes)
+    return nodes
+
+
+def registered_jobs(port: int) -> int:
+    text = raw_command(port, "INFO", "jobs")
+    assert isinstance(text, bytes)
+    for line in text.decode().splitlines():
+        if line.startswith("registered_jobs:"):
+            return int(line.split(":")[1])
+    raise RuntimeError("no registered_jobs in INFO")
+
+
+def run_tests(nodes: list[DisqueProcess], tests: list[tuple[str, list[str]]],
+              requests: dict[int, int]) -> dict[str, Any]:
+    port = nodes[0].port
+    results: dict[str, Any] = {}
+    expected = 0
+    for pipeline, count in requests.items():
+        for label, cmd in tests:
+            results[f"{label} P{pipeline}"] = run_benchmark(
+                benchmark_command(port, cmd, requests=count, pipeline=pipeline))
+            expected += count
+            held = registered_jobs(port)
+            if held != expected:
+                raise RuntimeError(f"{label} -P {pipeline}: the node holds {held} jobs, "
+                                   f"expected {expected}: some ADDJOBs failed")
+    return results
+
+
+def scenario_cluster(args: argparse.Namespace, root: Path,
+                     request_counts: dict[int, int]) -> dict[str, Any]:
+    impls = ["ours"] + (["original"] if reference_server() else [])
+    if len(impls) == 1:
+        print("DISQUE_REFERENCE_SERVER is not set: measuring ours only")
+    sides = [(impl, size) for impl in impls for size in (1, 3)]
+    rounds: list[dict[str, Any]] = []
+    for rnd in range(args.rounds):
+        shift = rnd % len(sides)
+        order = sides[shift:] + sides[:shift]
+        this: dict[str, Any] = {"order": [f"{i}/{s}" for i, s in order]}
+        for impl, size in order:
+            print(f"round {rnd + 1}/{args.rounds}: {impl}, {size} node(s) ...", flush=True)
+            nodes = start_nodes(root, impl, size, f"r{rnd}")
+            try:
+                tests = CLUSTER_TESTS if size > 1 else [("single", SINGLE)]
+                this[f"{impl}/{size}"] = run_tests(nodes, tests, request_counts)
+            finally:
+                for node in nodes:
+                    node.kill()
+        rounds.append(this)
+
+    from benchmarks.run import median, print_table
+
+    table: list[dict[str, Any]] = []
+    for impl in impls:
+        for pipeline in request_counts:
+            singles = [r[f"{impl}/1"][f"single P{pipeline}"]["rps"] for r in rounds]
+            table.append({"impl": impl, "test": "ADDJOB q body 0, one node",
+                          "pipeline": pipeline, "rps": median(singles), "ratio": 1.0})
+            for label, _ in CLUSTER_TESTS:
+                figures = [r[f"{impl}/3"][f"{label} P{pipeline}"]["rps"] for r in rounds]
+                ratios = [c / s for c, s in zip(figures, singles, strict=True)]
+                table.append({"impl": impl, "test": f"3 nodes: {label}", "pipeline": pipeline,
+                              "rps": median(figures), "ratio": median(ratios),
+                              "ratios": [round(x, 3) for x in ratios]})
+    print()
+    print(f"cluster: redis-benchmark, 50 clients, medians of {args.rounds} round(s); "
+          "ratio = 3-node figure / the same implementation's one-node figure, same round")
+    print_table(["implementation", "test", "-P", "rps", "ratio"],
+                [[t["impl"], t["test"], t["pipeline"], t["rps"], t["ratio"]] for t in table])
+    return {"requests": {str(k): v for k, v in request_counts.items()}, "table": table,
+            "rounds": rounds}
