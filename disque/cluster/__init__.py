@@ -1,4 +1,4 @@
-"""The cluster layer: node identity, node table and (later) the bus."""
+"""The cluster layer: node identity, node table, membership and the bus."""
 
 from .state import ClusterNode, ClusterState, NodesFileError, new_node_id
 

@@ -1,11 +1,10 @@
 """This node's view of the cluster: identity, the node table, and sends.
 
-The cluster bus (gossip, failure detection, the job messages) plugs in here:
-the job state machine only calls the ``send_*``/``broadcast_*`` methods
-below.  Each send goes over the outbound link to that node; a node without a
-link gets nothing, exactly as in the original, where bus sends are best
-effort.  Until the bus exists no peer ever has a link, so a one-node cluster
-drops nothing it needed.
+The job state machine only calls the ``send_*``/``broadcast_*`` methods
+below.  Each send goes over our outbound link to that node (``link.py``); a
+node without a link gets nothing, exactly as in the original, where bus
+sends are best effort: the procedures that need a message to arrive
+(replication, the ACK GC) retry on their own timers.
 """
 
 from __future__ import annotations
