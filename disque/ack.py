@@ -77,6 +77,12 @@ def try_job_gc(state: ServerState, job: Job) -> None:
         confirmed = job.confirmed = (confirmed | cluster.myself_set if confirmed
                                      else cluster.myself_set)
     if job.delivered:
+        forgotten = (job.delivered - confirmed) & cluster.forgotten
+        if forgotten:
+            # CLUSTER FORGET removed them: they will never answer, and
+            # waiting for them would keep the ACK until the TTL (the
+            # original's bug 5).
+            confirmed = job.confirmed = confirmed | forgotten
         if job.delivered <= confirmed:
             unregister_job(state, job)
             return

@@ -176,6 +176,7 @@ class Membership:
                     cluster.remove_node(target)  # talking to ourselves, or a duplicate
                     return None
                 del cluster.nodes[target.id]
+                cluster.forgotten.discard(msg.sender)  # met again after a FORGET
                 target.id = msg.sender
                 target.flags.discard(FLAG_HANDSHAKE)
                 cluster.nodes[target.id] = target
@@ -313,6 +314,7 @@ class Membership:
 
     def forget(self, node: ClusterNode) -> None:
         self.cluster.banned[node.id] = self.now_ms() + FORGET_BAN_MS
+        self.cluster.forgotten.add(node.id)
         self.cluster.remove_node(node)
         self.cluster.save()
 

@@ -94,6 +94,8 @@ class ClusterState:
         self.myself_set: frozenset[str] = frozenset((myself.id,))
         # Node IDs FORGET banned from gossip re-adds: ID -> until when (ms).
         self.banned: dict[str, int] = {}
+        # Every node FORGET removed (the ACK GC stops waiting for them).
+        self.forgotten: set[str] = set()
         # Called when nodes.conf must be written; the bus defers the write to
         # the end of the event-loop turn (many changes, one write), as the
         # original's clusterBeforeSleep.  Without a bus: write now.

@@ -152,3 +152,17 @@ def test_retry_zero_copies_are_queued_when_leaving(make_cluster) -> None:
     job = wait_for(lambda: b.client().execute_command("GETJOB", "NOHANG", "FROM", "q"),
                    timeout=5, message="the copy to be queued on b")
     assert job[0][1] == job_id
+
+
+def test_a_forgotten_node_does_not_hold_the_ack(make_cluster) -> None:
+    """The original waited for the GOTACK of a node removed by CLUSTER FORGET,
+    so the ACK (and the job) lived until its TTL (C-BEHAVIOUR bug 5)."""
+    a, b, c = make_cluster(3)
+    job_id = a.client().execute_command("ADDJOB", "q", "x", 5000, "REPLICATE", 3)
+    gone = node_id(c)
+    c.kill()
+    for node in (a, b):
+        node.client().execute_command("CLUSTER", "FORGET", gone)
+    assert a.client().execute_command("ACKJOB", job_id) == 1
+    wait_for(lambda: not holders([a, b], job_id), timeout=10,
+             message="the GC to finish without the forgotten node")
