@@ -123,20 +123,20 @@ def _add_targets(state: ServerState, job: Job, count: int) -> int:
     return len(chosen)
 
 
-def _send_repljob(state: ServerState, job: Job) -> None:
-    """REPLJOB to every listed node that has not confirmed (the others get it
-    with NOREPLY: the node list changed, their copy must learn it)."""
+def _send_repljob(state: ServerState, job: Job, list_changed: bool = True) -> None:
+    """REPLJOB to every listed node that has not confirmed; when the node list
+    changed, the confirmed ones get it too, with NOREPLY, to learn the list."""
     cluster = state.cluster
     ask = _repljob(state, job, noreply=False)
     inform = None
     for node_id in job.delivered:
         if node_id == cluster.myself.id:
             continue
-        if node_id in job.confirmed:
+        if node_id not in job.confirmed:
+            cluster.send(node_id, ask)
+        elif list_changed:
             inform = inform or _repljob(state, job, noreply=True)
             cluster.send(node_id, inform)
-        else:
-            cluster.send(node_id, ask)
 
 
 def replicate_job(state: ServerState, client: Waiter, job: Job, needed: int, extrepl: bool,
@@ -192,8 +192,8 @@ def _retry(state: ServerState, blocked: BlockedAdd) -> None:
     job = blocked.job
     if state.replicating.get(job.id) is not blocked or job.state != WAIT_REPL:
         return
-    _add_targets(state, job, 1)
-    _send_repljob(state, job)
+    added = _add_targets(state, job, 1)
+    _send_repljob(state, job, list_changed=added > 0)
     blocked.retry_timer = asyncio.get_running_loop().call_later(
         EXTRA_NODE_PERIOD_S, _retry, state, blocked)
 
