@@ -9,6 +9,7 @@ import pytest
 
 from tests.support.cluster import (
     TEST_NODE_TIMEOUT_MS,
+    bus_free_port,
     cluster_info,
     cluster_view,
     flags_of,
@@ -155,3 +156,14 @@ def test_corrupt_nodes_conf_stops_the_node_with_a_clear_error(server_factory, co
         node.start(port=node.port, timeout=10)
     assert not node.alive()
     assert nodes_conf.read_text() == content.format(id=my_id)  # never silently replaced
+
+
+def test_a_node_back_on_another_port_is_followed(make_cluster) -> None:
+    a, b = make_cluster(2)
+    moved = node_id(b)
+    b.kill()
+    b.start(port=bus_free_port())  # same nodes.conf (same ID), new address
+    assert node_id(b) == moved
+    wait_for(lambda: cluster_view(a)[moved]["addr"] == f"127.0.0.1:{b.port}", timeout=15,
+             message="a to learn b's new address")
+    wait_joined([a, b])
