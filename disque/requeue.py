@@ -52,17 +52,21 @@ def _postpone(state: ServerState, job: Job) -> None:
         update_awake_time(state, job)
 
 
-def _answer_acked(state: ServerState, sender: ClusterNode, job: Job) -> None:
-    state.cluster.send_setack(sender.id, job, len(job.delivered))
+def _live_copy(state: ServerState, sender: ClusterNode, msg: Message) -> Job | None:
+    """The job a message is about, unless unknown or acked here.  An acked
+    one is answered with SETACK: the sender missed the ACK, and the GC must
+    reach its copy."""
+    job = state.jobs.get(msg.job_id)
+    if job is not None and job.state == ACKED:
+        state.cluster.send_setack(sender.id, job, len(job.delivered))
+        return None
+    return job
 
 
 def receive_queued(state: ServerState, sender: ClusterNode, msg: Message) -> None:
     """QUEUED: the sender queued the job; step aside if it outranks us."""
-    job = state.jobs.get(msg.job_id)
+    job = _live_copy(state, sender, msg)
     if job is None:
-        return
-    if job.state == ACKED:
-        _answer_acked(state, sender, job)
         return
     if job.state == QUEUED and compare_node_ids_by_job(
             sender.id, state.cluster.myself_id, job.id) > 0:
@@ -76,11 +80,8 @@ def receive_queued(state: ServerState, sender: ClusterNode, msg: Message) -> Non
 
 def receive_working(state: ServerState, sender: ClusterNode, msg: Message) -> None:
     """WORKING: a consumer works on the job elsewhere; don't deliver it here."""
-    job = state.jobs.get(msg.job_id)
+    job = _live_copy(state, sender, msg)
     if job is None:
-        return
-    if job.state == ACKED:
-        _answer_acked(state, sender, job)
         return
     dequeue_job(state, job)
     _postpone(state, job)
@@ -89,11 +90,8 @@ def receive_working(state: ServerState, sender: ClusterNode, msg: Message) -> No
 def receive_willqueue(state: ServerState, sender: ClusterNode, msg: Message) -> None:
     """WILLQUEUE: the sender is about to requeue the job; if we have it queued,
     say so (QUEUED), and learn that the sender holds a copy."""
-    job = state.jobs.get(msg.job_id)
+    job = _live_copy(state, sender, msg)
     if job is None:
-        return
-    if job.state == ACKED:
-        _answer_acked(state, sender, job)
         return
     if job.state in (ACTIVE, QUEUED):
         job.delivered = job.delivered | {sender.id}

@@ -13,6 +13,7 @@ from tests.support.cluster import (
     cluster_info,
     cluster_view,
     flags_of,
+    hello_priorities,
     meet,
     node_id,
     wait_joined,
@@ -73,8 +74,7 @@ def test_killed_node_is_flagged_failing_then_cleared_on_restart(make_cluster) ->
     # PFAIL comes after the node timeout, FAIL once the two survivors agree.
     assert seen["fail"] >= TEST_NODE_TIMEOUT_MS / 1000 * 0.9
     for node in (a, b):
-        hello = {e[0].decode(): int(e[3]) for e in node.client().execute_command("HELLO")[2:]}
-        assert hello[dead] == 100
+        assert hello_priorities(node)[dead] == 100
         assert info_field(node, "cluster_reachable_nodes") == 1
     c.start(port=c.port)
     assert node_id(c) == dead
@@ -116,8 +116,7 @@ def test_leaving_propagates_to_every_node_and_back(make_cluster) -> None:
     for node in (b, c):
         wait_for(lambda node=node: "leaving" in flags_of(node, leaving), timeout=5,
                  message="the leaving flag to spread")
-        hello = {e[0].decode(): int(e[3]) for e in node.client().execute_command("HELLO")[2:]}
-        assert hello[leaving] == 100
+        assert hello_priorities(node)[leaving] == 100
         assert info_field(node, "cluster_reachable_nodes") == 1
     assert "myself,leaving" in (a.workdir / "nodes.conf").read_text()
     assert a.client().execute_command("CLUSTER", "LEAVING", "no") == b"OK"

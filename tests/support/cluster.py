@@ -131,6 +131,11 @@ def wait_joined(nodes: Sequence[DisqueProcess], timeout: float = 20.0) -> None:
              message=lambda: "a full mesh: " + describe(nodes))
 
 
+def hello_priorities(node: DisqueProcess) -> dict[str, int]:
+    """HELLO of ``node``: node ID -> priority."""
+    return {e[0].decode(): int(e[3]) for e in node.client().execute_command("HELLO")[2:]}
+
+
 def flags_of(node: DisqueProcess, about: str) -> set[str] | None:
     """The flags ``node`` shows for node ID ``about`` (None if unknown)."""
     info = cluster_view(node).get(about)
