@@ -23,8 +23,8 @@
 # DISQUE_JOIN=host:port,...: once the node answers PING, a background loop
 # sends CLUSTER MEET <ip> <port> for each peer (names are resolved first),
 # retrying unreachable ones (DISQUE_JOIN_RETRIES times, every
-# DISQUE_JOIN_INTERVAL seconds). This server has no cluster bus yet: the node
-# answers CLUSTER MEET with an error, which is logged, and keeps running alone.
+# DISQUE_JOIN_INTERVAL seconds). Meeting one member is enough: the node learns
+# the rest of the cluster by gossip. A peer's answer is logged.
 #
 # Runs outside a container too (that is how it is tested): every path comes
 # from the variables above, and disque-server / disque are looked up in PATH.
@@ -155,12 +155,6 @@ join_one() {
         return 0
     fi
     case $reply in
-        *"cluster bus"*)
-            log "join: CLUSTER MEET $ip $peer_port ($peer) answered: $reply"
-            log "join: this server has no cluster bus yet, so the node cannot join $peer;" \
-                "it keeps running as a single node (joining takes effect once the cluster bus lands)"
-            return 0
-            ;;
         "Could not connect"* | *"Connection"* | LOADING*)
             log "join: CLUSTER MEET $peer: $reply; will retry"
             return 1

@@ -30,7 +30,8 @@ import pytest
 import redis
 
 from disque.config import DIRECTIVES, Config
-from tests.support.process import READY, free_port, raw_command, wait_for
+from tests.support.cluster import bus_free_port
+from tests.support.process import READY, raw_command, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCKER = ROOT / "docker"
@@ -623,17 +624,21 @@ def test_healthcheck(start_node) -> None:
     assert "Could not connect" in check.stdout
 
 
-def test_join_is_logged_and_the_node_keeps_running(start_node, server_factory) -> None:
+def test_join_meets_the_peers_and_the_node_joins(start_node, server_factory) -> None:
     peer = server_factory()
-    node = start_node(DISQUE_PORT=str(free_port()), DISQUE_REQUIREPASS="s3cr3t",
+    port = bus_free_port()
+    node = start_node(DISQUE_PORT=str(port), DISQUE_REQUIREPASS="s3cr3t",
                       DISQUE_JOIN=f"127.0.0.1:{peer.port},localhost:{peer.port},no-port",
                       DISQUE_JOIN_INTERVAL="0.2")
-    wait_for(lambda: node.log().count("no cluster bus yet") == 2, 30,
-             message=lambda: f"both CLUSTER MEET answers in the log:\n{node.log()}")
+    wait_for(lambda: node.log().count(f"CLUSTER MEET 127.0.0.1 {peer.port}") == 2, 30,
+             message=lambda: f"both CLUSTER MEETs in the log:\n{node.log()}")
     log = node.log()
-    assert f"cannot meet 127.0.0.1:{peer.port}" in log
     assert "ignoring 'no-port'" in log
     assert "--requirepass (hidden)" in log and "s3cr3t" not in log
+    # The handshake completes over the bus: the peer lists the node, healthy.
+    wait_for(lambda: f" 127.0.0.1:{port} noflags " in
+             peer.client().execute_command("CLUSTER", "NODES").decode(), 30,
+             message="the peer to know the node")
     # The join loop is done and gone; the node is the only process left.
     wait_for(lambda: [pid for pid, _ in node.group()] == [node.proc.pid], 30,
              message=lambda: f"the join loop to exit: {node.group()}")
