@@ -70,21 +70,20 @@ NOREPL_REMOVED = ("NOREPL job removed (expired?) before the requested replicatio
 class BlockedAdd:
     """A client waiting for its job's copies (blocking.Blocked)."""
 
-    __slots__ = ("client", "extrepl", "job", "needed", "retry_timer", "timer")
+    __slots__ = ("client", "extrepl", "job", "last_added", "needed", "timer")
 
-    def __init__(self, client: Waiter, job: Job, needed: int, extrepl: bool) -> None:
+    def __init__(self, client: Waiter, job: Job, needed: int, extrepl: bool,
+                 now: int) -> None:
         self.client = client
         self.job = job
         self.needed = needed
         self.extrepl = extrepl
         self.timer: asyncio.TimerHandle | None = None
-        self.retry_timer: asyncio.TimerHandle | None = None
+        #: When a node was last added to the job's list (ms).
+        self.last_added = now
 
     def release(self, state: ServerState) -> None:
         state.replicating.pop(self.job.id, None)
-        if self.retry_timer is not None:
-            self.retry_timer.cancel()
-            self.retry_timer = None
 
     def timeout_reply(self, state: ServerState) -> Any:
         _drop_partial_copies(state, self.job)
@@ -167,13 +166,15 @@ def replicate_job(state: ServerState, client: Waiter, job: Job, needed: int, ext
     job.state = WAIT_REPL
     job.confirmed = frozenset() if extrepl else frozenset((myself,))
     register_job(state, job)
-    blocked = BlockedAdd(client, job, needed, extrepl)
+    blocked = BlockedAdd(client, job, needed, extrepl, state.clock.now_ms())
     state.replicating[job.id] = blocked
+    if state.replication_timer is None:
+        state.replication_timer = asyncio.get_running_loop().call_later(
+            EXTRA_NODE_PERIOD_S, _add_missing_copies, state)
     _send_repljob(state, job)
-    loop = asyncio.get_running_loop()
     if timeout_ms > 0:
-        blocked.timer = loop.call_later(timeout_ms / 1000, unblock, state, blocked, None, True)
-    blocked.retry_timer = loop.call_later(EXTRA_NODE_PERIOD_S, _retry, state, blocked)
+        blocked.timer = asyncio.get_running_loop().call_later(
+            timeout_ms / 1000, unblock, state, blocked, None, True)
     client.blocked = blocked
     state.blocked_clients += 1
     return None
@@ -186,16 +187,27 @@ def _broadcast_repljob_noreply(state: ServerState, job: Job) -> None:
             state.cluster.send(node_id, message)
 
 
-def _retry(state: ServerState, blocked: BlockedAdd) -> None:
-    """Every 50 ms while confirmations are missing: one more node, REPLJOB again."""
-    blocked.retry_timer = None
-    job = blocked.job
-    if state.replicating.get(job.id) is not blocked or job.state != WAIT_REPL:
+def _add_missing_copies(state: ServerState) -> None:
+    """Every 50 ms while jobs wait for copies: for each one that got no new
+    node for 50 ms, one more node, and REPLJOB again to the silent ones.
+
+    One timer for all waiting jobs (the original's clientsCron visit), not
+    one per job: it runs only while some ADDJOB waits.
+    """
+    state.replication_timer = None
+    if not state.replicating:
         return
-    added = _add_targets(state, job, 1)
-    _send_repljob(state, job, list_changed=added > 0)
-    blocked.retry_timer = asyncio.get_running_loop().call_later(
-        EXTRA_NODE_PERIOD_S, _retry, state, blocked)
+    now = state.clock.now_ms()
+    period = int(EXTRA_NODE_PERIOD_S * 1000)
+    for blocked in list(state.replicating.values()):
+        job = blocked.job
+        if job.state != WAIT_REPL or now - blocked.last_added < period:
+            continue
+        added = _add_targets(state, job, 1)
+        blocked.last_added = now
+        _send_repljob(state, job, list_changed=added > 0)
+    state.replication_timer = asyncio.get_running_loop().call_later(
+        EXTRA_NODE_PERIOD_S, _add_missing_copies, state)
 
 
 def _store_achieved(state: ServerState, job: Job) -> None:

@@ -9,6 +9,7 @@ take it as their first argument.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -92,8 +93,10 @@ class ServerState:
         # The cluster bus (cluster/bus.py), once the server listens; None in
         # tests that drive the state without a server.
         self.bus: ClusterBus | None = None
-        # ADDJOBs waiting for their copies, by job ID (replication.py).
+        # ADDJOBs waiting for their copies, by job ID, and the one timer
+        # that asks more nodes while any waits (replication.py).
         self.replicating: dict[bytes, BlockedAdd] = {}
+        self.replication_timer: asyncio.TimerHandle | None = None
         config.on_change("maxmemory", self._set_maxmemory)
 
     def _set_maxmemory(self, value: int) -> None:
