@@ -166,3 +166,17 @@ def test_a_forgotten_node_does_not_hold_the_ack(make_cluster) -> None:
     assert a.client().execute_command("ACKJOB", job_id) == 1
     wait_for(lambda: not holders([a, b], job_id), timeout=10,
              message="the GC to finish without the forgotten node")
+
+
+def test_a_silent_target_is_replaced_by_another_node(make_cluster) -> None:
+    """A node picked for a copy that never answers (paused, but still linked
+    and not yet suspected) costs 50 ms: another node is asked then."""
+    a, b, c = make_cluster(3)
+    os.kill(c.pid, signal.SIGSTOP)
+    try:
+        ids = [a.client().execute_command("ADDJOB", "q", f"j{i}", 5000, "REPLICATE", 2)
+               for i in range(8)]
+        for job_id in ids:
+            assert show(b, job_id) is not None  # the copy the ADDJOB waited for
+    finally:
+        os.kill(c.pid, signal.SIGCONT)
