@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import IO, Any
@@ -344,6 +345,35 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+#: A GETJOB that has not answered after this long is shown as waiting.
+WAIT_HINT_AFTER_S = 1.0
+
+
+def waiting_hint(args: Sequence[bytes]) -> str | None:
+    """What a GETJOB that may block waits for, in words; None for anything else.
+
+    GETJOB without NOHANG blocks until a job arrives (forever without
+    TIMEOUT): on an empty queue the prompt would just hang with no clue.
+    """
+    if not args or args[0].lower() != b"getjob":
+        return None
+    words = [a.lower() for a in args[1:]]
+    if b"from" not in words:
+        return None
+    options = words[:words.index(b"from")]
+    if b"nohang" in options:
+        return None
+    queues = ", ".join(os.fsdecode(q) for q in args[1 + words.index(b"from") + 1:])
+    timeout = 0
+    if b"timeout" in options:
+        raw = options[options.index(b"timeout") + 1:options.index(b"timeout") + 2]
+        timeout = int(raw[0]) if raw and raw[0].isdigit() else 0
+    if timeout:
+        return f"(waiting for a job from {queues} for up to {timeout} ms; Ctrl-C stops)"
+    return (f"(waiting for a job from {queues} until one arrives; Ctrl-C stops. "
+            "NOHANG answers at once, TIMEOUT <ms> bounds the wait)")
+
+
 class CliClient(Client):
     """The CLI's client: like redis-cli, it talks to a node that wants a password.
 
@@ -397,6 +427,11 @@ class Cli:
             return EXIT_OK
         if name == b"shutdown":
             return self._shutdown(args)
+        hint = waiting_hint(args) if _isatty(self.err) else None
+        timer = threading.Timer(WAIT_HINT_AFTER_S, self._show_hint, (hint,)) if hint else None
+        if timer is not None:
+            timer.daemon = True
+            timer.start()
         try:
             if name == b"auth" and len(args) in (2, 3):
                 reply = self._auth(args[-1])
@@ -404,10 +439,17 @@ class Cli:
                 reply = self.client.execute_command(*args)
         except ResponseError as exc:
             reply = exc
+        finally:
+            if timer is not None:
+                timer.cancel()
         raw = self.raw or (_always_raw(args) and isinstance(reply, bytes))
         self.out.write(format_reply(reply, raw))
         self.out.flush()
         return EXIT_ERROR if isinstance(reply, DisqueError) else EXIT_OK
+
+    def _show_hint(self, hint: str) -> None:
+        self.err.write(hint + "\n")
+        self.err.flush()
 
     def _shutdown(self, args: list[bytes]) -> int:
         """SHUTDOWN: a connection closed without a reply is success (as in redis-cli).

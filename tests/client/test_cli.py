@@ -272,3 +272,35 @@ def test_shutdown_is_success_and_never_resent(server: DisqueProcess) -> None:
     wait_for(lambda: not server.alive(), message="the node to exit")
     again = disque(server.port, "shutdown")  # nothing listens: a real error
     assert again.returncode == 1 and "Could not connect" in again.stderr
+
+
+def test_blocking_getjob_says_what_it_waits_for(server: DisqueProcess) -> None:
+    # On a terminal a GETJOB that waits says so (the tour's GETJOB on an
+    # empty queue would otherwise hang with no clue), then prints the job.
+    child = pexpect.spawn(sys.executable, [*CLI[1:], "-p", str(server.port), "getjob", "from",
+                                           "empty-q"], env={**os.environ, "TERM": "dumb"},
+                          encoding="utf-8", timeout=15, dimensions=(40, 200))
+    child.expect_exact("(waiting for a job from empty-q until one arrives; Ctrl-C stops. "
+                       "NOHANG answers at once, TIMEOUT <ms> bounds the wait)")
+    with Client(address(server)) as c:
+        job_id = c.add_job("empty-q", b"late")
+    child.expect_exact(f'2) "{job_id}"')
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 0
+
+
+def test_waiting_hint_only_on_a_terminal_and_only_when_it_waits(server: DisqueProcess) -> None:
+    waited = disque(server.port, "getjob", "timeout", "1500", "from", "empty-q")
+    assert (waited.returncode, waited.stdout, waited.stderr) == (0, "\n", "")  # piped: quiet
+    child = pexpect.spawn(sys.executable, [*CLI[1:], "-p", str(server.port), "getjob",
+                                           "timeout", "1500", "from", "empty-q"],
+                          env={**os.environ, "TERM": "dumb"}, encoding="utf-8", timeout=15)
+    child.expect_exact("(waiting for a job from empty-q for up to 1500 ms; Ctrl-C stops)")
+    child.expect_exact("(nil)")
+    child.expect(pexpect.EOF)
+    quick = pexpect.spawn(sys.executable, [*CLI[1:], "-p", str(server.port), "getjob", "nohang",
+                                           "from", "empty-q"],
+                          env={**os.environ, "TERM": "dumb"}, encoding="utf-8", timeout=15)
+    quick.expect(pexpect.EOF)
+    assert quick.before.strip() == "(nil)"
