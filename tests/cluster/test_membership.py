@@ -166,3 +166,18 @@ def test_a_node_back_on_another_port_is_followed(make_cluster) -> None:
     wait_for(lambda: cluster_view(a)[moved]["addr"] == f"127.0.0.1:{b.port}", timeout=15,
              message="a to learn b's new address")
     wait_joined([a, b])
+
+
+def test_another_node_at_a_known_address_makes_it_noaddr(make_cluster, server_factory) -> None:
+    a, b = make_cluster(2)
+    replaced = node_id(b)
+    port = b.port
+    b.kill()
+    # A stranger (new ID) now answers at b's address: a stops using that address.
+    stranger = server_factory("--cluster-node-timeout", str(TEST_NODE_TIMEOUT_MS),
+                              name="stranger", port=port)
+    assert node_id(stranger) != replaced
+    wait_for(lambda: "noaddr" in flags_of(a, replaced), timeout=15,
+             message=lambda: f"noaddr on {replaced}: {cluster_view(a)}")
+    assert replaced in (a.workdir / "nodes.conf").read_text()
+    assert hello_priorities(a)[replaced] == 5  # no link, and never linked again
