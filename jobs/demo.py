@@ -25,6 +25,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 QUEUE = "orders"
 
@@ -69,6 +70,12 @@ def disque_node(workdir: Path, port: int) -> Iterator[tuple[int, int]]:
                 proc.wait()
 
 
+FIRST_BATCH = ("waiting for the first batch (Spark plans the query, then the source "
+               "fetches and stages the first jobs)")
+#: The same, short enough to leave room for the bar on an 80-column terminal.
+FIRST_BATCH_SHORT = "first batch: Spark is starting the query"
+
+
 def progress_line(elapsed: float, metrics: dict, produced: int) -> str:
     fetched = metrics.get("jobsFetched", 0)
     width = 30
@@ -78,7 +85,57 @@ def progress_line(elapsed: float, metrics: dict, produced: int) -> str:
             f"({elapsed:.0f}s)")
 
 
+def step(console: Any, message: str) -> contextlib.AbstractContextManager:
+    """Show what the demo is doing while it does it: a spinner on a terminal."""
+    if console.is_terminal:
+        return console.status(message)
+    print(f"  {message}", flush=True)
+    return contextlib.nullcontext()
+
+
+def watch_consumption(query: Any, produced: int, console: Any) -> None:
+    """Follow the streaming query until it ends: say what it waits for, then a bar.
+
+    Until the first batch is staged Spark is still planning and starting
+    the query (seconds on a cold JVM), and the counters are all 0: say so
+    rather than repeat "0 consumed".  On a terminal a progress bar follows
+    the consumed and acknowledged counts; in a log, one line per change.
+    """
+    from .stream_aggregates import source_metrics
+
+    began = time.monotonic()
+    if not console.is_terminal:
+        print(f"  {FIRST_BATCH}", flush=True)
+        last = None
+        while not query.awaitTermination(2):
+            metrics = source_metrics(query)
+            counts = (metrics.get("jobsFetched", 0), metrics.get("jobsAcked", 0))
+            if counts[0] and counts != last:
+                print(progress_line(time.monotonic() - began, metrics, produced), flush=True)
+                last = counts
+        return
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    columns = (TextColumn("  {task.description}"), BarColumn(),
+               TextColumn("{task.completed}/{task.total} consumed, {task.fields[acked]} acked, "
+                          "{task.fields[queued]} queued"), TimeElapsedColumn())
+    with Progress(*columns, console=console) as bar:
+        task = bar.add_task(FIRST_BATCH_SHORT, total=produced, acked=0, queued=produced)
+        while True:
+            done = query.awaitTermination(0.5)
+            metrics = source_metrics(query)
+            fetched = metrics.get("jobsFetched", 0)
+            bar.update(task, completed=min(fetched, produced),
+                       description="consuming" if fetched else FIRST_BATCH_SHORT,
+                       acked=metrics.get("jobsAcked", 0),
+                       queued=metrics.get("queueLength", produced if not fetched else 0))
+            if done:
+                return
+
+
 def run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
     from disque.client import Client
 
     from . import produce_events, stream_aggregates
@@ -91,14 +148,18 @@ def run(args: argparse.Namespace) -> int:
     if port and not port_free(port):
         print(f"port {port} is taken; using a free port instead")
         port = 0
+    console = Console()
     with disque_node(workdir / "node", port) as (port, pid):
         nodes = f"127.0.0.1:{port}"
         print(f"1/3 node up on {nodes} (pid {pid}, AOF in {workdir / 'node'})", flush=True)
-        spark = spark_session("disque-demo")
+        with step(console, "starting Spark (a local JVM: a few seconds, more the first time)"):
+            spark = spark_session("disque-demo")
         try:
-            dataset = produce_events.write_dataset(workdir / "dataset", args.events, 30)
-            began = time.monotonic()
-            produced = produce_events.produce(spark, dataset, nodes, QUEUE)
+            with step(console, f"writing {args.events} order events to '{QUEUE}' with the "
+                               "Spark sink"):
+                dataset = produce_events.write_dataset(workdir / "dataset", args.events, 30)
+                began = time.monotonic()
+                produced = produce_events.produce(spark, dataset, nodes, QUEUE)
             produce_s = time.monotonic() - began
             print(f"2/3 produced {produced} jobs into '{QUEUE}' with the Spark sink "
                   f"in {produce_s:.1f}s", flush=True)
@@ -109,14 +170,8 @@ def run(args: argparse.Namespace) -> int:
                 checkpoint=workdir / "checkpoint", staging=workdir / "staging",
                 available_now=True, max_jobs_per_trigger=args.max_jobs_per_trigger)
             print("3/3 consuming with the streaming source (availableNow):", flush=True)
-            tty = sys.stdout.isatty()
-            while not query.awaitTermination(0.5 if tty else 2):
-                line = progress_line(time.monotonic() - began,
-                                     stream_aggregates.source_metrics(query), produced)
-                print(f"\r{line}" if tty else line, end="" if tty else "\n", flush=True)
+            watch_consumption(query, produced, console)
             consume_s = time.monotonic() - began
-            if tty:
-                print()
             if query.exception() is not None:
                 print(f"the streaming query failed: {query.exception()}")
                 return 1

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -15,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from disque.client import Client, Job
-from jobs import produce_events, stream_aggregates, worker
+from jobs import demo, produce_events, stream_aggregates, worker
 from tests.support.process import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -129,33 +130,82 @@ def session_processes(sid: int) -> list[int]:
     return alive
 
 
+def demo_command(tmp_path: Path) -> list[str]:
+    # The workdir is the demo's default name, under tmp_path, so that the
+    # README's look at "demo-output/aggregates" runs as written from there.
+    return [sys.executable, "-m", "jobs.demo", "--short", "--port", "0",
+            "--workdir", str(tmp_path / "demo-output")]
+
+
 def start_demo(tmp_path: Path) -> tuple[subprocess.Popen, Path]:
     log_path = tmp_path / "demo.log"
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "jobs.demo", "--short", "--port", "0",
-             "--workdir", str(tmp_path / "demo")],
+            demo_command(tmp_path),
             cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
             env={**os.environ, "PYSPARK_PYTHON": sys.executable})
     return proc, log_path
 
 
-@pytest.mark.slow
-def test_demo_runs_end_to_end_and_leaves_nothing_behind(tmp_path: Path) -> None:
-    proc, log_path = start_demo(tmp_path)
+def run_demo_on_a_terminal(tmp_path: Path) -> tuple[int, str, int]:
+    """(exit status, what the terminal showed, pid) of a demo run under a pty."""
+    import pexpect
+
+    command = demo_command(tmp_path)
+    child = pexpect.spawn(command[0], command[1:], cwd=str(ROOT), encoding="utf-8",
+                          timeout=600, dimensions=(40, 120),
+                          env={**os.environ, "PYSPARK_PYTHON": sys.executable,
+                               "TERM": "xterm"})
     try:
-        code = proc.wait(timeout=600)
+        child.expect(pexpect.EOF)
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-    output = log_path.read_text()
-    assert code == 0, output[-3000:]
-    assert "produced:   2000 jobs" in output
-    assert "consumed:   2000 jobs" in output
-    assert "acked:      2000 jobs; 0 still queued, 0 on the node" in output
-    assert "result:     OK" in output
-    wait_for(lambda: not session_processes(proc.pid), timeout=30,
-             message=lambda: f"demo processes to exit: {session_processes(proc.pid)}")
+        child.close(force=True)
+    return child.exitstatus, child.before, child.pid
+
+
+def readme_tour_line(prefix: str) -> str:
+    """A ``$ command`` line of the README's tour, as written."""
+    for line in (ROOT / "README.md").read_text().splitlines():
+        if line.startswith("$ " + prefix):
+            return line[2:].split("  #")[0].strip()
+    raise AssertionError(f"no '$ {prefix}...' line in README.md")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("output", ["pipe", "terminal"])
+def test_demo_runs_end_to_end_and_leaves_nothing_behind(tmp_path: Path, output: str) -> None:
+    if output == "pipe":
+        proc, log_path = start_demo(tmp_path)
+        try:
+            code = proc.wait(timeout=600)
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+        text, pid = log_path.read_text(), proc.pid
+    else:
+        code, text, pid = run_demo_on_a_terminal(tmp_path)
+    plain = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", text).replace("\r", "\n")
+    assert code == 0, plain[-3000:]
+    assert "produced:   2000 jobs" in plain
+    assert "consumed:   2000 jobs" in plain
+    assert "acked:      2000 jobs; 0 still queued, 0 on the node" in plain
+    assert "result:     OK" in plain
+    # While Spark starts it says so, instead of repeating "0/2000 consumed".
+    assert "starting Spark" in plain
+    if output == "pipe":
+        assert plain.count(demo.FIRST_BATCH) == 1
+        assert "] 0/2000 consumed" not in plain
+    else:
+        assert demo.FIRST_BATCH_SHORT in plain and "━" in plain  # the progress bar
+        assert "2000/2000 consumed, 2000 acked" in plain  # the bar ends with the final ACK
+    wait_for(lambda: not session_processes(pid), timeout=30,
+             message=lambda: f"demo processes to exit: {session_processes(pid)}")
+    # The tour's next command, run as the README writes it, in the directory
+    # that holds demo-output/ (it needs pandas, which the spark extra installs).
+    look = subprocess.run(["bash", "-c", readme_tour_line("python3 -c")], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)
+    assert look.returncode == 0, look.stderr
+    assert "window_start" in look.stdout and "revenue" in look.stdout
 
 
 @pytest.mark.slow
