@@ -110,6 +110,22 @@ def _memory_nonzero(text: str) -> int:
     return value
 
 
+def _memory_at_least(least: int) -> Callable[[str], int]:
+    """A memory value of at least ``least`` bytes.
+
+    For the request limits: below a few bytes every command is a protocol
+    error, the CONFIG SET that would undo it included, and the node can only
+    be killed.  Redis has the same 1mb floor for both.
+    """
+    def parse(text: str) -> int:
+        value = parse_memory(text)
+        if value < least:
+            raise ValueError(f"must be at least {format_memory(least)}: a smaller limit "
+                             "refuses every command, CONFIG SET included")
+        return value
+    return parse
+
+
 def _fmt_bool(value: bool) -> str:
     return "yes" if value else "no"
 
@@ -155,8 +171,10 @@ DIRECTIVES: dict[str, Directive] = {d.name: d for d in [
     Directive("maxmemory", _memory_nonzero, 1024 ** 3, format_memory),
     Directive("maxmemory-policy", _choice("acks", "noeviction"), "acks",
               doc="acks: evict acked and delivered at-most-once jobs at 95%"),
-    Directive("proto-max-bulk-len", parse_memory, 512 * 1024 ** 2, format_memory),
-    Directive("client-query-buffer-limit", parse_memory, 1024 ** 3, format_memory),
+    Directive("proto-max-bulk-len", _memory_at_least(1024 ** 2), 512 * 1024 ** 2,
+              format_memory),
+    Directive("client-query-buffer-limit", _memory_at_least(1024 ** 2), 1024 ** 3,
+              format_memory),
     Directive("appendonly", _yes_no, False, _fmt_bool),
     Directive("appendfilename", _string, "appendonly.aof", mutable=False),
     Directive("appendfsync", _choice("always", "everysec", "no"), "everysec"),

@@ -708,6 +708,10 @@ CONFIG_ERRORS = (
     + [("SET", "maxmemory", v) for v in [b"abc", b"-1", b"\xff", b"", b"1.5xb"]]
     + [("SET", "maxclients", v) for v in [b"abc", b"0", INT64_OVER, HUGE]]
     + [("SET", "cluster-node-timeout", v) for v in [b"abc", b"-1", HUGE]]
+    # Request limits so small that every command, this CONFIG SET included,
+    # would be a protocol error: the node could only be killed.
+    + [("SET", name, v) for name in ("proto-max-bulk-len", "client-query-buffer-limit")
+       for v in [b"0", b"100", b"1048575"]]
 )
 
 
