@@ -18,6 +18,7 @@ import asyncio
 import re
 import subprocess
 import sys
+import time
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,11 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 DOC_FILES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")),
              ROOT / "docker" / "README.md"]
 #: Docs whose blocks are not listed yet, with why.
-UNLISTED = {
-    # The cluster bus's own page, written with the bus (in progress in
-    # parallel): its blocks are to be listed here when it lands.
-    "docs/CLUSTER.md",
-}
+UNLISTED: set[str] = set()
 
 
 @dataclass(frozen=True)
@@ -100,6 +97,7 @@ BLOCKS: dict[tuple[str, str], str] = {
         "the load commands the harness runs, quoted from its report (PORT varies)",
     ("docs/BENCHMARKS.md", "python3 -m disque.server --port 17712"):
         "a profiling recipe with py-spy, which is not a dependency",
+    ("docs/CLUSTER.md", "$ mkdir -p /tmp/n1 /tmp/n2 /tmp/n3"): HERE,
     ("docs/CLIENT.md", "from disque import Client"): HERE,
     ("docs/CLIENT.md", "from disque import AsyncClient"): HERE,
     ("docs/CLIENT.md", "DisqueError"): "a diagram of the exception tree",
@@ -235,6 +233,64 @@ def test_readme_tour_commands(server) -> None:
         want = [readme_id.sub(job_id, line) for line in expected
                 if not line.startswith("(waiting for")]
         assert result.stdout.splitlines() == want, command
+
+
+def test_cluster_tour(tmp_path: Path) -> None:
+    """docs/CLUSTER.md's three nodes, as written, on free ports and directories.
+
+    The outputs the page shows literally are compared; the node IDs and times
+    it abbreviates are checked for their shape.
+    """
+    from tests.support.cluster import bus_free_port
+
+    ports = {7711: bus_free_port(), 7712: bus_free_port(), 7713: bus_free_port()}
+    doc_port = re.compile(r"\b(771[123])\b")
+    doc_id = re.compile(r"D-[0-9a-f]{4}\.\.\.-[0-9a-f]{4}")
+    steps: list[tuple[str, list[str]]] = []
+    for line in block("docs/CLUSTER.md", "$ mkdir -p").text.splitlines():
+        if line.startswith("$ "):
+            steps.append((line[2:].split("  #")[0].strip(), []))
+        else:
+            steps[-1][1].append(line)
+    job_id = ""
+    try:
+        for command, expected in steps:
+            command = doc_port.sub(lambda m: str(ports[int(m.group(1))]), command)
+            command = command.replace("/tmp/", f"{tmp_path}/")
+            command = doc_id.sub(job_id, command)
+            if command.startswith("disque -p") and "cluster nodes" in command:
+                # "within a second or two": wait for the gossip to bring 7713.
+                deadline = time.monotonic() + 20
+                while True:
+                    out = _sh(command).stdout
+                    if out.count(" connected") == 3 or time.monotonic() > deadline:
+                        break
+                    time.sleep(0.05)
+                got = sorted(x.split()[1:3] for x in out.splitlines() if x.strip())
+                want = sorted([doc_port.sub(lambda m: str(ports[int(m.group(1))]),
+                                            w.split()[1]), w.split()[2]] for w in expected)
+                assert got == want, out
+                continue
+            result = _sh(command)
+            assert result.returncode == 0, (command, result.stdout, result.stderr)
+            if " addjob " in command:
+                job_id = result.stdout.strip()
+                assert re.fullmatch(r"D-[0-9a-f]{8}-\S{24}-05a1", job_id), job_id
+            elif " show " in command:
+                assert "active" in result.stdout and job_id in result.stdout
+            elif " getjob " in command:
+                assert job_id in result.stdout and "hello" in result.stdout
+            elif expected:
+                assert result.stdout.splitlines() == expected, command
+    finally:
+        for port in ports.values():
+            _sh(f"disque -p {port} shutdown")
+
+
+def _sh(command: str) -> subprocess.CompletedProcess[str]:
+    """A shell command of the docs, with `disque` formatting as on a terminal."""
+    command = re.sub(r"\bdisque -p", "disque --no-raw -p", command)
+    return subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=60)
 
 
 def test_controlled_restart_commands(server_factory, tmp_path: Path) -> None:
