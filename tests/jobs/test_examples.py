@@ -66,14 +66,21 @@ def test_stream_aggregates_counts_every_order_once(spark, server, tmp_path: Path
     assert client.qlen("orders") == 0 and registered(client) == 0  # all consumed and ACKed
     rows = pq.read_table(tmp_path / "out").to_pylist()
     expected = expected_windows(800, 30, 5)
-    got = {(r["window_start"].astimezone(produce_events.EPOCH.tzinfo), r["product"]): r["orders"]
-           for r in rows}
+    # Spark writes the windows as naive timestamp[ns]; to_pylist() gives
+    # datetime objects, or pandas Timestamps when pandas is installed (the
+    # spark extra installs it), which refuse astimezone() on naive values.
+    got = {(_as_datetime(r["window_start"]).astimezone(produce_events.EPOCH.tzinfo),
+            r["product"]): r["orders"] for r in rows}
     assert got, "closed windows must have been written"
     for key, orders in got.items():
         assert orders == expected[key], key
     # Every window that ended well before the last event time is closed.
     closed_starts = {start for start, _ in got}
     assert {produce_events.EPOCH + timedelta(minutes=m) for m in (0, 5, 10, 15)} <= closed_starts
+
+
+def _as_datetime(value):
+    return value.to_pydatetime() if hasattr(value, "to_pydatetime") else value
 
 
 def order(amount: float) -> bytes:
