@@ -44,6 +44,11 @@ def acknowledge_job(state: ServerState, job: Job, gc_follows: bool = False) -> b
         return False
     if job.state == QUEUED:
         dequeue_job(state, job)
+    elif job.state == WAIT_REPL:
+        # Acked before its copies were confirmed: the job was processed, so
+        # its ADDJOB gets the ID now rather than waiting (or -NOREPL later).
+        from .replication import replication_achieved_by_ack
+        replication_achieved_by_ack(state, job)
     job.state = ACKED
     job.confirmed = _NOBODY
     job.qtime = 0
@@ -145,9 +150,6 @@ def receive_setack(state: ServerState, sender: ClusterNode, msg: Message) -> Non
     job = state.jobs.get(msg.job_id)
     cluster = state.cluster
     if job is not None:
-        if job.state == WAIT_REPL:
-            from .replication import replication_achieved_by_ack
-            replication_achieved_by_ack(state, job)
         acknowledge_job(state, job)
     if job is None or len(job.delivered) <= msg.aux:
         cluster.send_gotack(sender.id, msg.job_id, job is not None)

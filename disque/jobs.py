@@ -29,7 +29,6 @@ from .job import (
     FLAG_BCAST_WILLQUEUE,
     FLAG_DELIVERED,
     QUEUED,
-    WAIT_REPL,
     Job,
 )
 from .keyspace import SlicedDict, job_id_slice
@@ -256,9 +255,9 @@ def unregister_job(state: ServerState, job: Job) -> None:
     if job.state == QUEUED:
         from .queue import dequeue_job
         dequeue_job(state, job)
-    elif job.state == WAIT_REPL and state.replicating:
+    if state.replicating and job.id in state.replicating:
         from .replication import replication_removed
-        replication_removed(state, job)  # its client gets -NOREPL
+        replication_removed(state, job)  # its ADDJOB gets -NOREPL
     if state.jobs._remove(job):
         state.memory.sub(job_memory(job))
         if state.job_removed_hooks:

@@ -53,7 +53,7 @@ if TYPE_CHECKING:
     from .cluster.state import ClusterNode
     from .state import ServerState
 
-__all__ = ["BlockedAdd", "receive_enqueue", "receive_gotjob", "receive_repljob",
+__all__ = ["BlockedAdd", "abort_all", "receive_enqueue", "receive_gotjob", "receive_repljob",
            "replicate_job", "replication_removed"]
 
 log = logging.getLogger("disque.replication")
@@ -262,10 +262,22 @@ def replication_achieved_by_ack(state: ServerState, job: Job) -> None:
 
 
 def replication_removed(state: ServerState, job: Job) -> None:
-    """A job waiting for its copies was removed (DELJOB, expiry, FLUSHALL)."""
+    """A job waiting for its copies was removed (DELJOB, expiry, an ACK's GC)."""
     blocked = state.replicating.get(job.id)
     if blocked is not None and blocked.job is job:
         unblock(state, blocked, ReplyError(NOREPL_REMOVED))
+
+
+def abort_all(state: ServerState) -> None:
+    """DEBUG FLUSHALL / CLUSTER RESET: every waiting ADDJOB gets -NOREPL and
+    its partial copies are deleted, before the jobs themselves go."""
+    for blocked in list(state.replicating.values()):
+        job = blocked.job
+        state.cluster.broadcast_deljob(job.id, job.delivered)
+        unblock(state, blocked, ReplyError(NOREPL_REMOVED))
+    if state.replication_timer is not None:
+        state.replication_timer.cancel()
+        state.replication_timer = None
 
 
 # --------------------------------------------------------------------------
@@ -315,8 +327,9 @@ def receive_repljob(state: ServerState, sender: ClusterNode, msg: Message) -> No
 def _store_copy(state: ServerState, job: Job, now: int) -> None:
     """A new copy from another node: active, first requeue after DELAY + RETRY.
 
-    A RETRY-0 copy gets a queue time all the same (the original gave it
-    none, so it could never be queued: C-BEHAVIOUR bug 2).
+    A RETRY-0 copy waits for ENQUEUE, which gives it its queue time (the
+    original's ENQUEUE refused a copy without one, so RETRY-0 copies were
+    never queued: C-BEHAVIOUR bug 2).
     """
     job.etime = now + job.etime * 1000  # the bus sends the seconds left
     job.state = ACTIVE
@@ -327,7 +340,9 @@ def _store_copy(state: ServerState, job: Job, now: int) -> None:
         job.qtime = now + (job.delay + job.retry) * 1000 + random_time_error()
         job.flags |= FLAG_BCAST_WILLQUEUE
     else:
-        job.qtime = now + job.delay * 1000
+        # At most once: only the ENQUEUE of the node that made it queues
+        # this copy (two copies queueing themselves would deliver it twice).
+        job.qtime = 0
     register_job(state, job)
     if state.job_created_hooks:
         state.on_job_created(job)
@@ -336,8 +351,8 @@ def _store_copy(state: ServerState, job: Job, now: int) -> None:
 def receive_enqueue(state: ServerState, sender: ClusterNode, msg: Message) -> None:
     """ENQUEUE(delay): queue our copy now, or after ``delay`` seconds."""
     job = state.jobs.get(msg.job_id)
-    if job is None or job.state not in (WAIT_REPL, ACTIVE):
-        return
+    if job is None or job.state != ACTIVE:
+        return  # unknown, queued already, acked, or ours still waiting for copies
     q = state.queues.lookup(job.queue) if job.queue is not None else None
     if q is not None and q.flags & PAUSED_IN:
         return

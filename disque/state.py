@@ -198,6 +198,9 @@ class ServerState:
         Queues with blocked clients are kept (empty) so those clients stay
         blocked and are served by the next job, as if the queue was new.
         """
+        if self.replicating:
+            from .replication import abort_all
+            abort_all(self)
         for job in list(self.jobs.all()):
             self.on_job_unregistered(job)
         self.jobs.clear()

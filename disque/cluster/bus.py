@@ -105,8 +105,9 @@ class ClusterBus:
             self.inbound.add(link)
             return
         self._connecting.discard(node)
-        if self.cluster.nodes.get(node.id) is not node or node.link is not None:
-            link.close()  # forgotten (or linked) while we were connecting
+        if (self.cluster.nodes.get(node.id) is not node or node.link is not None
+                or link.target != (node.ip, node.port)):
+            link.close()  # forgotten, linked or moved while we were connecting
             return
         node.link = link
         # The first message says who we are; a ping already outstanding
@@ -133,9 +134,10 @@ class ClusterBus:
     async def _open_link(self, node: ClusterNode) -> None:
         loop = asyncio.get_running_loop()
         local = (self.bind_ip, 0) if self.bind_ip else None
+        target = (node.ip, node.port)
         try:
             await asyncio.wait_for(loop.create_connection(
-                lambda: BusLink(self, node), node.ip, node.port + BUS_PORT_OFFSET,
+                lambda: BusLink(self, node, target), node.ip, node.port + BUS_PORT_OFFSET,
                 local_addr=local), timeout=max(self.node_timeout(), 1000) / 1000)
         except (OSError, TimeoutError, ValueError, OverflowError) as err:
             self._connecting.discard(node)
@@ -148,6 +150,14 @@ class ClusterBus:
             log.exception("Connecting to node %s failed", node.id)
 
     # -- receiving --------------------------------------------------------------
+
+    def large_message_allowed(self, header: bytes) -> bool:
+        """Only REPLJOB/YOURJOBS from a node of the table may be over 1 MB."""
+        msg_type = int.from_bytes(header[12:14], "big")
+        sender = header[16:56].decode("ascii", "replace")
+        node = self.cluster.nodes.get(sender)
+        return (msg_type in messages.JOBS_TYPES and node is not None
+                and not node.flags & _NO_JOB_MESSAGES)
 
     def receive(self, link: BusLink, frame: bytes) -> None:
         msg = messages.decode(frame)
@@ -191,10 +201,12 @@ class ClusterBus:
         self._flush_scheduled = False
         links, self._dirty_links = self._dirty_links, []
         if links:
-            for hook in self.before_flush:
-                hook()
-            for link in links:
-                link.flush()
+            try:
+                for hook in self.before_flush:
+                    hook()
+            finally:  # a failing hook must not strand the links' output
+                for link in links:
+                    link.flush()
         if self._save_pending:
             self._save_pending = False
             try:

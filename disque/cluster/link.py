@@ -35,14 +35,17 @@ OUTPUT_LIMIT = 256 * 1024 * 1024
 
 class BusLink(asyncio.Protocol):
     __slots__ = ("_out", "bus", "closed", "ctime", "last_read", "local_ip", "node",
-                 "partial_since", "peer_ip", "reader", "transport")
+                 "partial_since", "peer_ip", "reader", "target", "transport")
 
-    def __init__(self, bus: ClusterBus, node: ClusterNode | None = None) -> None:
+    def __init__(self, bus: ClusterBus, node: ClusterNode | None = None,
+                 target: tuple[str, int] | None = None) -> None:
         self.bus = bus
-        #: The node this outbound link reaches; None for inbound links.
+        #: The node this outbound link reaches (None for inbound links), and
+        #: the address it was dialled at.
         self.node = node
+        self.target = target
         self.ctime = bus.now_ms()
-        self.reader = FrameReader(bus.max_message)
+        self.reader = FrameReader(bus.max_message, bus.large_message_allowed)
         self.transport: asyncio.Transport | None = None
         self.peer_ip = ""
         self.local_ip = ""

@@ -19,6 +19,7 @@ with messages and a hand-moved clock, no sockets.
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import random
 from collections.abc import Callable
@@ -46,6 +47,10 @@ log = logging.getLogger("disque.cluster")
 FORGET_BAN_MS = 60_000
 #: Handshakes get at least this long, whatever the node timeout.
 MIN_HANDSHAKE_MS = 1000
+#: Handshakes in progress at most (each is a connection attempt).
+MAX_HANDSHAKES = 1024
+#: The highest client port a node can have (its bus port is + 10000).
+MAX_NODE_PORT = 55535
 #: Failure reports older than this many node timeouts no longer count.
 FAIL_REPORT_VALIDITY_MULT = 2
 
@@ -74,14 +79,32 @@ class Membership:
     # -- handshakes -----------------------------------------------------------
 
     def meet(self, ip: str, port: int) -> bool:
-        """Start a handshake with ip:port; False if one is already under way."""
+        """Start a handshake with ip:port (CLUSTER MEET, gossip); False if one
+        is already under way, or the address is not an IP and a node port."""
+        return self.start_handshake(ip, port, meet=True)
+
+    def start_handshake(self, ip: str, port: int, meet: bool) -> bool:
+        """A placeholder node for ip:port, which our cron connects to.
+
+        One per address, and at most :data:`MAX_HANDSHAKES` at a time: each
+        costs a connection attempt, and gossip must not be able to make us
+        open connections without limit.
+        """
         cluster = self.cluster
-        for node in cluster.nodes.values():
-            if FLAG_HANDSHAKE in node.flags and node.ip == ip and node.port == port:
-                return False
+        key = (ip, port)
+        if key in cluster.handshakes or not 0 < port <= MAX_NODE_PORT:
+            return False
+        if len(cluster.handshakes) >= MAX_HANDSHAKES:
+            log.warning("Too many handshakes in progress: not meeting %s:%d", ip, port)
+            return False
+        try:
+            ipaddress.ip_address(ip)
+        except ValueError:
+            return False
         node = ClusterNode(new_node_id(), ip, port, {FLAG_HANDSHAKE}, ctime=self.now_ms(),
-                           meet=True)
+                           meet=meet)
         cluster.nodes[node.id] = node
+        cluster.handshakes[key] = node
         return True
 
     def _handshake_timeout_ms(self) -> int:
@@ -154,14 +177,21 @@ class Membership:
         if msg.type not in messages.GOSSIP_TYPES:
             return sender
         now = self.now_ms()
+        if msg.sender == cluster.myself.id:
+            # Ourselves (a CLUSTER MEET of our own address, or a forgery):
+            # answer, drop a placeholder that led here, believe nothing.
+            if msg.type in (messages.PING, messages.MEET):
+                link.send(self.gossip_message(messages.PONG))
+            if link.node is not None and FLAG_HANDSHAKE in link.node.flags:
+                cluster.remove_node(link.node)
+            return None
         if msg.type in (messages.PING, messages.MEET):
             self._learn_own_ip(link, msg)
-            if sender is None and msg.type == messages.MEET and msg.sender != cluster.myself.id:
+            if sender is None and msg.type == messages.MEET:
                 # A new node met us: handshake with it (our cron connects).
-                node = ClusterNode(new_node_id(), link.peer_ip, msg.port, {FLAG_HANDSHAKE},
-                                   ctime=now)
-                cluster.nodes[node.id] = node
-                self.process_gossip(None, msg.gossip)
+                # Its gossip is not taken: a stranger does not tell us whom
+                # to connect to (as the original).
+                self.start_handshake(link.peer_ip, msg.port, meet=False)
             link.send(self.gossip_message(messages.PONG))
 
         target = link.node
@@ -172,10 +202,10 @@ class Membership:
                     self.update_address(sender, target.ip, target.port)
                     cluster.remove_node(target)
                     return None
-                if msg.sender in cluster.nodes or msg.sender == cluster.myself.id:
-                    cluster.remove_node(target)  # talking to ourselves, or a duplicate
+                if msg.sender in cluster.nodes:
+                    cluster.remove_node(target)  # a duplicate
                     return None
-                del cluster.nodes[target.id]
+                cluster.remove_node(target, keep_link=True)
                 cluster.forgotten.discard(msg.sender)  # met again after a FORGET
                 target.id = msg.sender
                 target.flags.discard(FLAG_HANDSHAKE)
@@ -260,7 +290,8 @@ class Membership:
                     self.meet(entry.ip, entry.port)  # it may live on at a new address
                 continue
             if (entry.flags & messages.WIRE_FLAGS[FLAG_NOADDR] or not entry.ip
-                    or len(entry.node_id) != 40 or self.is_banned(entry.node_id, now)):
+                    or not messages.is_node_id(entry.node_id)
+                    or self.is_banned(entry.node_id, now)):
                 continue
             self.meet(entry.ip, entry.port)
 

@@ -33,13 +33,14 @@ is only dropped, as the original does.
 
 from __future__ import annotations
 
+import re
 import struct
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import NamedTuple
 
 __all__ = [
     "FrameError", "FrameReader", "GossipEntry", "Message", "decode", "flags_from_wire",
-    "flags_to_wire",
+    "flags_to_wire", "is_node_id",
 ]
 
 SIGNATURE = b"DbuZ"
@@ -74,9 +75,21 @@ WIRE_FLAGS = {"fail?": 1, "fail": 2, "myself": 4, "handshake": 8, "noaddr": 16,
               "meet": 32, "deleted": 64, "leaving": 128}
 _FLAG_BITS = tuple((bit, name) for name, bit in WIRE_FLAGS.items())
 
+#: Messages up to this size are buffered from anybody; bigger ones (jobs
+#: with large bodies) only when the reader's ``large_ok`` agrees.
+SMALL_MESSAGE = 1024 * 1024
 #: The largest message a reader accepts unless told otherwise: a REPLJOB of
 #: one job of the largest body a client may send (proto-max-bulk-len) fits.
 DEFAULT_MAX_MESSAGE = 512 * 1024 * 1024 + 1024 * 1024
+
+
+_NODE_ID = re.compile(r"[0-9a-f]{40}")
+
+
+def is_node_id(text: str) -> bool:
+    """40 lowercase hex characters: anything else is refused from the wire
+    (an ID is written to nodes.conf, one line per node)."""
+    return _NODE_ID.fullmatch(text) is not None
 
 
 def flags_to_wire(flags: Iterable[str]) -> int:
@@ -185,11 +198,16 @@ class FrameReader:
     before any of its body is buffered.
     """
 
-    __slots__ = ("_buffer", "max_message")
+    __slots__ = ("_buffer", "large_ok", "max_message")
 
-    def __init__(self, max_message: int = DEFAULT_MAX_MESSAGE) -> None:
+    def __init__(self, max_message: int = DEFAULT_MAX_MESSAGE,
+                 large_ok: Callable[[bytes], bool] | None = None) -> None:
         self._buffer = bytearray()
         self.max_message = max_message
+        #: Asked, with the 144-byte header, whether a message longer than
+        #: SMALL_MESSAGE may be buffered (only jobs, from known nodes, are
+        #: that big): a stranger cannot make us hold hundreds of MB.
+        self.large_ok = large_ok
 
     @property
     def pending(self) -> int:
@@ -211,6 +229,12 @@ class FrameReader:
             if totlen > self.max_message:
                 raise FrameError(f"message length {totlen} is over the limit "
                                  f"of {self.max_message} bytes")
+            if totlen > SMALL_MESSAGE and self.large_ok is not None:
+                if end - pos < HEADER_SIZE:
+                    break
+                if not self.large_ok(bytes(buffer[pos:pos + HEADER_SIZE])):
+                    raise FrameError(f"message length {totlen} is only allowed for jobs "
+                                     "from known nodes")
             if end - pos < totlen:
                 break
             frames.append(bytes(buffer[pos:pos + totlen]))
@@ -243,7 +267,7 @@ def decode(frame: bytes) -> Message | None:
     """A whole frame (from :class:`FrameReader`) as a Message, or None to drop it.
 
     Dropped: another protocol version, an unknown type, a body whose length
-    does not match its type, a sender ID that is not text.
+    does not match its type, a sender that is not a node ID.
     """
     (_sig, _totlen, version, _unused, msg_type, count, sender, _myip, _reserved, port,
      flags, _state, mflags) = HEADER.unpack_from(frame, 0)
@@ -255,6 +279,8 @@ def decode(frame: bytes) -> Message | None:
     try:
         sender_id = sender.decode("ascii")
     except UnicodeDecodeError:
+        return None
+    if not is_node_id(sender_id):
         return None
     base = (msg_type, sender_id, port, flags, mflags[0])
     if msg_type in GOSSIP_TYPES:

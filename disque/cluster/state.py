@@ -96,6 +96,8 @@ class ClusterState:
         self.banned: dict[str, int] = {}
         # Every node FORGET removed (the ACK GC stops waiting for them).
         self.forgotten: set[str] = set()
+        # Handshake placeholders by the address they are meeting.
+        self.handshakes: dict[tuple[str, int], ClusterNode] = {}
         # Called when nodes.conf must be written; the bus defers the write to
         # the end of the event-loop turn (many changes, one write), as the
         # original's clusterBeforeSleep.  Without a bus: write now.
@@ -144,10 +146,16 @@ class ClusterState:
 
     # -- membership ---------------------------------------------------------
 
-    def remove_node(self, node: ClusterNode) -> None:
-        """Drop ``node`` from the table, its link and every report it made."""
+    def remove_node(self, node: ClusterNode, keep_link: bool = False) -> None:
+        """Drop ``node`` from the table, its link and every report it made.
+
+        ``keep_link``: the node is only re-keyed (a handshake placeholder
+        that learned the real ID), its link stays.
+        """
         self.nodes.pop(node.id, None)
-        if node.link is not None:
+        if self.handshakes.get((node.ip, node.port)) is node:
+            del self.handshakes[(node.ip, node.port)]
+        if node.link is not None and not keep_link:
             link, node.link = node.link, None
             link.close()
         for other in self.nodes.values():

@@ -140,3 +140,29 @@ def test_many_connections_at_once_do_not_harm_the_node(node: DisqueProcess) -> N
         for sock in socks:
             sock.close()
     wait_for(lambda: node.client().ping(), timeout=5, message="the node to answer")
+
+
+def test_a_strangers_meet_cannot_make_us_connect_anywhere(node: DisqueProcess) -> None:
+    gossip = [m.GossipEntry(f"{i:040x}", 0, 0, f"127.1.{i // 250}.{i % 250 + 1}", 7711, 0)
+              for i in range(5000)]
+    with bus(node) as sock:
+        meet = m.gossip_message(m.MEET, STRANGER, 7000, 0, gossip)
+        sock.sendall(meet + m.gossip_message(m.MEET, STRANGER, 7000, 0, []) * 50)
+        pongs = read_messages(sock, 51)
+        assert {p.type for p in pongs} == {m.PONG}
+    lines = node.client().execute_command("CLUSTER", "NODES").decode().strip().splitlines()
+    # Only the stranger itself is a handshake (once, for all its MEETs); none
+    # of the 5000 addresses it gossiped about is met.
+    assert len(lines) == 2 and "handshake" in lines[1] and ":7000 " in lines[1], lines
+    still_serving(node)
+
+
+def test_messages_with_our_own_id_change_nothing(node: DisqueProcess) -> None:
+    my_id = node.client().execute_command("CLUSTER", "MYID").decode()
+    leaving = m.flags_to_wire({"leaving"})
+    with bus(node) as sock:
+        sock.sendall(m.gossip_message(m.PING, my_id, node.port, leaving, []))
+        (pong,) = read_messages(sock, 1)
+        assert pong.type == m.PONG
+    assert node.client().execute_command("CLUSTER", "LEAVING") == b"no"
+    assert len(node.client().execute_command("CLUSTER", "NODES").decode().splitlines()) == 1

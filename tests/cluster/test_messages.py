@@ -130,3 +130,29 @@ def test_truncated_message_waits_for_the_rest() -> None:
     reader = m.FrameReader()
     assert reader.feed(frame[:100]) == [] and reader.pending == 100
     assert reader.feed(frame[100:]) == [frame]
+
+
+def test_large_messages_need_the_readers_consent() -> None:
+    big = m.jobs_message(m.REPLJOB, SENDER, 1, 0, [b"x" * (m.SMALL_MESSAGE + 10)])
+    seen: list[bytes] = []
+
+    def known_sender(header: bytes) -> bool:
+        seen.append(header)
+        return header[16:56] == SENDER.encode()
+
+    reader = m.FrameReader(large_ok=known_sender)
+    assert reader.feed(big[:100]) == [] and not seen  # waits for the whole header
+    assert reader.feed(big[100:]) == [big] and seen[0] == big[:144]
+    stranger = m.jobs_message(m.REPLJOB, "f" * 40, 1, 0, [b"x" * (m.SMALL_MESSAGE + 10)])
+    with pytest.raises(m.FrameError, match="only allowed for jobs from known nodes"):
+        m.FrameReader(large_ok=known_sender).feed(stranger[:144])
+    small = m.jobs_message(m.REPLJOB, "f" * 40, 1, 0, [b"x" * 10])
+    assert m.FrameReader(large_ok=known_sender).feed(small) == [small]
+
+
+def test_senders_and_gossip_ids_must_be_node_ids() -> None:
+    for bad in ("ZZ zz\n" + "a" * 34, "A" * 40, "a" * 39 + "\0"):
+        frame = m.job_id_message(m.GOTJOB, "a" * 40, 1, 0, JOB_ID, 0)
+        frame = frame[:16] + bad.encode() + frame[56:]
+        assert m.decode(frame) is None, bad
+    assert m.is_node_id(SENDER) and not m.is_node_id(SENDER.upper())

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 from typing import Any
 
@@ -180,3 +181,40 @@ def test_a_silent_target_is_replaced_by_another_node(make_cluster) -> None:
             assert show(b, job_id) is not None  # the copy the ADDJOB waited for
     finally:
         os.kill(c.pid, signal.SIGCONT)
+
+
+def _blocked_addjob(node: DisqueProcess, results: list) -> threading.Thread:
+    def run() -> None:
+        try:
+            results.append(node.client().execute_command(
+                "ADDJOB", "q", "x", 0, "REPLICATE", 3, "RETRY", 1))
+        except redis.ResponseError as err:
+            results.append(err)
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread
+
+
+def test_waiting_addjobs_are_answered_by_flushall_and_by_an_ack(make_cluster) -> None:
+    a, b, c = make_cluster(3)
+    for other in (b, c):
+        os.kill(other.pid, signal.SIGSTOP)  # nobody confirms: the ADDJOBs wait
+    try:
+        results: list = []
+        thread = _blocked_addjob(a, results)
+        waiting = wait_for(lambda: a.client().execute_command("JSCAN", 0, "STATE", "wait-repl")[1],
+                           timeout=10, message="the job waiting for its copies")
+        # An ACK of the waiting job answers its ADDJOB with the ID.
+        assert a.client().execute_command("ACKJOB", waiting[0]) == 1
+        thread.join(10)
+        assert results == [waiting[0]]
+        # DEBUG FLUSHALL answers a waiting ADDJOB (it used to hang forever).
+        thread = _blocked_addjob(a, results)
+        wait_for(lambda: a.client().execute_command("JSCAN", 0, "STATE", "wait-repl")[1],
+                 timeout=10, message="the second job waiting")
+        assert a.client().execute_command("DEBUG", "FLUSHALL") == b"OK"
+        thread.join(10)
+        assert "NOREPL job removed" in str(results[1])
+    finally:
+        for other in (b, c):
+            os.kill(other.pid, signal.SIGCONT)
