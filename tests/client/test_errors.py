@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import socket
 import threading
 
 import pytest
 
 from disque import (
+    Acked,
     AuthError,
     BadId,
     Client,
@@ -24,6 +27,7 @@ from disque import (
     TooLate,
 )
 from tests.client.conftest import address, fake_job_id
+from tests.support.cluster import join, wait_joined
 from tests.support.process import DisqueProcess, wait_for
 
 
@@ -111,11 +115,22 @@ def test_leaving_unblocks_a_waiting_consumer(server: DisqueProcess, client: Clie
     consumer.close()
 
 
-@pytest.mark.skip(reason="ACKED needs an acked job that still exists; a lone node "
-                         "garbage-collects a job as soon as it is acked (needs the "
-                         "cluster bus). The mapping is covered in test_units.py.")
-def test_acked() -> None:  # pragma: no cover
-    pass
+def test_acked(server_factory) -> None:
+    """WORKING on an acked job that still exists: a two-node cluster whose
+    other node is paused holds the ACK (its GC waits for that copy)."""
+    a, b = (server_factory("--cluster-node-timeout", "60000") for _ in range(2))
+    join([a, b])
+    wait_joined([a, b])
+    with Client(address(a), max_retries=0) as c:
+        job_id = c.add_job("aq", b"x", replicate=2)
+        os.kill(b.pid, signal.SIGSTOP)
+        try:
+            c.ack(job_id)
+            with pytest.raises(Acked) as err:
+                c.working(job_id)
+            assert err.value.code == "ACKED"
+        finally:
+            os.kill(b.pid, signal.SIGCONT)
 
 
 def test_generic_response_errors(client: Client) -> None:
