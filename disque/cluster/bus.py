@@ -78,8 +78,13 @@ class ClusterBus:
         self.bind_ip = next((a for a in bind if a not in ("0.0.0.0", "::", "*")), "")
         for address in bind:
             host = None if address == "*" else address
-            server = await loop.create_server(lambda: BusLink(self), host,
-                                              port + BUS_PORT_OFFSET, reuse_address=True)
+            try:
+                server = await loop.create_server(lambda: BusLink(self), host,
+                                                  port + BUS_PORT_OFFSET, reuse_address=True)
+            except OSError as err:
+                self.stop()
+                raise SystemExit(f"Could not create the cluster bus TCP listening socket "
+                                 f"{address}:{port + BUS_PORT_OFFSET}: {err.strerror}") from None
             self._servers.append(server)
         self._cron_deadline = loop.time()
         self._schedule_cron()

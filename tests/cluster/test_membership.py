@@ -3,6 +3,7 @@ nodes.conf.  Each node is a real ``disque-server`` process on loopback."""
 
 from __future__ import annotations
 
+import socket
 import time
 
 import pytest
@@ -181,3 +182,13 @@ def test_another_node_at_a_known_address_makes_it_noaddr(make_cluster, server_fa
              message=lambda: f"noaddr on {replaced}: {cluster_view(a)}")
     assert replaced in (a.workdir / "nodes.conf").read_text()
     assert hello_priorities(a)[replaced] == 5  # no link, and never linked again
+
+
+def test_a_busy_bus_port_is_a_clear_start_up_error(server_factory) -> None:
+    port = bus_free_port()
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", port + 10000))
+        taken.listen()
+        with pytest.raises(AssertionError, match="Could not create the cluster bus TCP "
+                                                 f"listening socket 127.0.0.1:{port + 10000}"):
+            server_factory(port=port, timeout=10)
