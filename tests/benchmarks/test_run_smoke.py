@@ -110,3 +110,23 @@ def test_floor_smoke_compares_the_node_with_its_floor_and_redis(tmp_path: Path) 
         assert result["memory"][side]["rss_per_job"] > 0, result["memory"]
     assert rnd["redis"]["memory"]["used_per_job"] > 0
     assert "FLOORLEN" not in stdout and "floor/redis" in stdout and "RSS B/job" in stdout
+
+
+def test_cluster_smoke_compares_three_nodes_with_one(tmp_path: Path) -> None:
+    result, stdout = run_smoke(tmp_path, "cluster")
+    table = result["table"]
+    impls = {row["impl"] for row in table}
+    assert "ours" in impls  # and "original" when DISQUE_REFERENCE_SERVER is set
+    for impl in impls:
+        rows = [row for row in table if row["impl"] == impl]
+        assert len(rows) == 8  # (one node + 3 cluster tests) x (unpipelined, -P 16)
+        assert all(row["rps"] > 0 and row["ratio"] > 0 for row in rows), rows
+    assert "3 nodes: ADDJOB q body 0 (REPLICATE 3)" in stdout
+
+
+def test_membership_timing_runs(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.membership_timing", "--trials", "1", "--nodes", "3",
+         "--node-timeout", "1000"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "full mesh after" in proc.stdout and "fail everywhere at" in proc.stdout
