@@ -218,3 +218,20 @@ def test_waiting_addjobs_are_answered_by_flushall_and_by_an_ack(make_cluster) ->
     finally:
         for other in (b, c):
             os.kill(other.pid, signal.SIGCONT)
+
+
+def test_a_leaving_node_only_passes_jobs_on(make_cluster) -> None:
+    """The spec's graceful removal: ADDJOB replicates without a local copy,
+    a GETJOB that would block gets -LEAVING, no dummy ACKs are made."""
+    a, b, c = make_cluster(3)
+    a.client().execute_command("CLUSTER", "LEAVING", "yes")
+    job_id = a.client().execute_command("ADDJOB", "q", "x", 5000, "REPLICATE", 2)
+    assert show(a, job_id) is None
+    assert len(holders([b, c], job_id)) == 2
+    queued = [n for n in (b, c) if show(n, job_id)[b"state"] == b"queued"]
+    assert len(queued) == 1  # ENQUEUE went to exactly one of the copies
+    with pytest.raises(redis.ResponseError, match="LEAVING"):
+        a.client().execute_command("GETJOB", "TIMEOUT", 100, "FROM", "q")
+    unknown = job_id[:-4] + (b"05a1" if not job_id.endswith(b"05a1") else b"05b1")
+    assert a.client().execute_command("ACKJOB", unknown) == 0
+    assert a.client().info("jobs")["registered_jobs"] == 0  # no dummy ACK kept
