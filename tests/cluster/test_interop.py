@@ -17,6 +17,7 @@ from tests.support.cluster import (
     meet,
     node_id,
     reference_server,
+    show,
     wait_joined,
 )
 from tests.support.process import DisqueProcess, wait_for
@@ -37,6 +38,16 @@ def mixed(server_factory, tmp_path) -> tuple[list[DisqueProcess], list[Reference
         ref.kill()
 
 
+def join_everybody(ours: list[DisqueProcess],
+                   originals: list[ReferenceProcess]) -> list[DisqueProcess]:
+    """All four nodes introduced to the first (one of ours); the mesh formed."""
+    everybody = [*ours, *originals]
+    for other in everybody[1:]:
+        meet(everybody[0], other)
+    wait_joined(everybody)
+    return everybody
+
+
 def test_ours_and_originals_join_both_ways(mixed) -> None:
     ours, originals = mixed
     meet(ours[0], originals[0])      # ours introduces an original
@@ -51,10 +62,7 @@ def test_ours_and_originals_join_both_ways(mixed) -> None:
 
 def test_failures_and_leaving_are_seen_across_implementations(mixed) -> None:
     ours, originals = mixed
-    everybody = [*ours, *originals]
-    for other in everybody[1:]:
-        meet(everybody[0], other)
-    wait_joined(everybody)
+    everybody = join_everybody(ours, originals)
 
     leaving = node_id(ours[0])
     ours[0].client().execute_command("CLUSTER", "LEAVING", "yes")
@@ -86,24 +94,16 @@ def test_failures_and_leaving_are_seen_across_implementations(mixed) -> None:
     wait_joined(everybody)
 
 
-def _show(node: DisqueProcess, job_id: bytes) -> dict | None:
-    reply = node.client().execute_command("SHOW", job_id)
-    return None if reply is None else dict(zip(reply[::2], reply[1::2], strict=True))
-
-
 def test_jobs_replicate_and_gc_across_implementations(mixed) -> None:
     ours, originals = mixed
-    everybody = [*ours, *originals]
-    for other in everybody[1:]:
-        meet(everybody[0], other)
-    wait_joined(everybody)
+    everybody = join_everybody(ours, originals)
     for creator, acker in ((ours[0], originals[1]), (originals[0], ours[1])):
         job_id = creator.client().execute_command("ADDJOB", "q", "mixed", 5000,
                                                   "REPLICATE", 4, "RETRY", 30)
-        copies = {n.port: _show(n, job_id) for n in everybody}
+        copies = {n.port: show(n, job_id) for n in everybody}
         assert all(copies.values()), copies  # the job blob travels both ways
         assert {c[b"body"] for c in copies.values()} == {b"mixed"}
         assert {c[b"queue"] for c in copies.values()} == {b"q"}
         assert acker.client().execute_command("ACKJOB", job_id) == 1
-        wait_for(lambda job_id=job_id: not any(_show(n, job_id) for n in everybody),
+        wait_for(lambda job_id=job_id: not any(show(n, job_id) for n in everybody),
                  timeout=20, message="the ACK GC to reach every implementation")

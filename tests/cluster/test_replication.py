@@ -7,22 +7,12 @@ import os
 import signal
 import threading
 import time
-from typing import Any
 
 import pytest
 import redis
 
-from tests.support.cluster import node_id
+from tests.support.cluster import holders, node_id, show
 from tests.support.process import DisqueProcess, wait_for
-
-
-def show(node: DisqueProcess, job_id: bytes) -> dict[bytes, Any] | None:
-    reply = node.client().execute_command("SHOW", job_id)
-    return None if reply is None else dict(zip(reply[::2], reply[1::2], strict=True))
-
-
-def holders(nodes: list[DisqueProcess], job_id: bytes) -> list[DisqueProcess]:
-    return [n for n in nodes if n.alive() and show(n, job_id) is not None]
 
 
 def test_copies_land_on_exactly_n_nodes(make_cluster) -> None:

@@ -131,6 +131,17 @@ def wait_joined(nodes: Sequence[DisqueProcess], timeout: float = 20.0) -> None:
              message=lambda: "a full mesh: " + describe(nodes))
 
 
+def show(node: DisqueProcess, job_id: bytes) -> dict[bytes, Any] | None:
+    """SHOW of ``job_id`` on ``node`` as a dict (None: the node has no copy)."""
+    reply = node.client().execute_command("SHOW", job_id)
+    return None if reply is None else dict(zip(reply[::2], reply[1::2], strict=True))
+
+
+def holders(nodes: Sequence[DisqueProcess], job_id: bytes) -> list[DisqueProcess]:
+    """The live nodes among ``nodes`` that hold a copy of ``job_id``."""
+    return [n for n in nodes if n.alive() and show(n, job_id) is not None]
+
+
 def hello_priorities(node: DisqueProcess) -> dict[str, int]:
     """HELLO of ``node``: node ID -> priority."""
     return {e[0].decode(): int(e[3]) for e in node.client().execute_command("HELLO")[2:]}
