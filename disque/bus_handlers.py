@@ -4,9 +4,8 @@ The bus (``cluster/bus.py``) knows nothing of jobs: it decodes a message,
 finds the sender and calls the handler registered here for its type.  Each
 handler lives beside the rule it implements, under the spec's name:
 replication (REPLJOB, GOTJOB, ENQUEUE), re-queueing (QUEUED, WILLQUEUE,
-WORKING), ACK garbage collection (SETACK, GOTACK, DELJOB), queues (PAUSE).
-NEEDJOBS/YOURJOBS (federation) are not handled yet: they are dropped and
-counted, and a node of ours never sends them.
+WORKING), ACK garbage collection (SETACK, GOTACK, DELJOB), queues (PAUSE),
+federation (NEEDJOBS, YOURJOBS).
 """
 
 from __future__ import annotations
@@ -14,7 +13,7 @@ from __future__ import annotations
 from functools import partial
 from typing import TYPE_CHECKING
 
-from . import ack, replication, requeue
+from . import ack, federation, replication, requeue
 from .cluster import messages
 from .queue import receive_pause
 
@@ -35,6 +34,8 @@ HANDLERS = {
     messages.GOTACK: ack.receive_gotack,
     messages.DELJOB: ack.receive_deljob,
     messages.PAUSE: receive_pause,
+    messages.NEEDJOBS: federation.receive_needjobs,
+    messages.YOURJOBS: federation.receive_yourjobs,
 }
 
 

@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from .blocking import BlockedGet
     from .cluster.messages import Message
     from .cluster.state import ClusterNode
+    from .federation import QueueFederation
     from .state import ServerState
 
 __all__ = [
@@ -65,9 +66,8 @@ class Queue:
     __slots__ = (
         "atime",
         "ctime",
+        "fed",
         "flags",
-        "import_from",
-        "import_rate",
         "jobs",
         "jobs_in",
         "jobs_out",
@@ -88,9 +88,9 @@ class Queue:
         self.jobs_out = 0
         # Blocked GETJOB clients in arrival order (a dict keeps order and removes in O(1)).
         self.waiters: dict[BlockedGet, None] = {}
-        # Federation statistics (filled by the cluster layer; empty on one node).
-        self.import_from: list[str] = []
-        self.import_rate = 0
+        # Federation state (federation.QueueFederation), made when the
+        # queue first asks for or imports jobs; None on a lone node.
+        self.fed: QueueFederation | None = None
 
     def __len__(self) -> int:
         return len(self.jobs)

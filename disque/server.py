@@ -34,6 +34,7 @@ from .cluster import ClusterState, NodesFileError
 from .cluster.bus import BUS_PORT_OFFSET, ClusterBus
 from .config import Config, ConfigError
 from .connection import ClientConnection
+from .federation import need_jobs_cron
 from .gcpolicy import CollectorPolicy
 from .jobs import MAX_JOBS_PER_RUN, process_due_jobs
 from .log import set_level, setup_logging
@@ -220,6 +221,7 @@ class DisqueServer:
             if now - self._last_queue_eviction >= QUEUE_EVICTION_PERIOD_S:
                 self._last_queue_eviction = now
                 state.evict_idle_queues()
+            need_jobs_cron(state)
             timeout = self.config.timeout
             if timeout:
                 for client in list(state.clients.values()):

@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import ack
 from ..blocking import block_for_jobs, getjob_entry
+from ..federation import import_rate, need_jobs
 from ..job import ACTIVE, FLAG_BCAST_WILLQUEUE, WAIT_REPL, Job, JobState
 from ..jobs import register_job, requeue_time, unregister_job, update_awake_time
 from ..protocol import NULL_ARRAY, Map, ReplyError, Status
@@ -226,14 +227,31 @@ def getjob(state: ServerState, client: ClientConnection, argv: list[bytes]) -> A
         raise CommandError(SYNTAX_ERROR)
 
     emitted = _take_jobs(state, queues, count, withcounters)
+    federated = len(state.cluster.nodes) > 1
     if emitted:
+        if federated:
+            _ask_when_emptied(state, queues)
         return emitted
+    if federated:
+        # Nothing here: ask the other nodes (federation), also for NOHANG
+        # pollers, so that a later poll finds the jobs.
+        for name in queues:
+            need_jobs(state, state.queue_for_write(name))
     if nohang:
         return NULL_ARRAY
     if state.cluster.leaving:
         return ReplyError(LEAVING_ERROR)
     block_for_jobs(state, client, queues, timeout, withcounters)
     return BLOCKED
+
+
+def _ask_when_emptied(state: ServerState, queues: list[bytes]) -> None:
+    """A fetch emptied a queue that imports jobs: ask its responders at once."""
+    for name in queues:
+        q = state.queues.lookup(name)
+        if (q is not None and not q.jobs and q.fed is not None
+                and import_rate(q, state.clock.now_ms())):
+            need_jobs(state, q, reached_zero=True)
 
 
 # --------------------------------------------------------------------------

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ..blocking import getjob_entry
+from ..federation import import_from, import_rate
 from ..job import JobState
 from ..keyspace import SLICES
 from ..protocol import Map
@@ -37,8 +38,8 @@ def qstat(state: ServerState, client: ClientConnection, argv: list[bytes]) -> An
         b"age", max(0, (now - q.ctime) // 1000),
         b"idle", max(0, (now - q.atime) // 1000),
         b"blocked", len(q.waiters),
-        b"import-from", list(q.import_from),
-        b"import-rate", q.import_rate,
+        b"import-from", import_from(q, now),
+        b"import-rate", import_rate(q, now),
         b"jobs-in", q.jobs_in,
         b"jobs-out", q.jobs_out,
         b"pause", pause_label(q.flags),
@@ -141,10 +142,12 @@ def qscan(state: ServerState, client: ClientConnection, argv: list[bytes]) -> An
         else:
             raise CommandError(SYNTAX_ERROR)
 
+    now = state.clock.now_ms()
+
     def accept(q) -> bool:
         qlen = len(q)
         return ((minlen < 0 or qlen >= minlen) and (maxlen < 0 or qlen <= maxlen)
-                and (importrate < 0 or q.import_rate >= importrate))
+                and (importrate < 0 or import_rate(q, now) >= importrate))
 
     return _run_scan(state.queues.scan, cursor or 0, count, busyloop, accept,
                      lambda q: q.name)

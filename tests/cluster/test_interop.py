@@ -107,3 +107,16 @@ def test_jobs_replicate_and_gc_across_implementations(mixed) -> None:
         assert acker.client().execute_command("ACKJOB", job_id) == 1
         wait_for(lambda job_id=job_id: not any(show(n, job_id) for n in everybody),
                  timeout=20, message="the ACK GC to reach every implementation")
+
+
+def test_consumers_get_jobs_queued_on_the_other_implementation(mixed) -> None:
+    ours, originals = mixed
+    join_everybody(ours, originals)
+    for holder, consumer in ((originals[0], ours[0]), (ours[1], originals[1])):
+        job_id = holder.client().execute_command("ADDJOB", "fed", "x", 0, "REPLICATE", 1)
+        job = consumer.client().execute_command("GETJOB", "TIMEOUT", 10000, "FROM", "fed")
+        assert job and job[0][1] == job_id, (holder.port, consumer.port, job)
+        assert consumer.client().execute_command("ACKJOB", job_id) == 1
+        pair = (holder, consumer)
+        wait_for(lambda job_id=job_id, pair=pair: not any(show(n, job_id) for n in pair),
+                 timeout=20, message="the ACK to reach both implementations")

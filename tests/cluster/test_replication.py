@@ -103,11 +103,17 @@ def test_no_job_is_queued_on_two_nodes_at_once(make_cluster) -> None:
     wait_for(three_retry_periods_without_a_double, timeout=30, interval=0.2,
              message="three RETRY periods")
     assert polls > 5
-    delivered = []
-    for node in nodes:
-        while jobs := node.client().execute_command("GETJOB", "NOHANG", "COUNT", 100,
-                                                    "FROM", "q"):
-            delivered += [job[1] for job in jobs]
+    delivered: list[bytes] = []
+
+    def drained() -> bool:
+        # Polling an empty queue asks the other nodes for jobs (federation):
+        # keep visiting every node until all are in.
+        for node in nodes:
+            jobs = node.client().execute_command("GETJOB", "NOHANG", "COUNT", 100, "FROM", "q")
+            delivered.extend(job[1] for job in jobs or [])
+        return len(delivered) >= len(ids)
+
+    wait_for(drained, timeout=20, message=lambda: f"{len(delivered)} of {len(ids)} jobs")
     assert sorted(delivered) == sorted(ids)  # each exactly once
 
 

@@ -1,0 +1,232 @@
+"""Federation: consumers on one node get the jobs queued on others
+(the spec's NEEDJOBS / YOURJOBS).
+
+A node whose consumers wait on an empty queue asks for jobs:
+
+* **broadcast**: NEEDJOBS(1) to every linked node, at most every
+  min(2 s x 2^attempt, 30 s) while nobody answers;
+* **ad hoc**: NEEDJOBS(count) to the *responders* (nodes that sent jobs for
+  this queue in the last 5 s), every min(25 ms x 2^attempt, 2 s), or at once
+  when a consumer emptied a queue that imports jobs.  ``count`` follows the
+  queue's import rate, split between the responders, within [5, 100].
+
+A node with jobs answers YOURJOBS with up to ``count`` of its oldest queued
+jobs (half of them if it has fewer than twice that).  They leave its queue
+(and are forgotten here if at-most-once); the importing node queues them
+and joins their node list, so the ACK's garbage collection reaches it.
+
+Never: a leaving node asks for jobs; a node exports jobs while it imports
+the same queue itself; an acked job is queued again by an import.
+
+Per-queue state lives in :class:`QueueFederation`, made on first use, so
+queues that never federate cost nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from .cluster import messages
+from .job import (
+    ACKED,
+    ACTIVE,
+    FLAG_BCAST_QUEUED,
+    FLAG_BCAST_WILLQUEUE,
+    Job,
+    SerializationError,
+    deserialize_job,
+    serialize_job,
+)
+from .jobs import register_job, unregister_job
+from .queue import PAUSED_OUT, Queue, dequeue_job, enqueue_job
+
+if TYPE_CHECKING:
+    from .cluster.messages import Message
+    from .cluster.state import ClusterNode
+    from .state import ServerState
+
+__all__ = ["QueueFederation", "import_from", "import_rate", "need_jobs", "need_jobs_cron",
+           "receive_needjobs", "receive_yourjobs"]
+
+log = logging.getLogger("disque.federation")
+
+#: A node that sent jobs within this long is a responder.
+RESPONDER_WINDOW_MS = 5000
+#: NEEDJOBS count bounds (the original's), and the most jobs one YOURJOBS carries.
+MIN_COUNT, MAX_COUNT = 5, 100
+BCAST_BASE_MS, BCAST_MAX_MS = 2000, 30_000
+ADHOC_BASE_MS, ADHOC_MAX_MS = 25, 2000
+#: Back-off attempts stop growing here (the original's counters overflowed).
+MAX_ATTEMPT = 16
+#: The import rate is 0 once its newest second is this old.
+RATE_STALE_MS = 5000
+
+
+class QueueFederation:
+    """What one queue remembers about asking for and importing jobs."""
+
+    __slots__ = ("adhoc_attempt", "adhoc_time", "bcast_attempt", "bcast_time", "cur_count",
+                 "cur_start", "prev_count", "prev_start", "responders")
+
+    def __init__(self) -> None:
+        self.bcast_time = 0
+        self.bcast_attempt = 0
+        self.adhoc_time = 0
+        self.adhoc_attempt = 0
+        #: node ID -> when it last sent us jobs for this queue (ms).
+        self.responders: dict[str, int] = {}
+        # Jobs imported in the current and the previous second.
+        self.cur_start = 0
+        self.cur_count = 0
+        self.prev_start = 0
+        self.prev_count = 0
+
+
+def _fed(q: Queue) -> QueueFederation:
+    if q.fed is None:
+        q.fed = QueueFederation()
+    return q.fed
+
+
+def import_rate(q: Queue, now: int) -> int:
+    """Jobs per second imported lately (getQueueImportRate)."""
+    fed = q.fed
+    if fed is None or not fed.cur_start or now - fed.cur_start > RATE_STALE_MS:
+        return 0
+    start = fed.prev_start or fed.cur_start
+    elapsed = max(50, now - start)
+    return -(-(fed.prev_count + fed.cur_count) * 1000 // elapsed)
+
+
+def import_from(q: Queue, now: int) -> list[bytes]:
+    """The responders of the last 5 s (QSTAT's ``import-from``)."""
+    if q.fed is None:
+        return []
+    return [node_id.encode() for node_id, when in q.fed.responders.items()
+            if now - when <= RESPONDER_WINDOW_MS]
+
+
+def _count_import(fed: QueueFederation, now: int, jobs: int) -> None:
+    if now - fed.cur_start >= 1000:
+        fed.prev_start, fed.prev_count = fed.cur_start, fed.cur_count
+        fed.cur_start, fed.cur_count = now, 0
+    fed.cur_count += jobs
+
+
+# --------------------------------------------------------------------------
+# Asking (NEEDJOBS)
+# --------------------------------------------------------------------------
+
+def need_jobs(state: ServerState, q: Queue, reached_zero: bool = False) -> None:
+    """needJobsForQueue: ask other nodes for jobs of ``q``, with back-off."""
+    cluster = state.cluster
+    if cluster.leaving or len(cluster.nodes) == 1:
+        return
+    fed = _fed(q)
+    now = state.clock.now_ms()
+    for node_id in [n for n, when in fed.responders.items()
+                    if now - when > RESPONDER_WINDOW_MS or n not in cluster.nodes]:
+        del fed.responders[node_id]
+    me = cluster.myself
+    if now - fed.bcast_time > min(BCAST_BASE_MS << fed.bcast_attempt, BCAST_MAX_MS):
+        cluster.broadcast(messages.queue_message(messages.NEEDJOBS, me.id, me.port,
+                                                 cluster.wire_flags, q.name, 1))
+        fed.bcast_time = now
+        fed.bcast_attempt = min(fed.bcast_attempt + 1, MAX_ATTEMPT)
+    if fed.responders and (reached_zero or now - fed.adhoc_time > min(
+            ADHOC_BASE_MS << fed.adhoc_attempt, ADHOC_MAX_MS)):
+        count = min(MAX_COUNT, max(MIN_COUNT, import_rate(q, now) // len(fed.responders)))
+        message = messages.queue_message(messages.NEEDJOBS, me.id, me.port,
+                                         cluster.wire_flags, q.name, count)
+        for node_id in fed.responders:
+            cluster.send(node_id, message)
+        fed.adhoc_time = now
+        fed.adhoc_attempt = min(fed.adhoc_attempt + 1, MAX_ATTEMPT)
+
+
+def need_jobs_cron(state: ServerState) -> None:
+    """Every cron run: queues with blocked consumers keep asking (the
+    original's clientsCron visit to blocked clients)."""
+    if len(state.cluster.nodes) == 1 or not state.blocked_clients:
+        return
+    asked: set[bytes] = set()
+    for client in list(state.clients.values()):
+        blocked = client.blocked
+        for q in getattr(blocked, "queues", ()):
+            if q.name not in asked and not q.jobs:
+                asked.add(q.name)
+                need_jobs(state, q)
+
+
+# --------------------------------------------------------------------------
+# Answering (NEEDJOBS received, YOURJOBS sent)
+# --------------------------------------------------------------------------
+
+def receive_needjobs(state: ServerState, sender: ClusterNode, msg: Message) -> None:
+    """receiveNeedJobs: send the asker some of our oldest queued jobs."""
+    q = state.queues.lookup(msg.queue)
+    now = state.clock.now_ms()
+    if q is None or not q.jobs or q.flags & PAUSED_OUT or import_rate(q, now):
+        return
+    wanted = min(max(1, msg.aux), MAX_COUNT)  # the wire count is bounded (bug 11)
+    count = wanted if len(q.jobs) >= 2 * wanted else max(1, len(q.jobs) // 2)
+    jobs: list[Job] = list(q.jobs.islice(0, count))
+    blobs = []
+    for job in jobs:
+        dequeue_job(state, job)
+        # The asker holds a copy from now on: the GC must reach it (bug 4).
+        job.delivered = job.delivered | {sender.id}
+        blobs.append(serialize_job(job, bus_now_ms=now))
+        if job.retry == 0:
+            unregister_job(state, job)  # at most once: only the asker has it now
+    me = state.cluster.myself
+    state.cluster.send(sender.id, messages.jobs_message(
+        messages.YOURJOBS, me.id, me.port, state.cluster.wire_flags, blobs))
+
+
+def receive_yourjobs(state: ServerState, sender: ClusterNode, msg: Message) -> None:
+    """receiveYourJobs: queue the jobs another node sent for our consumers."""
+    now = state.clock.now_ms()
+    myself = state.cluster.myself_set
+    offset = 0
+    imported: dict[bytes, int] = {}
+    for _ in range(msg.numjobs):
+        try:
+            copy, offset = deserialize_job(msg.payload, offset)
+        except SerializationError as err:
+            log.warning("Bad job in YOURJOBS from %s: %s", sender.id, err)
+            return
+        if copy.queue is None:
+            continue
+        if copy.state == ACKED:
+            continue  # never import an acked job
+        job = state.jobs.get(copy.id)
+        if job is None:
+            job = copy
+            job.etime = now + job.etime * 1000  # the bus sends the seconds left
+            job.state = ACTIVE
+            job.flags &= ~FLAG_BCAST_WILLQUEUE
+            job.gc_retry = 0
+            job.queue = state.queue_for_write(job.queue).name
+            job.delivered = job.delivered | myself
+            job.qtime = 0
+            register_job(state, job)
+        else:
+            job.delivered = job.delivered | copy.delivered | myself
+        if job.state == ACKED:
+            continue  # known acked here: never queued again (bug 3)
+        job.flags &= ~FLAG_BCAST_QUEUED
+        job.qtime = job.qtime or now  # RETRY-0 jobs need a queue time to be queued
+        if enqueue_job(state, job, now=now):
+            imported[job.queue] = imported.get(job.queue, 0) + 1  # type: ignore[index]
+    for name, count in imported.items():
+        q = state.queues.lookup(name)
+        if q is None:
+            continue
+        fed = _fed(q)
+        if sender.id not in fed.responders:
+            fed.bcast_attempt = 0
+        fed.responders[sender.id] = now
+        fed.adhoc_attempt = 0
+        _count_import(fed, now, count)
