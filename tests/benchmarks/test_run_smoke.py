@@ -130,3 +130,10 @@ def test_membership_timing_runs(tmp_path: Path) -> None:
          "--node-timeout", "1000"], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert "full mesh after" in proc.stdout and "fail everywhere at" in proc.stdout
+
+
+def test_federation_latency_runs() -> None:
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.federation_latency", "--trials",
+                           "3"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "got a job queued on another node in median" in proc.stdout
