@@ -85,8 +85,8 @@ def try_job_gc(state: ServerState, job: Job) -> None:
         forgotten = (job.delivered - confirmed) & cluster.forgotten
         if forgotten:
             # CLUSTER FORGET removed them: they will never answer, and
-            # waiting for them would keep the ACK until the TTL (the
-            # original's bug 5).
+            # waiting for them would keep the ACK until the TTL (as the
+            # original did).
             confirmed = job.confirmed = confirmed | forgotten
         if job.delivered <= confirmed:
             unregister_job(state, job)

@@ -169,13 +169,14 @@ def receive_needjobs(state: ServerState, sender: ClusterNode, msg: Message) -> N
     now = state.clock.now_ms()
     if q is None or not q.jobs or q.flags & PAUSED_OUT or import_rate(q, now):
         return
-    wanted = min(max(1, msg.aux), MAX_COUNT)  # the wire count is bounded (bug 11)
+    wanted = min(max(1, msg.aux), MAX_COUNT)  # bounded: the original overflowed a buffer
     count = wanted if len(q.jobs) >= 2 * wanted else max(1, len(q.jobs) // 2)
     jobs: list[Job] = list(q.jobs.islice(0, count))
     blobs = []
     for job in jobs:
         dequeue_job(state, job)
-        # The asker holds a copy from now on: the GC must reach it (bug 4).
+        # The asker holds a copy from now on: the GC must reach it (the
+        # original left it out of the node list and could finish the GC early).
         job.delivered = job.delivered | {sender.id}
         blobs.append(serialize_job(job, bus_now_ms=now))
         if job.retry == 0:
@@ -215,7 +216,7 @@ def receive_yourjobs(state: ServerState, sender: ClusterNode, msg: Message) -> N
         else:
             job.delivered = job.delivered | copy.delivered | myself
         if job.state == ACKED:
-            continue  # known acked here: never queued again (bug 3)
+            continue  # acked here: never queued again (the original's import did)
         job.flags &= ~FLAG_BCAST_QUEUED
         job.qtime = job.qtime or now  # RETRY-0 jobs need a queue time to be queued
         if enqueue_job(state, job, now=now):

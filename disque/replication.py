@@ -329,7 +329,7 @@ def _store_copy(state: ServerState, job: Job, now: int) -> None:
 
     A RETRY-0 copy waits for ENQUEUE, which gives it its queue time (the
     original's ENQUEUE refused a copy without one, so RETRY-0 copies were
-    never queued: C-BEHAVIOUR bug 2).
+    never queued).
     """
     job.etime = now + job.etime * 1000  # the bus sends the seconds left
     job.state = ACTIVE

@@ -126,7 +126,7 @@ class Membership:
         As many as the original: max(3, N/10), at most N - 2.  Unlike the
         original, a failing node is gossiped even when we have no link to it
         (a dead node has none): the reports that turn PFAIL into FAIL must
-        spread (C-BEHAVIOUR bug 14).
+        spread (the original skipped link-less nodes, so FAIL came late).
         """
         nodes = self.cluster.nodes
         wanted = min(max(3, len(nodes) // 10), len(nodes) - 2)

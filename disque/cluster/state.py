@@ -172,7 +172,7 @@ class ClusterState:
         """Other nodes we may replicate to (not failing, leaving or handshaking).
 
         NOADDR nodes are left out too: they are never linked (the original
-        counted them, C-BEHAVIOUR bug 6).
+        counted them).
         """
         bad = _UNREACHABLE
         return [n for n in self.nodes.values() if not (n.flags & bad)]

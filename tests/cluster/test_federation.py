@@ -70,7 +70,7 @@ def test_a_leaving_node_hands_its_jobs_out(make_cluster) -> None:
 
 def test_an_import_never_queues_an_acked_job_again() -> None:
     """The original's YOURJOBS queued a job this node had already acked
-    (C-BEHAVIOUR bug 3)."""
+    (a bug of the original)."""
     node = Node()
     peer = ClusterNode("b" * 40, "127.0.0.1", 7712)
     node.state.cluster.nodes[peer.id] = peer

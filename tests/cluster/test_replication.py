@@ -140,7 +140,7 @@ def test_async_replies_at_once_and_copies_follow(make_cluster) -> None:
 
 
 def test_retry_zero_copies_are_queued_when_leaving(make_cluster) -> None:
-    """The original never queued a RETRY-0 copy (C-BEHAVIOUR bug 2): a job
+    """The original never queued a RETRY-0 copy: a job
     added on a leaving node, replicated externally, was lost."""
     a, b = make_cluster(2)
     a.client().execute_command("CLUSTER", "LEAVING", "yes")
@@ -153,7 +153,7 @@ def test_retry_zero_copies_are_queued_when_leaving(make_cluster) -> None:
 
 def test_a_forgotten_node_does_not_hold_the_ack(make_cluster) -> None:
     """The original waited for the GOTACK of a node removed by CLUSTER FORGET,
-    so the ACK (and the job) lived until its TTL (C-BEHAVIOUR bug 5)."""
+    so the ACK (and the job) lived until its TTL."""
     a, b, c = make_cluster(3)
     job_id = a.client().execute_command("ADDJOB", "q", "x", 5000, "REPLICATE", 3)
     gone = node_id(c)
