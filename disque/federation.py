@@ -57,6 +57,9 @@ RESPONDER_WINDOW_MS = 5000
 MIN_COUNT, MAX_COUNT = 5, 100
 BCAST_BASE_MS, BCAST_MAX_MS = 2000, 30_000
 ADHOC_BASE_MS, ADHOC_MAX_MS = 25, 2000
+#: One YOURJOBS carries at most this many bytes of jobs (at least one job):
+#: a receiver refuses a message over its proto-max-bulk-len + 1 MB.
+MAX_YOURJOBS_BYTES = 16 * 1024 * 1024
 #: Back-off attempts stop growing here (the original's counters overflowed).
 MAX_ATTEMPT = 16
 #: The import rate is 0 once its newest second is this old.
@@ -172,13 +175,20 @@ def receive_needjobs(state: ServerState, sender: ClusterNode, msg: Message) -> N
     wanted = min(max(1, msg.aux), MAX_COUNT)  # bounded: the original overflowed a buffer
     count = wanted if len(q.jobs) >= 2 * wanted else max(1, len(q.jobs) // 2)
     jobs: list[Job] = list(q.jobs.islice(0, count))
-    blobs = []
+    blobs: list[bytes] = []
+    size = 0
     for job in jobs:
-        dequeue_job(state, job)
         # The asker holds a copy from now on: the GC must reach it (the
         # original left it out of the node list and could finish the GC early).
-        job.delivered = job.delivered | {sender.id}
-        blobs.append(serialize_job(job, bus_now_ms=now))
+        delivered = job.delivered | {sender.id}
+        job.delivered, before = delivered, job.delivered
+        blob = serialize_job(job, bus_now_ms=now)
+        if blobs and size + len(blob) > MAX_YOURJOBS_BYTES:
+            job.delivered = before  # not sent: stays queued here as it was
+            break
+        blobs.append(blob)
+        size += len(blob)
+        dequeue_job(state, job)
         if job.retry == 0:
             unregister_job(state, job)  # at most once: only the asker has it now
     me = state.cluster.myself

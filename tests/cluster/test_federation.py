@@ -85,3 +85,18 @@ def test_an_import_never_queues_an_acked_job_again() -> None:
     receive_yourjobs(node.state, peer, yourjobs)
     assert node.job(job_id).state.label == "acked"
     assert node("QLEN", "q") == 0
+
+
+def test_big_jobs_travel_in_several_yourjobs(make_cluster) -> None:
+    """YOURJOBS carries at most 16 MB of jobs: six 5 MB jobs take several."""
+    a, b = make_cluster(2)
+    body = b"x" * (5 * 1024 * 1024)
+    ids = {b.client().execute_command("ADDJOB", "big", body, 0, "REPLICATE", 1)
+           for _ in range(6)}
+    got: set[bytes] = set()
+    while len(got) < len(ids):
+        jobs = a.client().execute_command("GETJOB", "TIMEOUT", 10000, "COUNT", 10, "FROM", "big")
+        assert jobs, f"nothing more after {len(got)} jobs"
+        assert all(job[2] == body for job in jobs)
+        got.update(job[1] for job in jobs)
+    assert got == ids
