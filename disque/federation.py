@@ -28,18 +28,10 @@ import logging
 from typing import TYPE_CHECKING
 
 from .cluster import messages
-from .job import (
-    ACKED,
-    ACTIVE,
-    FLAG_BCAST_QUEUED,
-    FLAG_BCAST_WILLQUEUE,
-    Job,
-    SerializationError,
-    deserialize_job,
-    serialize_job,
-)
+from .job import ACKED, FLAG_BCAST_QUEUED, Job, serialize_job
 from .jobs import register_job, unregister_job
 from .queue import PAUSED_OUT, Queue, dequeue_job, enqueue_job
+from .replication import adopt_copy, jobs_in
 
 if TYPE_CHECKING:
     from .cluster.messages import Message
@@ -200,26 +192,14 @@ def receive_yourjobs(state: ServerState, sender: ClusterNode, msg: Message) -> N
     """receiveYourJobs: queue the jobs another node sent for our consumers."""
     now = state.clock.now_ms()
     myself = state.cluster.myself_set
-    offset = 0
     imported: dict[bytes, int] = {}
-    for _ in range(msg.numjobs):
-        try:
-            copy, offset = deserialize_job(msg.payload, offset)
-        except SerializationError as err:
-            log.warning("Bad job in YOURJOBS from %s: %s", sender.id, err)
-            return
-        if copy.queue is None:
-            continue
+    for copy in jobs_in(msg, sender):
         if copy.state == ACKED:
             continue  # never import an acked job
         job = state.jobs.get(copy.id)
         if job is None:
             job = copy
-            job.etime = now + job.etime * 1000  # the bus sends the seconds left
-            job.state = ACTIVE
-            job.flags &= ~FLAG_BCAST_WILLQUEUE
-            job.gc_retry = 0
-            job.queue = state.queue_for_write(job.queue).name
+            adopt_copy(state, job, now)
             job.delivered = job.delivered | myself
             job.qtime = 0
             register_job(state, job)

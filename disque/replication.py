@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from .blocking import Waiter, unblock
@@ -295,21 +296,38 @@ def receive_gotjob(state: ServerState, sender: ClusterNode, msg: Message) -> Non
             _replication_achieved(state, blocked)
 
 
+def jobs_in(msg: Message, sender: ClusterNode) -> Iterator[Job]:
+    """The jobs a REPLJOB or YOURJOBS carries, as sent; a bad blob ends the
+    list (logged: the rest of the payload cannot be trusted)."""
+    offset = 0
+    for _ in range(msg.numjobs):
+        try:
+            job, offset = deserialize_job(msg.payload, offset)
+        except SerializationError as err:
+            log.warning("Bad job in %s from %s: %s", messages.TYPE_NAMES[msg.type].upper(),
+                        sender.id, err)
+            return
+        if job.queue is not None:
+            yield job
+
+
+def adopt_copy(state: ServerState, job: Job, now: int) -> None:
+    """A job received from another node, made this node's (not registered):
+    its expiry from the seconds left (clocks differ), active, no GC attempt
+    yet, no WILLQUEUE pending, the queue's shared name."""
+    job.etime = now + job.etime * 1000
+    job.state = ACTIVE
+    job.flags &= ~FLAG_BCAST_WILLQUEUE
+    job.gc_retry = 0
+    job.queue = state.queue_for_write(job.queue).name if job.queue else None
+
+
 def receive_repljob(state: ServerState, sender: ClusterNode, msg: Message) -> None:
     """Store the copies of a REPLJOB and confirm them with GOTJOB."""
     if state.memory.level() >= 1 or state.cluster.leaving:
         return  # the sender will pick another node
     now = state.clock.now_ms()
-    payload = msg.payload
-    offset = 0
-    for _ in range(msg.numjobs):
-        try:
-            copy, offset = deserialize_job(payload, offset)
-        except SerializationError as err:
-            log.warning("Bad job in REPLJOB from %s: %s", sender.id, err)
-            return
-        if copy.queue is None:
-            continue
+    for copy in jobs_in(msg, sender):
         q = state.queues.lookup(copy.queue)
         if q is not None and q.flags & PAUSED_IN:
             continue
@@ -331,11 +349,8 @@ def _store_copy(state: ServerState, job: Job, now: int) -> None:
     original's ENQUEUE refused a copy without one, so RETRY-0 copies were
     never queued).
     """
-    job.etime = now + job.etime * 1000  # the bus sends the seconds left
-    job.state = ACTIVE
-    job.flags = (job.flags | FLAG_BCAST_QUEUED) & ~FLAG_BCAST_WILLQUEUE
-    job.gc_retry = 0
-    job.queue = state.queue_for_write(job.queue).name if job.queue else None
+    adopt_copy(state, job, now)
+    job.flags |= FLAG_BCAST_QUEUED
     if job.retry:
         job.qtime = now + (job.delay + job.retry) * 1000 + random_time_error()
         job.flags |= FLAG_BCAST_WILLQUEUE
