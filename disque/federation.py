@@ -24,7 +24,6 @@ queues that never federate cost nothing.
 
 from __future__ import annotations
 
-import logging
 from typing import TYPE_CHECKING
 
 from .cluster import messages
@@ -40,8 +39,6 @@ if TYPE_CHECKING:
 
 __all__ = ["QueueFederation", "import_from", "import_rate", "need_jobs", "need_jobs_cron",
            "receive_needjobs", "receive_yourjobs"]
-
-log = logging.getLogger("disque.federation")
 
 #: A node that sent jobs within this long is a responder.
 RESPONDER_WINDOW_MS = 5000
