@@ -120,17 +120,14 @@ def need_jobs(state: ServerState, q: Queue, reached_zero: bool = False) -> None:
     for node_id in [n for n, when in fed.responders.items()
                     if now - when > RESPONDER_WINDOW_MS or n not in cluster.nodes]:
         del fed.responders[node_id]
-    me = cluster.myself
     if now - fed.bcast_time > min(BCAST_BASE_MS << fed.bcast_attempt, BCAST_MAX_MS):
-        cluster.broadcast(messages.queue_message(messages.NEEDJOBS, me.id, me.port,
-                                                 cluster.wire_flags, q.name, 1))
+        cluster.broadcast(cluster.queue_message(messages.NEEDJOBS, q.name, 1))
         fed.bcast_time = now
         fed.bcast_attempt = min(fed.bcast_attempt + 1, MAX_ATTEMPT)
     if fed.responders and (reached_zero or now - fed.adhoc_time > min(
             ADHOC_BASE_MS << fed.adhoc_attempt, ADHOC_MAX_MS)):
         count = min(MAX_COUNT, max(MIN_COUNT, import_rate(q, now) // len(fed.responders)))
-        message = messages.queue_message(messages.NEEDJOBS, me.id, me.port,
-                                         cluster.wire_flags, q.name, count)
+        message = cluster.queue_message(messages.NEEDJOBS, q.name, count)
         for node_id in fed.responders:
             cluster.send(node_id, message)
         fed.adhoc_time = now
@@ -180,9 +177,7 @@ def receive_needjobs(state: ServerState, sender: ClusterNode, msg: Message) -> N
         dequeue_job(state, job)
         if job.retry == 0:
             unregister_job(state, job)  # at most once: only the asker has it now
-    me = state.cluster.myself
-    state.cluster.send(sender.id, messages.jobs_message(
-        messages.YOURJOBS, me.id, me.port, state.cluster.wire_flags, blobs))
+    state.cluster.send(sender.id, state.cluster.jobs_message(messages.YOURJOBS, blobs))
 
 
 def receive_yourjobs(state: ServerState, sender: ClusterNode, msg: Message) -> None:

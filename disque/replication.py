@@ -106,10 +106,9 @@ def _drop_partial_copies(state: ServerState, job: Job) -> None:
 # --------------------------------------------------------------------------
 
 def _repljob(state: ServerState, job: Job, noreply: bool) -> bytes:
-    me = state.cluster.myself
     blob = serialize_job(job, bus_now_ms=state.clock.now_ms())
-    return messages.jobs_message(messages.REPLJOB, me.id, me.port, state.cluster.wire_flags,
-                                 [blob], messages.MFLAG_NOREPLY if noreply else 0)
+    return state.cluster.jobs_message(messages.REPLJOB, [blob],
+                                      messages.MFLAG_NOREPLY if noreply else 0)
 
 
 def _add_targets(state: ServerState, job: Job, count: int) -> int:
@@ -230,9 +229,8 @@ def _store_achieved(state: ServerState, job: Job) -> None:
 
 
 def _send_enqueue(state: ServerState, node_id: str, job: Job) -> None:
-    me = state.cluster.myself
-    state.cluster.send(node_id, messages.job_id_message(
-        messages.ENQUEUE, me.id, me.port, state.cluster.wire_flags, job.id, job.delay))
+    state.cluster.send(node_id, state.cluster.job_id_message(messages.ENQUEUE, job.id,
+                                                             job.delay))
 
 
 def _replication_achieved(state: ServerState, blocked: BlockedAdd) -> None:
@@ -337,9 +335,8 @@ def receive_repljob(state: ServerState, sender: ClusterNode, msg: Message) -> No
         else:
             _store_copy(state, copy, now)
         if not msg.mflags & messages.MFLAG_NOREPLY:
-            me = state.cluster.myself
-            state.cluster.send(sender.id, messages.job_id_message(
-                messages.GOTJOB, me.id, me.port, state.cluster.wire_flags, copy.id, 0))
+            state.cluster.send(sender.id, state.cluster.job_id_message(messages.GOTJOB,
+                                                                       copy.id, 0))
 
 
 def _store_copy(state: ServerState, job: Job, now: int) -> None:

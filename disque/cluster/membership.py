@@ -305,13 +305,10 @@ class Membership:
         if self.valid_fail_reports(node) + 1 < needed:
             return
         log.warning("Marking node %s as failing (quorum reached)", node.id)
-        node.flags.discard(FLAG_PFAIL)
-        node.flags.add(FLAG_FAIL)
-        node.fail_time = self.now_ms()
+        self._set_fail(node)
         me = self.cluster.myself
         self.cluster.broadcast(messages.fail_message(me.id, me.port, self.header_flags(),
                                                      node.id))
-        self.cluster.save_later()
 
     def valid_fail_reports(self, node: ClusterNode) -> int:
         """Reports younger than twice the node timeout (older ones are dropped)."""
@@ -326,6 +323,9 @@ class Membership:
         if node is None or node is self.cluster.myself or FLAG_FAIL in node.flags:
             return
         log.info("FAIL message received about %s", node_id)
+        self._set_fail(node)
+
+    def _set_fail(self, node: ClusterNode) -> None:
         node.flags.discard(FLAG_PFAIL)
         node.flags.add(FLAG_FAIL)
         node.fail_time = self.now_ms()

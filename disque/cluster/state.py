@@ -212,11 +212,21 @@ class ClusterState:
         node.link.send(message)
         return True
 
-    def _job_id_message(self, msg_type: int, job_id: bytes, aux: int,
-                        mflags: int = 0) -> bytes:
+    # Messages from this node: our ID, client port and flags in the header.
+
+    def job_id_message(self, msg_type: int, job_id: bytes, aux: int,
+                       mflags: int = 0) -> bytes:
         me = self.myself
         return messages.job_id_message(msg_type, me.id, me.port, self.wire_flags, job_id,
                                        aux, mflags)
+
+    def queue_message(self, msg_type: int, queue: bytes, aux: int) -> bytes:
+        me = self.myself
+        return messages.queue_message(msg_type, me.id, me.port, self.wire_flags, queue, aux)
+
+    def jobs_message(self, msg_type: int, blobs: list[bytes], mflags: int = 0) -> bytes:
+        me = self.myself
+        return messages.jobs_message(msg_type, me.id, me.port, self.wire_flags, blobs, mflags)
 
     def _send_to_copies(self, nodes: Iterable[str], message: bytes) -> None:
         myself = self.myself.id
@@ -241,34 +251,32 @@ class ClusterState:
             if count:
                 flags = messages.MFLAG_INCR_NACKS if nack else messages.MFLAG_INCR_DELIV
             self._send_to_copies(job.delivered,
-                                 self._job_id_message(messages.QUEUED, job.id, 0, flags))
+                                 self.job_id_message(messages.QUEUED, job.id, 0, flags))
 
     def broadcast_willqueue(self, job: Job) -> None:
         if len(job.delivered) > 1:
             self._send_to_copies(job.delivered,
-                                 self._job_id_message(messages.WILLQUEUE, job.id, 0))
+                                 self.job_id_message(messages.WILLQUEUE, job.id, 0))
 
     def broadcast_working(self, job: Job) -> None:
         if len(job.delivered) > 1:
             self._send_to_copies(job.delivered,
-                                 self._job_id_message(messages.WORKING, job.id, 0))
+                                 self.job_id_message(messages.WORKING, job.id, 0))
 
     def send_setack(self, node_id: str, job: Job, may_have: int) -> None:
-        self.send(node_id, self._job_id_message(messages.SETACK, job.id, may_have))
+        self.send(node_id, self.job_id_message(messages.SETACK, job.id, may_have))
 
     def send_gotack(self, node_id: str, job_id: bytes, known: bool) -> None:
-        self.send(node_id, self._job_id_message(messages.GOTACK, job_id, int(known)))
+        self.send(node_id, self.job_id_message(messages.GOTACK, job_id, int(known)))
 
     def broadcast_deljob(self, job_id: bytes, nodes: Iterable[str] | None) -> None:
         """DELJOB to ``nodes`` (every node when the job was unknown here)."""
         targets = self.other_node_ids() if nodes is None else nodes
-        message = self._job_id_message(messages.DELJOB, job_id, 0)
+        message = self.job_id_message(messages.DELJOB, job_id, 0)
         self._send_to_copies(list(targets), message)
 
     def broadcast_pause(self, queue: bytes, flags: int) -> None:
-        me = self.myself
-        self.broadcast(messages.queue_message(messages.PAUSE, me.id, me.port,
-                                              self.wire_flags, queue, flags))
+        self.broadcast(self.queue_message(messages.PAUSE, queue, flags))
 
 
 _UNREACHABLE = frozenset((FLAG_MYSELF, FLAG_HANDSHAKE, FLAG_LEAVING, FLAG_PFAIL, FLAG_FAIL,
