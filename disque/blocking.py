@@ -18,7 +18,7 @@ from .queue import Queue, fetch_job
 if TYPE_CHECKING:
     from .state import ServerState
 
-__all__ = ["Blocked", "BlockedGet", "block_for_jobs", "unblock", "serve_blocked_clients",
+__all__ = ["Blocked", "BlockedGet", "block_for_jobs", "park", "unblock", "serve_blocked_clients",
            "unblock_all", "getjob_entry", "NO_REPLY"]
 
 #: Timeouts are capped: a wait this long is "forever" for every practical purpose
@@ -93,13 +93,18 @@ def block_for_jobs(state: ServerState, client: Waiter, names: list[bytes], timeo
     blocked = BlockedGet(client, queues, withcounters)
     for q in queues:
         q.waiters[blocked] = None
+    park(state, blocked, timeout_ms)
+    return blocked
+
+
+def park(state: ServerState, blocked: Blocked, timeout_ms: int) -> None:
+    """Block ``blocked.client`` until :func:`unblock`, or ``timeout_ms`` (0: forever)."""
     if timeout_ms > 0:
         delay = min(timeout_ms, MAX_BLOCK_MS) / 1000
         blocked.timer = asyncio.get_running_loop().call_later(
             delay, unblock, state, blocked, None, True)
-    client.blocked = blocked
+    blocked.client.blocked = blocked
     state.blocked_clients += 1
-    return blocked
 
 
 def unblock(state: ServerState, blocked: Blocked, reply: Any, timed_out: bool = False) -> None:

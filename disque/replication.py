@@ -32,7 +32,7 @@ import random
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from .blocking import Waiter, unblock
+from .blocking import Waiter, park, unblock
 from .clock import random_time_error
 from .cluster import messages
 from .job import (
@@ -172,11 +172,7 @@ def replicate_job(state: ServerState, client: Waiter, job: Job, needed: int, ext
         state.replication_timer = asyncio.get_running_loop().call_later(
             EXTRA_NODE_PERIOD_S, _add_missing_copies, state)
     _send_repljob(state, job)
-    if timeout_ms > 0:
-        blocked.timer = asyncio.get_running_loop().call_later(
-            timeout_ms / 1000, unblock, state, blocked, None, True)
-    client.blocked = blocked
-    state.blocked_clients += 1
+    park(state, blocked, timeout_ms)
     return None
 
 
