@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import random
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from ._cluster import Address, Affinity, NodeTable, format_address, parse_addresses
+from ._cluster import Address, Affinity, JobRouter, NodeTable, format_address, parse_addresses
 from ._wire import Job, NodeInfo
 
 __all__ = ["ClientBase", "DEFAULTS"]
@@ -43,6 +43,7 @@ class ClientBase:
         affinity: bool = False,
         affinity_window: int = DEFAULTS["affinity_window"],
         affinity_threshold: float = DEFAULTS["affinity_threshold"],
+        route_by_job_id: bool = True,
         client_name: str | None = None,
         connection_kwargs: Mapping[str, Any] | None = None,
         rng: random.Random | None = None,
@@ -60,6 +61,7 @@ class ClientBase:
         self.connection_kwargs = dict(connection_kwargs or {})
         self._table = NodeTable(parse_addresses(addresses), randomize, rng)
         self._affinity = Affinity(affinity_window, affinity_threshold) if affinity else None
+        self._router = JobRouter(self._table) if route_by_job_id else None
         self._address: Address | None = None
         self._node_id: str | None = None
         #: Address to try last at the next connect (it just failed or left).
@@ -114,6 +116,17 @@ class ClientBase:
         if target is not None:
             self._affinity.reset()
         return target
+
+    def _route(self, job_ids: Sequence[Any]) -> dict[str | None, list[int]]:
+        """Indexes of ``job_ids`` by the node to send them to (``None``: the
+        connected node; see :class:`~disque.client._cluster.JobRouter`)."""
+        if self._router is None or not job_ids:
+            return {None: list(range(len(job_ids)))}
+        return self._router.group(job_ids, self._node_id)
+
+    def _route_one(self, job_id: Any) -> str | None:
+        """The node to send a command about one job to (``None``: connected node)."""
+        return None if self._router is None else self._router.target(job_id, self._node_id)
 
     def _describe_errors(self, errors: dict[str, BaseException]) -> str:
         return "; ".join(f"{addr}: {err}" for addr, err in errors.items()) or "no address"

@@ -9,7 +9,11 @@ that the sync and async clients share it and it can be tested alone:
    node's priority (1 reachable ... 100 failing or leaving);
 3. when a node answers ``-LEAVING`` or the connection drops, the client moves
    to another node, lower priority numbers first;
-4. optionally (``affinity=True``) a consumer watches the node-ID prefix of
+4. commands about jobs (ACKJOB, FASTACK, NACK, WORKING, SHOW) go to the node
+   named in each job ID (``job_id[2:10]`` is a prefix of its creator's node
+   ID), which holds a copy unless the job was replicated externally, when
+   HELLO knows that node and it answered lately (:class:`JobRouter`);
+5. optionally (``affinity=True``) a consumer watches the node-ID prefix of
    the job IDs it receives (``job_id[2:10]``) and moves to the node that
    produces most of them, so jobs stop being shipped between nodes for it.
 """
@@ -17,13 +21,15 @@ that the sync and async clients share it and it can be tested alone:
 from __future__ import annotations
 
 import random
+import time
 from collections import Counter, deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 from ._wire import DEFAULT_PORT, Hello, NodeInfo, format_address
 
 __all__ = ["Address", "parse_address", "parse_addresses", "NodeTable", "Affinity",
-           "format_address"]
+           "JobRouter", "job_node_prefix", "format_address"]
 
 Address = tuple[str, int]
 
@@ -206,3 +212,80 @@ class Affinity:
         if table.address_of(node.id) is None:
             return None
         return node.id
+
+
+def job_node_prefix(job_id: str | bytes | bytearray | memoryview | int) -> str | None:
+    """The creator's node-ID prefix in a job ID (``D-<8 hex>-...``), or None.
+
+    None for anything that does not look like a job ID: such IDs go to the
+    current node, whose ``-BADID`` the caller then sees as before.
+    """
+    if isinstance(job_id, str):
+        raw = job_id
+    elif isinstance(job_id, (bytes, bytearray, memoryview)):
+        raw = bytes(job_id[:11]).decode("ascii", "replace")
+    else:
+        return None
+    if len(raw) < 11 or not raw.startswith("D-") or raw[10] != "-":
+        return None
+    prefix = raw[2:10]
+    if any(c not in "0123456789abcdef" for c in prefix):
+        return None
+    return prefix
+
+
+class JobRouter:
+    """Which node a command about a job goes to: the one named in its ID.
+
+    The node that created a job holds a copy of it (unless it replicated the
+    job externally, being short of memory or leaving), so ACKJOB there
+    starts the GC where the job is, NACK and WORKING act on a copy, and
+    SHOW finds it even when the connected node has none.  ``None`` means
+    "the connected node": the ID names it, the ID is malformed, HELLO does
+    not know that node, or talking to it failed less than ``retry_after``
+    seconds ago (so a dead node costs one connect timeout, not one per
+    command).
+    """
+
+    def __init__(self, table: NodeTable, retry_after: float = 5.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.table = table
+        self.retry_after = retry_after
+        self.clock = clock
+        #: node ID -> monotonic time before which it is not tried again.
+        self.down_until: dict[str, float] = {}
+
+    def target(self, job_id: str | bytes | bytearray | memoryview | int,
+               current: str | None) -> str | None:
+        prefix = job_node_prefix(job_id)
+        if prefix is None or (current is not None and current.startswith(prefix)):
+            return None
+        node = self.table.node_by_prefix(prefix)
+        if node is None or self.table.address_of(node.id) is None:
+            return None
+        if self.table.priority(node.id) >= LEAVING_PRIORITY:
+            return None  # failing (a connect would time out) or leaving
+        until = self.down_until.get(node.id)
+        if until is not None:
+            if until > self.clock():
+                return None
+            del self.down_until[node.id]
+        return node.id
+
+    def group(self, job_ids: Sequence[Any], current: str | None) -> dict[str | None, list[int]]:
+        """Indexes into ``job_ids`` by target node, order kept within a group.
+
+        One malformed ID sends the whole command to the connected node, so
+        that it fails with ``-BADID`` as a whole, as it does unrouted,
+        rather than after the other groups were acted on.
+        """
+        if any(job_node_prefix(job_id) is None for job_id in job_ids):
+            return {None: list(range(len(job_ids)))}
+        groups: dict[str | None, list[int]] = {}
+        for i, job_id in enumerate(job_ids):
+            groups.setdefault(self.target(job_id, current), []).append(i)
+        return groups
+
+    def failed(self, node_id: str) -> None:
+        """Talking to ``node_id`` failed: use the connected node for a while."""
+        self.down_until[node_id] = self.clock() + self.retry_after

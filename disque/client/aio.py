@@ -17,6 +17,7 @@ from ..exceptions import (
     ConnectionFailed,
     DisqueError,
     Leaving,
+    NoJob,
     ProtocolError,
     ResponseError,
 )
@@ -24,7 +25,7 @@ from . import _wire as w
 from ._base import DEFAULTS, ClientBase
 from ._cluster import Address, format_address
 from ._wire import Arg, Hello, Job, Request
-from .sync import NETWORK_ERRORS, PIPELINE_COMMANDS, chunks
+from .sync import NETWORK_ERRORS, PIPELINE_COMMANDS, ROUTED_BY_JOB_ID, chunks
 
 __all__ = ["AsyncClient"]
 
@@ -46,6 +47,8 @@ class AsyncClient(ClientBase):
         self._conn: redis.asyncio.Connection | None = None
         self._hello: Hello | None = None
         self._lock = asyncio.Lock()
+        #: node ID -> connection for commands about the jobs it created.
+        self._routes: dict[str, redis.asyncio.Connection] = {}
 
     # ---------------------------------------------------------- connection
 
@@ -63,6 +66,8 @@ class AsyncClient(ClientBase):
             self._address = self._node_id = None
             if conn is not None:
                 await _disconnect(conn)
+            for node_id in list(self._routes):
+                await self._close_route(node_id)
 
     async def __aenter__(self) -> AsyncClient:
         return self
@@ -224,6 +229,95 @@ class AsyncClient(ClientBase):
                 pending = again
         return results
 
+    # ------------------------------------------------- routing by job ID
+
+    async def _route_connection(self, node_id: str) -> redis.asyncio.Connection | None:
+        """See :meth:`Client._route_connection` (call with the lock held)."""
+        conn = self._routes.get(node_id)
+        if conn is not None:
+            return conn
+        address = self._table.address_of(node_id)
+        if address is None:
+            return None
+        try:
+            conn, hello = await self._open(address)
+        except (*NETWORK_ERRORS, DisqueError, redis.exceptions.RedisError) as exc:
+            log.info("job routing: %s unreachable (%s); using the connected node",
+                     format_address(address), exc)
+            await self._route_failed(node_id)
+            return None
+        if hello.node_id != node_id:  # another node answers there now
+            await _disconnect(conn)
+            await self._route_failed(node_id)
+            return None
+        self._table.learn(address, hello)
+        self._routes[node_id] = conn
+        return conn
+
+    async def _close_route(self, node_id: str) -> None:
+        conn = self._routes.pop(node_id, None)
+        if conn is not None:
+            await _disconnect(conn)
+
+    async def _route_failed(self, node_id: str) -> None:
+        await self._close_route(node_id)
+        if self._router is not None:
+            self._router.failed(node_id)
+
+    async def _execute_routed(self, node_id: str | None, req: Request) -> Any:
+        """See :meth:`Client._execute_routed`."""
+        if node_id is not None:
+            async with self._lock:
+                conn = await self._route_connection(node_id)
+                if conn is not None:
+                    try:
+                        return req.parse(await self._roundtrip(conn, req))
+                    except Leaving:
+                        self._table.mark_leaving(node_id)
+                        await self._route_failed(node_id)
+                    except DisqueError:
+                        raise
+                    except (*NETWORK_ERRORS, redis.exceptions.RedisError) as exc:
+                        log.info("job routing: lost %s (%s); using the connected node",
+                                 node_id[:8], exc)
+                        await self._route_failed(node_id)
+                    except BaseException:
+                        await self._close_route(node_id)  # reply pending: unusable
+                        raise
+        return await self._execute(req)
+
+    async def _execute_many_routed(self, node_id: str | None,
+                                   reqs: list[Request]) -> list[Any]:
+        """See :meth:`Client._execute_many_routed`."""
+        again: list[int] = []
+        if node_id is not None:
+            async with self._lock:
+                conn = await self._route_connection(node_id)
+                if conn is not None:
+                    try:
+                        await conn.send_packed_command([w.pack_commands([r.args for r in reqs])])
+                        replies = [await self._read(conn, r.wait) for r in reqs]
+                    except (*NETWORK_ERRORS, redis.exceptions.RedisError) as exc:
+                        log.info("job routing: lost %s (%s); using the connected node",
+                                 node_id[:8], exc)
+                        await self._route_failed(node_id)
+                    except BaseException:
+                        await self._close_route(node_id)
+                        raise
+                    else:
+                        results: list[Any] = [None] * len(reqs)
+                        again = w.sort_replies(reqs, list(range(len(reqs))), replies, results)
+                        if not again:
+                            return results
+                        self._table.mark_leaving(node_id)
+                        await self._route_failed(node_id)
+            if again:  # answered -LEAVING: those go to the connected node
+                for i, result in zip(again, await self._execute_many([reqs[i] for i in again]),
+                                     strict=True):
+                    results[i] = result
+                return results
+        return await self._execute_many(reqs)
+
     async def execute_command(self, *args: Arg) -> Any:
         """Send any command and return the raw reply (errors raise)."""
         if not args:
@@ -298,7 +392,13 @@ class AsyncClient(ClientBase):
     async def _ids(self, name: str, job_ids: tuple[Arg, ...]) -> int:
         if not job_ids:
             return 0
-        return await self._execute(w.job_ids_command(name, job_ids))
+        if name not in ROUTED_BY_JOB_ID:
+            return await self._execute(w.job_ids_command(name, job_ids))
+        total = 0
+        for node, at in self._route(job_ids).items():
+            total += await self._execute_routed(
+                node, w.job_ids_command(name, [job_ids[i] for i in at]))
+        return total
 
     async def ack(self, *job_ids: Arg) -> int:
         """ACKJOB; see :meth:`Client.ack`."""
@@ -326,12 +426,14 @@ class AsyncClient(ClientBase):
 
     async def _ids_many(self, name: str, job_ids: Iterable[Arg], batch_size: int) -> int:
         total = 0
-        for group in chunks(chunks(job_ids, batch_size), PIPELINE_COMMANDS):
-            for result in await self._execute_many([w.job_ids_command(name, ids)
-                                                    for ids in group]):
-                if isinstance(result, DisqueError):
-                    raise result
-                total += result
+        for batch in chunks(job_ids, batch_size * PIPELINE_COMMANDS):
+            for node, at in self._route(batch).items():
+                ids = [batch[i] for i in at]
+                reqs = [w.job_ids_command(name, group) for group in chunks(ids, batch_size)]
+                for result in await self._execute_many_routed(node, reqs):
+                    if isinstance(result, DisqueError):
+                        raise result
+                    total += result
         return total
 
     async def ack_many(self, job_ids: Iterable[Arg], *,
@@ -346,18 +448,33 @@ class AsyncClient(ClientBase):
 
     async def working(self, job_id: Arg) -> int:
         """WORKING; see :meth:`Client.working`."""
-        return await self._execute(w.working(job_id))
+        node = self._route_one(job_id)
+        try:
+            return await self._execute_routed(node, w.working(job_id))
+        except NoJob:
+            if node is None:
+                raise
+            return await self._execute(w.working(job_id))
 
     async def working_many(self, job_ids: Iterable[Arg]) -> list[int | DisqueError]:
         """Pipelined WORKING, errors in place; see :meth:`Client.working_many`."""
         out: list[int | DisqueError] = []
-        for group in chunks(job_ids, PIPELINE_COMMANDS * 32):
-            out.extend(await self._execute_many([w.working(job_id) for job_id in group]))
+        for batch in chunks(job_ids, PIPELINE_COMMANDS * 32):
+            results: list[Any] = [None] * len(batch)
+            for node, at in self._route(batch).items():
+                replies = await self._execute_many_routed(node, [w.working(batch[i]) for i in at])
+                for i, result in zip(at, replies, strict=True):
+                    results[i] = result
+            out.extend(results)
         return out
 
     async def show(self, job_id: Arg) -> dict[str, Any] | None:
         """SHOW; see :meth:`Client.show`."""
-        return await self._execute(w.show(job_id))
+        node = self._route_one(job_id)
+        shown = await self._execute_routed(node, w.show(job_id))
+        if shown is None and node is not None:
+            shown = await self._execute(w.show(job_id))
+        return shown
 
     # -------------------------------------------------------------- queues
 

@@ -18,6 +18,7 @@ from ..exceptions import (
     DisqueError,
     Leaving,
     NoAuth,
+    NoJob,
     ProtocolError,
     ResponseError,
 )
@@ -34,6 +35,10 @@ log = logging.getLogger("disque.client")
 NETWORK_ERRORS: tuple[type[BaseException], ...] = (
     redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError,
 )
+#: Multi-ID commands sent to the node named in each job ID (SHOW and WORKING
+#: are routed too); ENQUEUE, DEQUEUE and DELJOB act on the connected node only,
+#: as their documentation says, so they stay there.
+ROUTED_BY_JOB_ID = frozenset({"ACKJOB", "FASTACK", "NACK"})
 #: Commands per round trip in ack_many & co (each carries up to batch_size IDs).
 PIPELINE_COMMANDS = 32
 
@@ -86,6 +91,11 @@ class Client(ClientBase):
     randomize
         Try nodes of equal priority in random order (True, as the spec
         says); False keeps the order given, for a preferred local node.
+    route_by_job_id
+        Send ACKJOB, FASTACK, NACK, WORKING and SHOW to the node named in
+        each job ID (its creator, which holds a copy), over a second
+        connection; the connected node when that one is unknown, failing
+        or unreachable (True; see docs/CLIENT.md).
     affinity, affinity_window, affinity_threshold
         Consumer affinity (off): after ``affinity_window`` (200) received
         jobs, if one node created at least ``affinity_threshold`` (0.6) of
@@ -111,6 +121,8 @@ class Client(ClientBase):
         self._conn: redis.Connection | None = None
         self._hello: Hello | None = None
         self._lock = threading.RLock()
+        #: node ID -> connection for commands about the jobs it created.
+        self._routes: dict[str, redis.Connection] = {}
 
     # ---------------------------------------------------------- connection
 
@@ -128,6 +140,8 @@ class Client(ClientBase):
             self._address = self._node_id = None
             if conn is not None:
                 conn.disconnect()
+            for node_id in list(self._routes):
+                self._close_route(node_id)
 
     def __enter__(self) -> Client:
         return self
@@ -292,6 +306,97 @@ class Client(ClientBase):
                 pending = again
         return results
 
+    # ------------------------------------------------- routing by job ID
+
+    def _route_connection(self, node_id: str) -> redis.Connection | None:
+        """The connection to ``node_id`` for commands about its jobs, or None."""
+        conn = self._routes.get(node_id)
+        if conn is not None:
+            return conn
+        address = self._table.address_of(node_id)
+        if address is None:
+            return None
+        try:
+            conn, hello = self._open(address)
+        except (*NETWORK_ERRORS, DisqueError, redis.exceptions.RedisError) as exc:
+            log.info("job routing: %s unreachable (%s); using the connected node",
+                     format_address(address), exc)
+            self._route_failed(node_id)
+            return None
+        if hello.node_id != node_id:  # another node answers there now
+            conn.disconnect()
+            self._route_failed(node_id)
+            return None
+        self._table.learn(address, hello)
+        self._routes[node_id] = conn
+        return conn
+
+    def _close_route(self, node_id: str) -> None:
+        conn = self._routes.pop(node_id, None)
+        if conn is not None:
+            try:
+                conn.disconnect()
+            except Exception:  # already broken: nothing more to do
+                pass
+
+    def _route_failed(self, node_id: str) -> None:
+        self._close_route(node_id)
+        if self._router is not None:
+            self._router.failed(node_id)
+
+    def _execute_routed(self, node_id: str | None, req: Request) -> Any:
+        """Run ``req`` on ``node_id``; on the connected node when that is
+        None, unreachable, leaving, or the link breaks (then the command is
+        re-sent there: ACKJOB and friends are safe to repeat)."""
+        if node_id is not None:
+            with self._lock:
+                conn = self._route_connection(node_id)
+                if conn is not None:
+                    try:
+                        return req.parse(self._roundtrip(conn, req))
+                    except Leaving:
+                        self._table.mark_leaving(node_id)
+                        self._route_failed(node_id)
+                    except DisqueError:
+                        raise
+                    except (*NETWORK_ERRORS, redis.exceptions.RedisError) as exc:
+                        log.info("job routing: lost %s (%s); using the connected node",
+                                 node_id[:8], exc)
+                        self._route_failed(node_id)
+                    except BaseException:
+                        self._close_route(node_id)  # reply pending: unusable
+                        raise
+        return self._execute(req)
+
+    def _execute_many_routed(self, node_id: str | None, reqs: list[Request]) -> list[Any]:
+        """Pipelined :meth:`_execute_routed`: one result or error per request."""
+        if node_id is not None:
+            with self._lock:
+                conn = self._route_connection(node_id)
+                if conn is not None:
+                    try:
+                        conn.send_packed_command([w.pack_commands([r.args for r in reqs])])
+                        replies = [conn.read_response(timeout=self._read_timeout(r.wait))
+                                   for r in reqs]
+                    except (*NETWORK_ERRORS, redis.exceptions.RedisError) as exc:
+                        log.info("job routing: lost %s (%s); using the connected node",
+                                 node_id[:8], exc)
+                        self._route_failed(node_id)
+                    except BaseException:
+                        self._close_route(node_id)
+                        raise
+                    else:
+                        results: list[Any] = [None] * len(reqs)
+                        again = w.sort_replies(reqs, list(range(len(reqs))), replies, results)
+                        if again:
+                            self._table.mark_leaving(node_id)
+                            self._route_failed(node_id)
+                            for i, result in zip(again, self._execute_many(
+                                    [reqs[i] for i in again]), strict=True):
+                                results[i] = result
+                        return results
+        return self._execute_many(reqs)
+
     def execute_command(self, *args: Arg) -> Any:
         """Send any command; the raw reply (bytes, int, None, lists) comes back.
 
@@ -387,7 +492,10 @@ class Client(ClientBase):
     def _ids(self, name: str, job_ids: tuple[Arg, ...]) -> int:
         if not job_ids:
             return 0
-        return self._execute(w.job_ids_command(name, job_ids))
+        if name not in ROUTED_BY_JOB_ID:
+            return self._execute(w.job_ids_command(name, job_ids))
+        return sum(self._execute_routed(node, w.job_ids_command(name, [job_ids[i] for i in at]))
+                   for node, at in self._route(job_ids).items())
 
     def ack(self, *job_ids: Arg) -> int:
         """ACKJOB: acknowledge jobs; returns how many were known and newly acked."""
@@ -415,12 +523,14 @@ class Client(ClientBase):
 
     def _ids_many(self, name: str, job_ids: Iterable[Arg], batch_size: int) -> int:
         total = 0
-        for group in chunks(chunks(job_ids, batch_size), PIPELINE_COMMANDS):
-            results = self._execute_many([w.job_ids_command(name, ids) for ids in group])
-            for result in results:
-                if isinstance(result, DisqueError):
-                    raise result
-                total += result
+        for batch in chunks(job_ids, batch_size * PIPELINE_COMMANDS):
+            for node, at in self._route(batch).items():
+                ids = [batch[i] for i in at]
+                reqs = [w.job_ids_command(name, group) for group in chunks(ids, batch_size)]
+                for result in self._execute_many_routed(node, reqs):
+                    if isinstance(result, DisqueError):
+                        raise result
+                    total += result
         return total
 
     def ack_many(self, job_ids: Iterable[Arg], *,
@@ -439,7 +549,14 @@ class Client(ClientBase):
 
     def working(self, job_id: Arg) -> int:
         """WORKING: postpone redelivery; returns the seconds it was postponed by."""
-        return self._execute(w.working(job_id))
+        node = self._route_one(job_id)
+        try:
+            return self._execute_routed(node, w.working(job_id))
+        except NoJob:
+            if node is None:
+                raise
+            # Its creator has no copy (replicated externally): ask ours.
+            return self._execute(w.working(job_id))
 
     def working_many(self, job_ids: Iterable[Arg]) -> list[int | DisqueError]:
         """WORKING for each ID, pipelined: per ID the seconds or the error.
@@ -448,13 +565,26 @@ class Client(ClientBase):
         not raised, so one lost job does not hide the others' answers.
         """
         out: list[int | DisqueError] = []
-        for group in chunks(job_ids, PIPELINE_COMMANDS * 32):
-            out.extend(self._execute_many([w.working(job_id) for job_id in group]))
+        for batch in chunks(job_ids, PIPELINE_COMMANDS * 32):
+            results: list[Any] = [None] * len(batch)
+            for node, at in self._route(batch).items():
+                replies = self._execute_many_routed(node, [w.working(batch[i]) for i in at])
+                for i, result in zip(at, replies, strict=True):
+                    results[i] = result
+            out.extend(results)
         return out
 
     def show(self, job_id: Arg) -> dict[str, Any] | None:
-        """SHOW: the job's fields as a dict (``body`` stays bytes), or None."""
-        return self._execute(w.show(job_id))
+        """SHOW: the job's fields as a dict (``body`` stays bytes), or None.
+
+        Asked of the job's creator first; of the connected node when the
+        creator has no copy (replicated externally, or already deleted).
+        """
+        node = self._route_one(job_id)
+        shown = self._execute_routed(node, w.show(job_id))
+        if shown is None and node is not None:
+            shown = self._execute(w.show(job_id))
+        return shown
 
     # -------------------------------------------------------------- queues
 

@@ -10,7 +10,14 @@ import disque
 from disque import exceptions as exc
 from disque.cli import Status, format_raw, format_reply, format_tty, quote, split_args
 from disque.client import _wire as w
-from disque.client._cluster import Affinity, NodeTable, parse_address, parse_addresses
+from disque.client._cluster import (
+    Affinity,
+    JobRouter,
+    NodeTable,
+    job_node_prefix,
+    parse_address,
+    parse_addresses,
+)
 from disque.client._wire import Hello, Job, NodeInfo
 
 NODE_A = "a" * 8 + "0" * 32
@@ -254,6 +261,43 @@ def test_affinity_picks_the_dominant_known_producer() -> None:
     assert affinity.pick(NODE_A, table) is None  # 50% is below the threshold
     with pytest.raises(ValueError):
         Affinity(window=0)
+
+
+def _job(node: str, tail: str = "8YL1NT17e9+wsA/09NqxscQI-05a1") -> str:
+    return f"D-{node[:8]}-{tail}"
+
+
+@pytest.mark.parametrize("job_id, prefix", [
+    (_job(NODE_B), NODE_B[:8]),
+    (_job(NODE_B).encode(), NODE_B[:8]),
+    (memoryview(_job(NODE_B).encode()), NODE_B[:8]),
+    ("D-" + "X" * 8 + "-rest", None),           # not hex
+    ("D-abc", None),                             # too short
+    ("Q-" + NODE_B[:8] + "-rest", None),         # not a job ID
+    (12345, None),
+])
+def test_job_node_prefix(job_id: object, prefix: str | None) -> None:
+    assert job_node_prefix(job_id) == prefix  # type: ignore[arg-type]
+
+
+def test_job_router_targets_the_creator_unless_it_is_us_unknown_or_down() -> None:
+    table = NodeTable([("127.0.0.1", 1)], randomize=False)
+    table.learn(("127.0.0.1", 1), _hello(NODE_A, (NODE_A, 1, 1), (NODE_B, 2, 1),
+                                         (NODE_C, 3, 100)))
+    now = [1000.0]
+    router = JobRouter(table, retry_after=5.0, clock=lambda: now[0])
+    assert router.target(_job(NODE_B), NODE_A) == NODE_B
+    assert router.target(_job(NODE_A), NODE_A) is None      # the connected node
+    assert router.target(_job("f" * 40), NODE_A) is None    # unknown to HELLO
+    assert router.target(_job(NODE_C), NODE_A) is None      # failing or leaving
+    router.failed(NODE_B)
+    assert router.target(_job(NODE_B), NODE_A) is None      # failed lately
+    now[0] += 5.1
+    assert router.target(_job(NODE_B), NODE_A) == NODE_B    # worth a new try
+    ids = [_job(NODE_B, "a" * 24 + "-0001"), _job(NODE_A), _job(NODE_B)]
+    assert router.group(ids, NODE_A) == {NODE_B: [0, 2], None: [1]}
+    # One malformed ID keeps the command whole, for the node's -BADID.
+    assert router.group([*ids, "bogus"], NODE_A) == {None: [0, 1, 2, 3]}
 
 
 # ------------------------------------------------------------------ CLI text
