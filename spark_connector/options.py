@@ -134,6 +134,10 @@ class ConnectionConfig:
     ``nodes`` is the seed list ("host:port,host:port"); the client learns the
     rest of the cluster from HELLO.
 
+    ``discover_nodes`` (option ``discoverNodes``, default true): the source
+    fetches from, and the sink writes to, every usable node of the cluster,
+    found through HELLO; false limits both to the seeds.
+
     ``reconnect_timeout_s`` (option ``reconnectTimeout``) is the one rule for
     a node that cannot be reached, for the source and the sink alike: it is
     tried again (with a backoff) for that long, so a restarting node is
@@ -145,6 +149,8 @@ class ConnectionConfig:
     connect_timeout_s: float = 2.0
     socket_timeout_s: float = 30.0
     reconnect_timeout_s: float = DEFAULT_RECONNECT_TIMEOUT_MS / 1000
+    #: Use every node HELLO lists, not only the seeds (option ``discoverNodes``).
+    discover_nodes: bool = True
 
     @classmethod
     def from_options(cls, options: Mapping[str, str]) -> ConnectionConfig:
@@ -164,12 +170,15 @@ class ConnectionConfig:
                                           DEFAULT_RECONNECT_TIMEOUT_MS)
         assert connect_ms is not None and socket_ms is not None and reconnect_ms is not None
         return cls(tuple(nodes), option_str(options, "password"),
-                   connect_ms / 1000, socket_ms / 1000, reconnect_ms / 1000)
+                   connect_ms / 1000, socket_ms / 1000, reconnect_ms / 1000,
+                   option_bool(options, "discoverNodes", True))
 
     def client(self, *, node: str | None = None, client_name: str = "spark-disque",
-               reconnect_timeout_s: float | None = None) -> Client:
+               reconnect_timeout_s: float | None = None,
+               fallbacks: tuple[str, ...] = ()) -> Client:
         """A new synchronous client (seeded with ``node`` only, when given).
 
+        ``fallbacks`` are tried, in order, when ``node`` does not answer.
         It searches for a reachable node for ``reconnect_timeout_s``
         (default: the ``reconnectTimeout`` option) before raising
         ConnectionFailed.
@@ -178,7 +187,8 @@ class ConnectionConfig:
 
         if reconnect_timeout_s is None:
             reconnect_timeout_s = self.reconnect_timeout_s
-        return Client(node or ",".join(self.nodes), password=self.password,
+        seeds = ",".join([node, *fallbacks]) if node else ",".join(self.nodes)
+        return Client(seeds, password=self.password, randomize=not (node and fallbacks),
                       connect_timeout=self.connect_timeout_s,
                       socket_timeout=self.socket_timeout_s, client_name=client_name,
                       reconnect_timeout=reconnect_timeout_s)

@@ -51,6 +51,7 @@ from .leases import LeaseKeeper
 from .options import ConnectionConfig, SourceConfig
 from .schema import to_rows
 from .staging import StagingArea, publish_part, read_table
+from .topology import NodeSet
 
 if TYPE_CHECKING:
     from pyspark.sql.types import StructType
@@ -61,6 +62,9 @@ __all__ = ["DisqueStreamReader", "DEFAULT_MAX_JOBS_PER_TRIGGER", "StagedPartitio
            "FetchPartition", "fetch_or_replay", "publish_fetched", "record_batches"]
 
 log = logging.getLogger("spark_connector.reader")
+
+#: Part-file metadata key: the node an executor task fetched the part from.
+SERVED_BY = "disque.node"
 
 #: Without maxJobsPerTrigger a batch holds at most this many jobs: every job
 #: of a batch sits in the driver's memory while it is staged.
@@ -85,7 +89,12 @@ class StagedPartition(InputPartition):
 
 @dataclass
 class FetchPartition(InputPartition):
-    """Executor fetch mode: fetch from one node into one staged part file."""
+    """Executor fetch mode: fetch from one node into one staged part file.
+
+    ``fallbacks`` are the batch's other nodes, tried in order when ``node``
+    does not answer: any node serves any queue (federation), and a task
+    that waits for a dead node holds the whole batch up.
+    """
 
     seq: int
     staging_path: str
@@ -95,6 +104,7 @@ class FetchPartition(InputPartition):
     count: int
     connection: ConnectionConfig
     batch_size: int
+    fallbacks: tuple[str, ...] = ()
 
 
 def _ipc_bytes(table: pa.Table) -> bytes:
@@ -190,17 +200,21 @@ def fetch_or_replay(part: FetchPartition) -> pa.Table:
     path = StagingArea(part.staging_path).part_path(part.seq, part.file)
     if path.exists():
         return read_table(path)
-    client = part.connection.client(node=part.node, client_name="spark-disque-fetch")
+    client = part.connection.client(node=part.node, client_name="spark-disque-fetch",
+                                    fallbacks=part.fallbacks)
     try:
         try:
             table = fetch_table(client, part.queues, part.count, batch_size=part.batch_size)
         except ConnectionFailed as exc:
-            # The node is down: this part of the batch is empty, for good
+            # No node answers: this part of the batch is empty, for good
             # (a replay must return the same rows), rather than failing the
             # whole query; the jobs wait on their node for the next batch.
             log.warning("batch %d %s: %s unreachable, part left empty: %s",
                         part.seq, part.file, part.node, exc)
             table = empty_table()
+        # Which node served the part (the planned one, or a fallback): the
+        # driver's per-node progress counts it there.
+        table = table.replace_schema_metadata({SERVED_BY: client.address or part.node})
         return publish_fetched(part, client, table)
     finally:
         client.close()
@@ -252,8 +266,8 @@ class _DriverSide:
         _log_to_stderr(config.log_level)
         self.staging = StagingArea(config.staging_path)
         self.staging.ensure()
-        self.fetchers = [config.connection.client(node=n, client_name="spark-disque-driver")
-                         for n in config.connection.nodes]
+        #: The cluster's nodes (seeds plus HELLO), one pinned client each.
+        self.nodes = NodeSet(config.connection)
         self._next_blocking = 0
         self.acker = config.connection.client(client_name="spark-disque-ack")
         heartbeat_client = config.connection.client(client_name="spark-disque-lease")
@@ -277,6 +291,10 @@ class _DriverSide:
         self.idle = threading.Event()
         self.counters = {"jobsFetched": 0, "jobsAcked": 0, "redeliveredSeen": 0,
                          "queueLength": 0, "batchesStaged": 0}
+        #: address -> {"fetched": jobs it delivered, "queued": QLEN last seen};
+        #: reported with whether the node answers (metrics()).
+        self.per_node: dict[str, dict[str, int]] = {}
+        self._per_node_lock = threading.Lock()
         self.last_staged = 0
         self._recover()
 
@@ -317,6 +335,9 @@ class _DriverSide:
                 return  # acknowledged and removed meanwhile
             for name, table in self.staging.read_parts(seq, skip=seen):
                 seen.add(name)
+                served = (table.schema.metadata or {}).get(SERVED_BY.encode())
+                if served:
+                    self._count_node(served.decode(), "fetched", table.num_rows)
                 # The task fetched these a while ago (up to a lease tick
                 # plus its own run time): heartbeat at once.
                 self.keeper.hold(seq, table.column("id").to_pylist(), start=start)
@@ -394,42 +415,59 @@ class _DriverSide:
             return True
         return self._queue_length() >= min_jobs
 
-    def _queue_length(self) -> int:
-        return sum(sum(self._node_queue_lengths(client)) for client in self.fetchers)
+    def _count_node(self, address: str, key: str, value: int, *, add: bool = True) -> None:
+        with self._per_node_lock:
+            node = self.per_node.setdefault(address, {"fetched": 0, "queued": 0})
+            node[key] = node[key] + value if add else value
 
-    def _node_queue_lengths(self, client: Client) -> list[int]:
-        return [client.qlen(q) for q in self.config.queues]
+    def _queue_lengths(self) -> list[tuple[str, int]]:
+        """(address, jobs queued there) for every node that answers QLEN."""
+        out = []
+        for address in self.nodes.live():
+            client = self.nodes.client(address)
+            try:
+                queued = sum(client.qlen(q) for q in self.config.queues)
+            except (ConnectionFailed, DisqueError) as exc:
+                log.info("QLEN on %s failed: %s", address, exc)
+                self.nodes.mark_down(address)
+                continue
+            if self.nodes.check(address, client):
+                out.append((address, queued))
+                self._count_node(address, "queued", queued, add=False)
+        if not out and not self.nodes.live():
+            raise ConnectionFailed("no node in 'nodes' (or found through HELLO) answers")
+        return out
+
+    def _queue_length(self) -> int:
+        return sum(queued for _, queued in self._queue_lengths())
 
     def _fetch_and_stage(self, seq: int, max_jobs: int | None) -> bool:
         config = self.config
         tables = []
         remaining = max_jobs
-        reached = 0
-        for client in self.fetchers:  # a quick NOHANG pass over every node first
-            try:
-                table = fetch_table(client, config.queues, remaining,
-                                    batch_size=config.fetch_batch_size)
-            except ConnectionFailed as exc:
-                log.warning("fetch from %s failed, other nodes still read: %s",
-                            client.seeds, exc)
+        live = self.nodes.live()
+        reached = []
+        for address in live:  # a quick NOHANG pass over every node first
+            table = self._fetch_from(address, remaining, 0)
+            if table is None:
                 continue
-            reached += 1
+            reached.append(address)
             tables.append(table)
             if remaining is not None:
                 remaining -= table.num_rows
                 if remaining <= 0:
                     break
         if not reached:
-            raise ConnectionFailed("no node in 'nodes' answered GETJOB")
+            raise ConnectionFailed("no node in 'nodes' (or found through HELLO) answered GETJOB")
         if (sum(t.num_rows for t in tables) == 0 and config.fetch_timeout_ms > 0
                 and self.available_now_budget is None):
             # Idle: wait (bounded) for a job on one node, rotating, so an
             # idle query costs one blocked GETJOB per fetchTimeoutMs.
-            client = self.fetchers[self._next_blocking % len(self.fetchers)]
+            address = reached[self._next_blocking % len(reached)]
             self._next_blocking += 1
-            tables.append(fetch_table(client, config.queues, max_jobs,
-                                      batch_size=config.fetch_batch_size,
-                                      block_ms=config.fetch_timeout_ms))
+            table = self._fetch_from(address, max_jobs, config.fetch_timeout_ms)
+            if table is not None:
+                tables.append(table)
         table = pa.concat_tables(tables)
         if table.num_rows == 0:
             return False
@@ -440,6 +478,24 @@ class _DriverSide:
         self.keeper.hold(seq, ids, first_after_s=self.config.min_job_retry_ms / 2000)
         self._count_fetched(seq, table)
         return True
+
+    def _fetch_from(self, address: str, limit: int | None, block_ms: int) -> pa.Table | None:
+        """Driver mode: GETJOB on one node; None if it does not answer."""
+        client = self.nodes.client(address)
+        try:
+            table = fetch_table(client, self.config.queues, limit,
+                                batch_size=self.config.fetch_batch_size, block_ms=block_ms)
+        except (ConnectionFailed, DisqueError) as exc:
+            log.warning("fetch from %s failed, other nodes still read: %s", address, exc)
+            self.nodes.mark_down(address)
+            return None
+        served = client.address or address
+        if not self.nodes.check(address, client):
+            # The client moved to another node: the jobs are leased all the
+            # same (and staged below); they count for the node that gave them.
+            log.info("%s does not answer; %d jobs came from %s", address, table.num_rows, served)
+        self._count_node(served, "fetched", table.num_rows)
+        return table
 
     def _count_fetched(self, seq: int, table: pa.Table) -> None:
         fetched = table.num_rows
@@ -460,9 +516,8 @@ class _DriverSide:
     def _plan_executor_batch(self, seq: int, max_jobs: int | None) -> bool:
         """Executor mode: split the work over nodes by their queue lengths."""
         config = self.config
-        per_node = [(addr, sum(self._node_queue_lengths(client)))
-                    for addr, client in zip(config.connection.nodes, self.fetchers,
-                                            strict=True)]
+        per_node = self._queue_lengths()
+        live = [addr for addr, _ in per_node]
         total = sum(n for _, n in per_node)
         self.counters["queueLength"] = total
         if total == 0:
@@ -482,7 +537,8 @@ class _DriverSide:
                 count = share // splits + (1 if k < share % splits else 0)
                 if count:
                     parts.append({"file": f"part-{len(parts):05d}.arrow", "node": addr,
-                                  "queues": list(config.queues), "count": count})
+                                  "queues": list(config.queues), "count": count,
+                                  "fallbacks": [a for a in live if a != addr]})
         self.staging.stage_executor_plan(seq, parts)
         with self._parts_lock:
             self.seen_parts[seq] = set()
@@ -532,7 +588,7 @@ class _DriverSide:
         config = self.config
         return [FetchPartition(seq, str(self.staging.root), p["file"], p["node"],
                                tuple(p["queues"]), int(p["count"]), config.connection,
-                               config.fetch_batch_size)
+                               config.fetch_batch_size, tuple(p.get("fallbacks", ())))
                 for p in parts]
 
     # ------------------------------------------------------------------ ACK
@@ -585,11 +641,18 @@ class _DriverSide:
     # -------------------------------------------------------------- metrics
 
     def metrics(self) -> dict[str, Any]:
+        with self._per_node_lock:
+            nodes = {address: {**counts, "up": self.nodes.up.get(address, False)}
+                     for address, counts in sorted(self.per_node.items())}
+        for address in self.nodes.ids:
+            nodes.setdefault(address, {"fetched": 0, "queued": 0,
+                                       "up": self.nodes.up.get(address, False)})
         return {"batch": self.last_staged, **self.counters,
                 "jobsLeased": sum(self.keeper.held().values()),
-                "leasesLost": self.keeper.leases_lost}
+                "leasesLost": self.keeper.leases_lost, "nodes": nodes}
 
     def close(self) -> None:
         self.keeper.stop()
-        for client in [*self.fetchers, self.acker, self._heartbeat_client]:
+        self.nodes.close()
+        for client in [self.acker, self._heartbeat_client]:
             client.close()

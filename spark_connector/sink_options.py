@@ -182,6 +182,31 @@ class SinkConfig:
     retry_errors: frozenset[str] = DEFAULT_RETRY_ERRORS
     dedup_key: bool = False
     write_id: str | None = None
+    #: Partitions spread over the first ``spread`` of ``connection.nodes``;
+    #: the others are only fallbacks (None: over all of them).
+    spread: int | None = None
+
+    def over_cluster(self) -> SinkConfig:
+        """This config with the cluster's nodes, found through HELLO on the driver.
+
+        Partitions spread over the nodes with the best HELLO priority
+        (reachable ones); nodes flagged as failing (``fail?``) are kept as
+        fallbacks; failed and leaving ones are left out. When no seed
+        answers, the seeds are used as given: the tasks then retry them for
+        ``reconnectTimeout`` (the driver must not fail a streaming commit
+        for a node that is briefly down).
+        """
+        from dataclasses import replace
+
+        from .topology import discover
+
+        views = discover(self.connection)
+        if not views:
+            return self
+        best = min(v.priority for v in views)
+        nodes = tuple(v.address for v in views)
+        return replace(self, connection=replace(self.connection, nodes=nodes),
+                       spread=sum(1 for v in views if v.priority == best))
 
     @classmethod
     def from_options(cls, options: Mapping[str, str], schema: StructType, *,

@@ -64,8 +64,11 @@ def _write_temp(directory: Path, data_writer: Any) -> Path:
 
 
 def _write_arrow(table: pa.Table) -> Any:
+    # The table's metadata (e.g. the node an executor task fetched from) is kept.
+    schema = STAGED_SCHEMA.with_metadata(table.schema.metadata or {})
+
     def write(handle: Any) -> None:
-        with pa.ipc.new_stream(handle, STAGED_SCHEMA) as writer:
+        with pa.ipc.new_stream(handle, schema) as writer:
             writer.write_table(table)
     return write
 

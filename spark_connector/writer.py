@@ -8,11 +8,13 @@ writer object built from the same options.  So ``write`` depends only on
 what the pickled writer carries plus :class:`pyspark.TaskContext`.
 
 Per partition (:class:`PartitionWriter`): one connection, to the node
-``nodes[partition % len(nodes)]`` first (the others are fallbacks), so the
-partitions of a write spread over the listed nodes.  Input arrives as Arrow
+``partition % reachable nodes`` first (the others are fallbacks), so the
+partitions of a write spread over the cluster's nodes, found through HELLO
+on the driver (:meth:`SinkConfig.over_cluster`).  Input arrives as Arrow
 record batches (``DataSourceArrowWriter``): no Row object per job; columns
 are turned into Python lists once per batch.  ADDJOBs go out pipelined,
-``batchSize`` per round trip; jobs refused with a transient error
+``batchSize`` per round trip (:mod:`.pipeline`: a dropped connection keeps
+the jobs already answered with an ID); jobs refused with a transient error
 (``retryErrors``) are re-sent with exponential backoff, and a partition
 gives up after ``maxRetries`` attempts in a row without progress, with an
 error naming the queue and the server's reason.  A node that cannot be
@@ -48,8 +50,9 @@ from pyspark.sql.datasource import (
 )
 
 from disque.client._wire import Request, text
-from disque.exceptions import AuthError, ConnectionFailed, DisqueError
+from disque.exceptions import AuthError, ConnectionFailed, DisqueError, Leaving
 
+from .pipeline import move_away, round_trip
 from .sink_options import JOB_OPTION_COLUMNS, RETRYABLE_ERRORS, SinkConfig
 
 if TYPE_CHECKING:
@@ -251,22 +254,26 @@ class PartitionWriter:
 
     # -------------------------------------------------------------- sending
 
+    def _node_order(self) -> list[str]:
+        """Own node first, then the other spread nodes, then the fallbacks."""
+        nodes = list(self.config.connection.nodes)
+        spread = self.config.spread or len(nodes)
+        start = self.partition % spread
+        return nodes[start:spread] + nodes[:start] + nodes[spread:]
+
     @property
     def node(self) -> str:
         """The node this partition writes to first: partitions spread over ``nodes``."""
-        nodes = self.config.connection.nodes
-        return nodes[self.partition % len(nodes)]
+        return self._node_order()[0]
 
     def client(self) -> Client:
         if self._client is None:
             from disque.client import Client
 
             connection = self.config.connection
-            nodes = list(connection.nodes)
-            start = self.partition % len(nodes)
             self._client = Client(
                 # Own node first, the others as fallbacks in a fixed order.
-                nodes[start:] + nodes[:start], randomize=False,
+                self._node_order(), randomize=False,
                 password=connection.password, connect_timeout=connection.connect_timeout_s,
                 socket_timeout=connection.socket_timeout_s,
                 # One round over the nodes per attempt: the backoff between
@@ -293,7 +300,10 @@ class PartitionWriter:
         Error replies in ``retryErrors`` are re-sent at most ``maxRetries``
         times in a row without progress.  An unreachable node is tried again
         until ``reconnectTimeout`` has passed since it stopped answering (the
-        source's rule too), however many attempts that takes.
+        source's rule too), however many attempts that takes.  When the
+        connection drops mid-pipeline, the jobs already answered with an ID
+        are kept and only the others are re-sent (on the next node); a
+        ``-LEAVING`` reply moves the partition to another node at once.
         """
         config = self.config
         pending = reqs
@@ -303,57 +313,81 @@ class PartitionWriter:
         reconnects = 0
         while pending:
             error: BaseException | None = None
-            failed: list[Request] = []
+            again: list[int] = []           # indexes into pending, re-sent
+            failed = 0                      # of which refused with a retryable error
+            moved = False
             try:
-                results = self.client()._execute_many(pending)
+                results, lost = round_trip(self.client(), pending)
             except AuthError as exc:
                 self._give_up(pending[0], exc, attempt, started, retryable=False)
-            except ConnectionFailed as exc:
-                # Unknown which of the pipeline were added: re-send them all
-                # (at-least-once; a dedup key lets consumers drop the copy).
+            fatal: tuple[Request, BaseException] | None = None
+            for i, result in enumerate(results):
+                if not isinstance(result, DisqueError):
+                    self.written[pending[i].args[1]] += 1
+                elif isinstance(result, Leaving) and "LEAVING" in config.retry_errors:
+                    moved = True
+                    again.append(i)
+                elif isinstance(result, AuthError):
+                    fatal = fatal or (pending[i], result)
+                elif _error_code(result) in config.retry_errors:
+                    error = result
+                    again.append(i)
+                    failed += 1
+                elif fatal is None:
+                    fatal = (pending[i], result)
+            if fatal is not None:
+                # Counted the whole pipeline first, so the message says
+                # how many jobs really were added.
+                self._give_up(*fatal, attempt, started, retryable=False)
+            if moved:
+                move_away(self.client())
+                self.retries += 1
+                log.info("partition %d: %s is leaving, moving to another node",
+                         self.partition, self.node)
+            if lost is not None:
+                # Requests without a reply may or may not have run: re-send
+                # them (at-least-once; a dedup key lets consumers drop the
+                # copy).  Those answered are kept, never sent twice.
                 if "CONNECTION" not in config.retry_errors:
-                    self._give_up(pending[0], exc, attempt, started, retryable=False)
+                    self._give_up(pending[len(results)], lost, attempt, started,
+                                  retryable=False)
+                again += range(len(results), len(pending))
                 now = time.monotonic()
+                if results:  # the node answered until it dropped: try the next one now
+                    unreachable_since, reconnects = None, 0
+                    self.retries += 1
+                    pending = [pending[i] for i in sorted(again)]
+                    continue
                 if unreachable_since is None:
                     unreachable_since = now
                 remaining = config.connection.reconnect_timeout_s - (now - unreachable_since)
                 if remaining <= 0:
-                    self._give_up(pending[0], exc, reconnects, started, retryable=True)
+                    self._give_up(pending[0], lost, reconnects, started, retryable=True)
                 reconnects += 1
                 self.retries += 1
                 log.info("partition %d: no node reachable, retry %d (for %.1f s more): %s",
-                         self.partition, reconnects, remaining, exc)
+                         self.partition, reconnects, remaining, lost)
                 # The last wait ends at the deadline: one more try there.
                 self.sleep(min(self._backoff(reconnects), remaining))
+                pending = [pending[i] for i in sorted(again)]
                 continue
-            else:
-                unreachable_since, reconnects = None, 0
-                fatal: tuple[Request, DisqueError] | None = None
-                for req, result in zip(pending, results, strict=True):
-                    if not isinstance(result, DisqueError):
-                        self.written[req.args[1]] += 1
-                    elif _error_code(result) in config.retry_errors:
-                        error = result
-                        failed.append(req)
-                    elif fatal is None:
-                        fatal = (req, result)
-                if fatal is not None:
-                    # Counted the whole pipeline first, so the message says
-                    # how many jobs really were added.
-                    self._give_up(*fatal, attempt, started, retryable=False)
-            if not failed:
+            unreachable_since, reconnects = None, 0
+            if not again:
                 return
-            assert error is not None
-            if len(failed) < len(pending):
-                attempt = 0  # progress: the node takes jobs again, start the backoff over
-            attempt += 1
-            if attempt > config.max_retries:
-                self._give_up(failed[0], error, attempt - 1, started, retryable=True)
-            self.retries += 1
-            log.info("partition %d: %d jobs refused (%s), retry %d/%d", self.partition,
-                     len(failed), _error_code(error), attempt, config.max_retries)
-            self.sleep(self._backoff(attempt))
-            pending = failed
+            if failed:
+                assert error is not None
+                if failed < len(pending):
+                    attempt = 0  # progress: the node takes jobs again, start the backoff over
+                attempt += 1
+                if attempt > config.max_retries:
+                    first = next(pending[i] for i in again
+                                 if not isinstance(results[i], Leaving))
+                    self._give_up(first, error, attempt - 1, started, retryable=True)
+                self.retries += 1
+                log.info("partition %d: %d jobs refused (%s), retry %d/%d", self.partition,
+                         failed, _error_code(error), attempt, config.max_retries)
+                self.sleep(self._backoff(attempt))
+            pending = [pending[i] for i in again]
 
     def _give_up(self, req: Request, error: BaseException, retries: int, started: float,
                  *, retryable: bool) -> None:
@@ -416,7 +450,9 @@ class DisqueBatchWriter(DataSourceArrowWriter):
 
     def __init__(self, options: Mapping[str, str], schema: StructType,
                  overwrite: bool) -> None:
-        self.config = SinkConfig.from_options(options, schema, overwrite=overwrite)
+        # Built on the driver: the cluster's nodes are looked up here, once.
+        self.config = SinkConfig.from_options(options, schema,
+                                              overwrite=overwrite).over_cluster()
         # Built once on the driver and pickled to every task (and every task
         # retry), so all of them share it: generated keys of one save() agree.
         self.write_id = self.config.write_id or uuid.uuid4().hex
@@ -445,7 +481,7 @@ class DisqueStreamWriter(DataSourceStreamArrowWriter):
     def __init__(self, options: Mapping[str, str], schema: StructType,
                  overwrite: bool) -> None:
         self.config = SinkConfig.from_options(options, schema, overwrite=overwrite,
-                                              streaming=True)
+                                              streaming=True).over_cluster()
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> DisqueCommitMessage:
         partition, attempt, context = _task()
