@@ -107,6 +107,11 @@ BLOCKS: dict[tuple[str, str], str] = {
     ("docs/SPARK.md", "import spark_connector"): HERE,
     ("docs/SPARK.md", "import json"):
         "needs a query: tests/spark/test_source_spark.py reads the same expression",
+    ("docs/SPARK.md", "jobs = (spark.readStream.format(\"disque\")"):
+        "a fragment (no sink); tests/spark/test_cluster.py runs these options from one seed "
+        "against three nodes (test_stream_from_the_cluster_to_the_cluster_survives_a_killed_node)",
+    ("docs/SPARK.md", '{"batch": 12, "jobsFetched"'):
+        "sample progress; tests/spark/test_cluster.py checks the per-node fields",
     ("docs/SPARK_SINK.md", "import spark_connector"): HERE,
     ("docs/SPARK_SINK.md", "disque sink: could not add jobs"):
         "sample error messages; tests/spark/test_sink.py and test_unreachable.py check them",
