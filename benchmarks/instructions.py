@@ -18,6 +18,11 @@ Usage (from the repository root)::
     python3 -m benchmarks.instructions [--pipeline 16] [--small 4000] [--large 20000] \\
         [--node floor] ADDJOB q body 0
 
+``--cluster 3`` joins the measured node to two plain nodes first (the
+commands go to the measured node; with ``--measure peer`` they go to a plain
+node and the measured one is a peer receiving REPLJOBs): the cost of one
+replicated ADDJOB on the node that creates it, or on a node that copies it.
+
 Under callgrind the node runs ~50x slower; the default counts take about
 half a minute.  Needs ``valgrind`` (Debian package valgrind) and
 ``redis-benchmark`` (redis-tools).
@@ -44,15 +49,25 @@ TOTAL = re.compile(rb"Collected : (\d+)")
 
 
 def count_instructions(root: Path, command: list[str], requests: int, pipeline: int,
-                       node: str) -> int:
+                       node: str, cluster: int = 1, measure: str = "creator") -> int:
     """Instructions of one node process that served ``requests`` of ``command``, start to exit."""
     script = [str(FLOOR_NODE)] if node == "floor" else ["-m", "disque.server"]
     program = ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null",
                sys.executable, *script]
     server = DisqueProcess(root / f"{node}-{requests}", *NODE_ARGS,
                            program=program).start(timeout=120)
+    peers = [DisqueProcess(root / f"peer{i}-{requests}", *NODE_ARGS).start()
+             for i in range(cluster - 1)]
     try:
-        run_benchmark(benchmark_command(server.port, command, requests=requests,
+        target = server
+        if peers:
+            from tests.support.cluster import join, wait_joined
+
+            join([server, *peers])
+            wait_joined([server, *peers], timeout=120)
+            if measure == "peer":
+                target = peers[0]
+        run_benchmark(benchmark_command(target.port, command, requests=requests,
                                         pipeline=pipeline), timeout=1800)
         try:
             raw_command(server.port, "SHUTDOWN", "NOSAVE", timeout=60)
@@ -63,20 +78,23 @@ def count_instructions(root: Path, command: list[str], requests: int, pipeline: 
                          interval=0.2, message="callgrind's total in the log")
     finally:
         server.kill()
+        for peer in peers:
+            peer.kill()
     return int(match.group(1))
 
 
 def measure(command: list[str], small: int, large: int, pipeline: int,
-            node: str = "disque") -> dict[str, Any]:
+            node: str = "disque", cluster: int = 1, side: str = "creator") -> dict[str, Any]:
     if large <= small:
         raise ValueError("--large must be greater than --small")
     root = Path(tempfile.mkdtemp(prefix="bench-instructions-"))
     try:
-        low = count_instructions(root, command, small, pipeline, node)
-        high = count_instructions(root, command, large, pipeline, node)
+        low = count_instructions(root, command, small, pipeline, node, cluster, side)
+        high = count_instructions(root, command, large, pipeline, node, cluster, side)
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    return {"command": command, "node": node, "pipeline": pipeline, "small": small,
+    return {"command": command, "node": node, "cluster": cluster, "measured": side,
+            "pipeline": pipeline, "small": small,
             "large": large, "instructions_small": low, "instructions_large": high,
             "per_command": (high - low) / (large - small)}
 
@@ -89,6 +107,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--large", type=int, default=20000)
     parser.add_argument("--node", choices=("disque", "floor"), default="disque",
                         help="floor: the node of benchmarks/floor_node.py")
+    parser.add_argument("--cluster", type=int, default=1, metavar="N",
+                        help="join the measured node to N-1 plain nodes first")
+    parser.add_argument("--measure", choices=("creator", "peer"), default="creator",
+                        help="with --cluster: the node the commands go to, or a peer")
     parser.add_argument("--json", metavar="PATH", help="also write the result as JSON")
     args = parser.parse_args(argv)
     missing = [tool for tool in ("valgrind", "redis-benchmark") if shutil.which(tool) is None]
@@ -96,8 +118,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"missing {', '.join(missing)}: install the Debian packages valgrind and "
               "redis-tools", file=sys.stderr)
         return 2
-    result = measure(args.command, args.small, args.large, args.pipeline, args.node)
-    print(f"{args.node} node, {' '.join(args.command)} -P {args.pipeline}: "
+    if args.cluster < 1 or (args.cluster > 1 and args.node == "floor"):
+        parser.error("--cluster needs N >= 1, and a disque node")
+    result = measure(args.command, args.small, args.large, args.pipeline, args.node,
+                     args.cluster, args.measure)
+    where = f", {args.measure} of {args.cluster} nodes" if args.cluster > 1 else ""
+    print(f"{args.node} node{where}, {' '.join(args.command)} -P {args.pipeline}: "
           f"{result['per_command']:,.0f} instructions per command "
           f"(({result['instructions_large']:,} - {result['instructions_small']:,}) / "
           f"({args.large} - {args.small}) requests)")

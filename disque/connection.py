@@ -10,10 +10,18 @@ and writes each connection's replies with one ``write`` (the original's
 
 Commands of one client run strictly in order.  A command that blocks
 (GETJOB waiting for a job) parks the connection: later commands wait in
-``pending`` until the reply is sent.  Reading goes on while blocked, as in
-the original, because that is how a disconnect of a blocked client is
-noticed (a paused transport never sees the EOF); only when a client piles up
-more than ``MAX_PENDING_COMMANDS`` behind a block does reading stop.
+``pending`` until the reply is sent.  One exception, for producers that
+pipeline: an ADDJOB waiting for its copies does not hold back the ADDJOBs
+pipelined after it.  They start replicating at once (their copies travel in
+the same bus writes) and each reply waits in a :class:`ReplySlot` until the
+replies before it are out, so the client still reads them in order; any
+other command waits until every earlier ADDJOB has answered, as it would
+have in the original, which blocks the whole connection on each one.
+
+Reading goes on while blocked, as in the original, because that is how a
+disconnect of a blocked client is noticed (a paused transport never sees the
+EOF); only when a client piles up more than ``MAX_PENDING_COMMANDS`` behind
+a block does reading stop.
 Reading also stops while the transport's write buffer is full, so a client
 that does not read its replies cannot make the node buffer without limit.
 """
@@ -42,6 +50,10 @@ _client_ids = itertools.count(1)
 
 #: Commands a client may queue behind a blocked one before reading pauses.
 MAX_PENDING_COMMANDS = 10_000
+#: ADDJOBs of one client that may wait for their copies at the same time;
+#: the next one waits in ``pending`` like any blocked-behind command.
+MAX_OVERLAPPED_ADDJOBS = 1024
+_ADDJOB = b"addjob"
 #: Queued reply bytes after which running a client's pending commands waits
 #: for the next loop turn (the replies are written, back-pressure applies).
 DRAIN_OUTPUT_LIMIT = 256 * 1024
@@ -87,6 +99,31 @@ class ReplyBatch:
                 connection.send_output()
 
 
+class ReplySlot:
+    """The place of one reply among replies that must leave in order.
+
+    A replicating ADDJOB moved out of the connection's way waits here (the
+    slot is its ``blocked.client``: :func:`~disque.blocking.unblock` calls
+    :meth:`resume`); a reply produced behind it is stored already encoded.
+    """
+
+    __slots__ = ("blocked", "connection", "reply")
+
+    def __init__(self, connection: ClientConnection, reply: bytes | None = None) -> None:
+        self.connection = connection
+        self.blocked: Blocked | None = None
+        self.reply = reply
+
+    def resume(self, reply: Any) -> None:
+        connection = self.connection
+        self.reply = encode(reply, connection.resp3)
+        connection.slot_ready()
+
+
+def _overlappable(argv: list[bytes]) -> bool:
+    return bool(argv) and argv[0].lower() == _ADDJOB
+
+
 class ClientConnection(asyncio.Protocol):
     def __init__(self, state: ServerState) -> None:
         self.state = state
@@ -111,6 +148,8 @@ class ClientConnection(asyncio.Protocol):
         self.last_interaction = self.created
         self.last_command = "NULL"
         self.blocked: Blocked | None = None
+        #: Replies owed in order behind overlapped ADDJOBs (see ReplySlot).
+        self.slots: deque[ReplySlot] = deque()
         self.pending: deque[list[bytes]] = deque()
         self._closing = False
         self._close_silently = False
@@ -140,9 +179,8 @@ class ClientConnection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         state = self.state
         state.clients.pop(self.id, None)
-        if self.blocked is not None:
-            # A client that goes away while blocked leaves nothing behind.
-            unblock(state, self.blocked, NO_REPLY)
+        # A client that goes away while blocked leaves nothing behind.
+        self._abandon_blocked()
         self.pending.clear()
         self.transport = None
 
@@ -180,21 +218,44 @@ class ClientConnection(asyncio.Protocol):
 
     # -- running commands ---------------------------------------------------
 
+    @property
+    def is_blocked(self) -> bool:
+        """Waiting for a blocked command (GETJOB, or ADDJOBs' copies)."""
+        return self.blocked is not None or bool(self.slots)
+
+    def _must_wait(self, argv: list[bytes]) -> bool:
+        """With ADDJOBs waiting for copies, only more ADDJOBs may run."""
+        return bool(self.slots) and (len(self.slots) >= MAX_OVERLAPPED_ADDJOBS
+                                     or not _overlappable(argv))
+
     def _run(self, commands: list[list[bytes]]) -> None:
         """Run commands in order, writing all replies at once."""
         state = self.state
         out: list[bytes] = []
+        slots = self.slots
         for index, argv in enumerate(commands):
             if self._closing:
+                break
+            if slots and self._must_wait(argv):
+                self.pending.extend(commands[index:])
                 break
             reply = execute(state, self, argv)
             if self._close_silently:
                 break  # SHUTDOWN: the reply is the closed connection
             if reply is BLOCKED:
+                if getattr(self.blocked, "overlappable", False):
+                    if out:  # the replies before it are due first
+                        self._write(b"".join(out))
+                        out = []
+                    self._overlap()
+                    continue
                 self.pending.extend(commands[index + 1:])
                 break
             # Read resp3 after the command: HELLO 3 answers in RESP3 already.
-            out.append(encode(reply, self.resp3))
+            if slots:
+                slots.append(ReplySlot(self, encode(reply, self.resp3)))
+            else:
+                out.append(encode(reply, self.resp3))
         if out:
             self._write(b"".join(out))
         if self._closing:
@@ -203,7 +264,7 @@ class ClientConnection(asyncio.Protocol):
     def _drain(self) -> None:
         """Run queued commands until one blocks, the buffer fills or none are left."""
         while self.pending and self.blocked is None and not self._closing:
-            if self._write_paused:
+            if self._write_paused or self._must_wait(self.pending[0]):
                 return
             if self._out_bytes > DRAIN_OUTPUT_LIMIT:
                 # Let this turn's replies go out first; the transport's
@@ -220,6 +281,42 @@ class ClientConnection(asyncio.Protocol):
             self._finish_close()
         elif not self.pending and self.blocked is None:
             self._resume_reading()
+
+    def _overlap(self) -> None:
+        """Move the ADDJOB that just blocked into a reply slot: the
+        connection goes on with the ADDJOBs pipelined after it."""
+        blocked = self.blocked
+        assert blocked is not None
+        slot = ReplySlot(self)
+        slot.blocked = blocked
+        blocked.client = slot
+        self.blocked = None
+        self.slots.append(slot)
+
+    def slot_ready(self) -> None:
+        """A slot got its reply: send the replies now due, in order."""
+        if self.transport is None:
+            return
+        slots = self.slots
+        out: list[bytes] = []
+        while slots and slots[0].reply is not None:
+            out.append(slots.popleft().reply)  # type: ignore[arg-type]
+        if out:
+            self._write(b"".join(out))
+        if self.pending:
+            # Not now: we may be inside another client's command.
+            asyncio.get_running_loop().call_soon(self._drain)
+        elif not slots:
+            self._resume_reading()
+
+    def _abandon_blocked(self) -> None:
+        """The client is gone: undo its blocked command and waiting ADDJOBs."""
+        if self.blocked is not None:
+            unblock(self.state, self.blocked, NO_REPLY)
+        slots, self.slots = self.slots, deque()
+        for slot in slots:
+            if slot.blocked is not None:
+                unblock(self.state, slot.blocked, NO_REPLY)
 
     def resume(self, reply: Any) -> None:
         """Called when a blocked command completes with ``reply``."""
@@ -284,8 +381,7 @@ class ClientConnection(asyncio.Protocol):
 
     def kill(self) -> None:
         """CLIENT KILL / shutdown: drop the connection now."""
-        if self.blocked is not None:
-            unblock(self.state, self.blocked, NO_REPLY)
+        self._abandon_blocked()
         if self.transport is not None:
             self.transport.close()
 
@@ -300,7 +396,7 @@ class ClientConnection(asyncio.Protocol):
 
     def describe(self) -> str:
         now = time.monotonic()
-        flags = "b" if self.blocked is not None else "N"
+        flags = "b" if self.is_blocked else "N"
         return (f"id={self.id} addr={self.addr} laddr={self.laddr} "
                 f"name={self.name.decode('latin-1')} age={int(now - self.created)} "
                 f"idle={int(now - self.last_interaction)} flags={flags} "

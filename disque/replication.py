@@ -73,6 +73,11 @@ class BlockedAdd:
 
     __slots__ = ("client", "extrepl", "job", "last_added", "needed", "timer")
 
+    #: The connection may run the ADDJOBs pipelined after this one meanwhile
+    #: (connection.ReplySlot): replicating them one at a time would cost a
+    #: bus round trip per job.
+    overlappable = True
+
     def __init__(self, client: Waiter, job: Job, needed: int, extrepl: bool,
                  now: int) -> None:
         self.client = client

@@ -225,7 +225,7 @@ class DisqueServer:
             timeout = self.config.timeout
             if timeout:
                 for client in list(state.clients.values()):
-                    if client.blocked is None and now - client.last_interaction > timeout:
+                    if not client.is_blocked and now - client.last_interaction > timeout:
                         log.debug("Closing idle client %s", client.addr)
                         client.kill()
         except Exception:  # pragma: no cover - keep the node alive, but say it loudly
