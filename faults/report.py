@@ -1,0 +1,109 @@
+"""The report: a table per fault schedule, and a timeline PNG when matplotlib is there."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from faults.history import FAIL, INFO, OK, History
+from faults.run import Outcome
+
+COLUMNS = ("schedule", "faults", "ops", "adds ok", "delivered", "lost", "dups",
+           "dup causes", "after ack", "max unavail", "defects")
+
+
+def row(outcome: Outcome) -> list[str]:
+    r = outcome.result
+    causes = ", ".join(f"{k} {v}" for k, v in sorted(r.duplicates.items())) or "-"
+    lost = str(len(r.lost)) + (f" (+{len(r.lost_excused)} excused)" if r.lost_excused else "")
+    return [
+        f"{outcome.schedule.kind} {outcome.schedule.seconds:g}s",
+        f"{r.faults_with_effect}/{r.faults}",
+        str(r.ops),
+        f"{r.adds['sync ok']}+{r.adds['async ok']}a",
+        str(r.delivered_jobs),
+        lost,
+        str(r.duplicate_count),
+        causes,
+        str(r.delivered_after_ack),
+        f"{r.max_unavailable_s:.1f}s",
+        str(len(r.defects())),
+    ]
+
+
+def table(outcomes: Sequence[Outcome]) -> str:
+    """A Markdown table, one row per schedule (also fine on a terminal)."""
+    rows = [list(COLUMNS), *(row(o) for o in outcomes)]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(COLUMNS))]
+    lines = ["| " + " | ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) + " |"
+             for r in rows]
+    lines.insert(1, "|" + "|".join("-" * (w + 2) for w in widths) + "|")
+    return "\n".join(lines)
+
+
+def details(outcome: Outcome) -> str:
+    """The faults applied, their effects, and every defect, for one schedule."""
+    r = outcome.result
+    lines = [f"## {outcome.schedule.kind}"]
+    for f in outcome.history.faults:
+        end = f"{f.end:.1f}" if f.end is not None else "?"
+        lines.append(f"  {f.start:6.1f}-{end:>6}s {f.kind}: {f.description}"
+                     + (f" [{'; '.join(f.effects)}]" if f.effects else " [no effect seen]"))
+    lines.append(f"  adds: {dict(r.adds)}; deliveries {r.deliveries} of {r.delivered_jobs} "
+                 f"jobs; ASYNC never delivered: {len(r.async_undelivered)}")
+    for note in outcome.notes:
+        lines.append(f"  note: {note}")
+    for defect in r.defects():
+        lines.append(f"  DEFECT: {defect}")
+    return "\n".join(lines)
+
+
+_COLOURS = {OK: "tab:green", FAIL: "tab:red", INFO: "tab:orange"}
+_FAULT_COLOURS = {"partition": "tab:purple", "pause": "tab:blue", "kill": "tab:red",
+                  "lossy": "tab:olive", "slow": "tab:cyan"}
+
+
+def timeline(outcomes: Sequence[Outcome], path: Path) -> Path | None:
+    """One panel per schedule: each process's operations on its lane, faults shaded.
+
+    Returns None (and draws nothing) without matplotlib: it is optional.
+    """
+    try:
+        import matplotlib
+    except ImportError:
+        return None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(len(outcomes), 1, figsize=(14, 3.2 * len(outcomes)),
+                             squeeze=False)
+    for ax, outcome in zip(axes[:, 0], outcomes, strict=True):
+        _panel(ax, outcome.history, outcome.schedule.kind)
+    axes[-1, 0].set_xlabel("seconds since the start of the schedule")
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path
+
+
+def _panel(ax, history: History, title: str) -> None:
+    lanes = sorted({o.process for o in history.ops if o.kind != "gc"},
+                   key=lambda p: (p[0] != "p", p))
+    y = {p: i for i, p in enumerate(lanes)}
+    for fault in history.faults:
+        end = fault.end if fault.end is not None else history.now()
+        ax.axvspan(fault.start, end, color=_FAULT_COLOURS.get(fault.kind, "grey"), alpha=0.15)
+        ax.text(fault.start, len(lanes) - 0.4, fault.description.split(":")[0][:18],
+                fontsize=6, va="top")
+    for outcome, colour in _COLOURS.items():
+        segments = [(o.start, max(o.end - o.start, 0.01), y[o.process]) for o in history.ops
+                    if o.process in y and o.outcome == outcome and not o.extra.get("empty")]
+        for start, width, lane in segments:
+            ax.broken_barh([(start, width)], (lane - 0.35, 0.7), color=colour, linewidth=0)
+    for name, t in history.marks.items():
+        ax.axvline(t, color="black", linewidth=0.6, linestyle=":")
+        ax.text(t, -0.9, name, fontsize=6, rotation=0)
+    ax.set_yticks(range(len(lanes)), lanes, fontsize=7)
+    ax.set_ylim(-1, len(lanes))
+    ax.set_title(f"{title}: operations (green ok, red error, orange unknown), faults shaded",
+                 fontsize=9)

@@ -1,0 +1,161 @@
+"""One fault schedule, end to end: cluster, workload + nemesis, heal, settle, drain, check.
+
+Phases (marked in the history): ``workload`` (producers, consumers and the
+nemesis run), ``healed`` (every fault undone, dead nodes restarted),
+``stopped`` (clients stopped), ``settled`` (no job queued on two nodes),
+``drained`` (every job delivered and acked, the nodes empty).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import redis
+
+from faults.checker import FinalState, Result, check
+from faults.history import History
+from faults.nemesis import Nemesis
+from faults.nft import Firewall
+from faults.nodes import Cluster, Node
+from faults.relay import DelayRelay
+from faults.workload import QUEUE, ROLES, Worker, Workload, WorkloadConfig, ack_jobs, get_jobs
+
+
+@dataclass
+class Schedule:
+    kind: str
+    seconds: float
+    nodes: int = 3
+    node_timeout_ms: int = 2000
+    #: Which nodes have AOF (appendfsync always); the others lose their jobs on SIGKILL.
+    aof: list[bool] = field(default_factory=lambda: [True, True, False])
+    drain_timeout_s: float = 90.0
+    workload: WorkloadConfig = field(default_factory=WorkloadConfig)
+
+
+@dataclass
+class Outcome:
+    schedule: Schedule
+    history: History
+    final: FinalState
+    result: Result
+    notes: list[str] = field(default_factory=list)
+
+
+def run_schedule(schedule: Schedule, workdir: Path, log=print) -> Outcome:
+    aof = (schedule.aof * schedule.nodes)[: schedule.nodes]
+    cluster = Cluster(workdir, schedule.nodes, schedule.node_timeout_ms, aof)
+    firewall = Firewall()
+    relay = DelayRelay()
+    history = History()
+    notes: list[str] = []
+    workload: Workload | None = None
+    try:
+        cluster.start()
+        log(f"[{schedule.kind}] cluster of {schedule.nodes} up "
+            f"({', '.join(n.address for n in cluster.nodes)})")
+        nemesis = Nemesis(cluster, history, firewall, relay, schedule.workload.seed,
+                          schedule.node_timeout_ms)
+        workload = Workload(cluster.nodes, history, schedule.workload)
+        history.mark("workload")
+        workload.start()
+        nemesis.run(schedule.kind, schedule.seconds)
+        nemesis.heal_all()
+        history.mark("healed")
+        workload.stop()
+        history.mark("stopped")
+        log(f"[{schedule.kind}] {len(history.faults)} faults; healed, clients stopped")
+        try:
+            cluster.wait_healthy(30 + 3 * schedule.node_timeout_ms / 1000)
+        except TimeoutError:
+            notes.append("the cluster was not a healthy full mesh 30 s after healing")
+        final = FinalState()
+        final.queued_twice, final.settle_s = _settle(cluster.nodes,
+                                                     2 * schedule.workload.retry_s + 5)
+        history.mark("settled")
+        drained = _drain(cluster.nodes, history, workload, schedule.drain_timeout_s)
+        history.mark("drained")
+        if not drained:
+            notes.append(f"not drained within {schedule.drain_timeout_s} s")
+        final.registered_jobs, final.jobs = _final_jobs(cluster.nodes)
+        workload.close()
+        workload = None
+        return Outcome(schedule, history, final, check(history, final), notes)
+    finally:
+        if workload is not None:
+            workload.close()
+        cluster.stop()
+        relay.close()
+        firewall.close()
+
+
+def _queued(nodes: list[Node]) -> dict[str, list[str]]:
+    """Job ID -> nodes where it is queued now."""
+    where: dict[str, list[str]] = defaultdict(list)
+    for node in nodes:
+        for job_id, state in _scan(node):
+            if state == "queued":
+                where[job_id].append(node.name)
+    return where
+
+
+def _settle(nodes: list[Node], timeout: float) -> tuple[dict[str, list[str]], float | None]:
+    """Wait for no job to be queued on two nodes; what is left at the deadline."""
+    start = time.monotonic()
+    while True:
+        twice = {j: ns for j, ns in _queued(nodes).items() if len(ns) > 1}
+        if not twice:
+            return {}, time.monotonic() - start
+        if time.monotonic() - start > timeout:
+            return twice, None
+        time.sleep(0.2)
+
+
+def _scan(node: Node) -> list[tuple[str, str]]:
+    """Every job on ``node`` with its state (JSCAN, all slices)."""
+    jobs = []
+    cursor = b"0"
+    while True:
+        cursor, entries = node.client().execute_command("JSCAN", cursor, "COUNT", 1000,
+                                                        "REPLY", "all")
+        for entry in entries:
+            fields = dict(zip(entry[::2], entry[1::2], strict=True))
+            jobs.append((fields[b"id"].decode(), fields[b"state"].decode()))
+        if cursor in (b"0", 0, "0"):
+            return jobs
+
+
+def _drain(nodes: list[Node], history: History, workload: Workload, timeout: float) -> bool:
+    """Consume and ack everything, on every node, until the nodes are empty."""
+    worker = Worker("drain", nodes, history, 0, 3.0)
+    deadline = time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            took = 0
+            for node in nodes:
+                jobs = get_jobs(worker, node, None, "drain", ROLES[0], count=100)
+                if jobs:
+                    ack_jobs(worker, node, [j.job_id for j in jobs if j.job_id],
+                             workload.gc)
+                    took += len(jobs)
+            if took == 0:
+                try:
+                    if all(int(n.info().get("registered_jobs", 1)) == 0 for n in nodes):
+                        return True
+                except redis.RedisError:
+                    pass
+                time.sleep(0.2)
+        return False
+    finally:
+        worker.close()
+
+
+def _final_jobs(nodes: list[Node]) -> tuple[dict[str, int], dict[str, list[tuple[str, str]]]]:
+    registered = {n.name: int(n.info().get("registered_jobs", -1)) for n in nodes}
+    return registered, {n.name: _scan(n) for n in nodes}
+
+
+__all__ = ["QUEUE", "Outcome", "Schedule", "run_schedule"]
