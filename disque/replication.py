@@ -12,8 +12,11 @@ gets its ID:
    ENQUEUE goes to one of the copies and the local object is dropped), and
    the client gets the ID.
 3. Every 50 ms without enough confirmations one more node is added and the
-   unconfirmed ones get REPLJOB again (a lost message or a node that died
-   after being picked).
+   unconfirmed ones get REPLJOB again, with the new node list (a node that
+   died after being picked).  When no node is left to add, the silent ones
+   get it again once a second only (a message lost with a dropped link):
+   under load a confirmation takes longer than 50 ms, and re-sending every
+   waiting job every 50 ms would only add to the load.
 4. ``ms-timeout`` passes (or the client disconnects) first: ``-NOREPL``,
    and the partial copies are deleted with DELJOB.
 
@@ -61,6 +64,9 @@ log = logging.getLogger("disque.replication")
 
 #: One more node is asked this often while confirmations are missing.
 EXTRA_NODE_PERIOD_S = 0.05
+#: The silent nodes of a job get its REPLJOB again this often (ms) when no
+#: node could be added.
+RESEND_PERIOD_MS = 1000
 
 NOREPL_TIMEOUT = ("NOREPL Timeout reached before replicating to the requested number "
                   "of nodes")
@@ -71,7 +77,7 @@ NOREPL_REMOVED = ("NOREPL job removed (expired?) before the requested replicatio
 class BlockedAdd:
     """A client waiting for its job's copies (blocking.Blocked)."""
 
-    __slots__ = ("client", "extrepl", "job", "last_added", "needed", "timer")
+    __slots__ = ("client", "extrepl", "job", "last_added", "last_sent", "needed", "timer")
 
     #: The connection may run the ADDJOBs pipelined after this one meanwhile
     #: (connection.ReplySlot): replicating them one at a time would cost a
@@ -87,6 +93,8 @@ class BlockedAdd:
         self.timer: asyncio.TimerHandle | None = None
         #: When a node was last added to the job's list (ms).
         self.last_added = now
+        #: When REPLJOB last went to the unconfirmed nodes (ms).
+        self.last_sent = now
 
     def release(self, state: ServerState) -> None:
         state.replicating.pop(self.job.id, None)
@@ -206,7 +214,9 @@ def _add_missing_copies(state: ServerState) -> None:
             continue
         added = _add_targets(state, job, 1)
         blocked.last_added = now
-        _send_repljob(state, job, list_changed=added > 0)
+        if added or now - blocked.last_sent >= RESEND_PERIOD_MS:
+            blocked.last_sent = now
+            _send_repljob(state, job, list_changed=added > 0)
     state.replication_timer = asyncio.get_running_loop().call_later(
         EXTRA_NODE_PERIOD_S, _add_missing_copies, state)
 

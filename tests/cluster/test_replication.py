@@ -179,6 +179,24 @@ def test_a_silent_target_is_replaced_by_another_node(make_cluster) -> None:
         os.kill(c.pid, signal.SIGCONT)
 
 
+def test_a_copy_lost_with_its_link_is_sent_again(make_cluster) -> None:
+    """REPLICATE 3 on 3 nodes: no node left to add, so the REPLJOB lost when
+    c died unread is re-sent (once a second) after c restarts."""
+    a, b, c = make_cluster(3)
+    os.kill(c.pid, signal.SIGSTOP)
+    results: list = []
+    thread = _blocked_addjob(a, results)
+    wait_for(lambda: a.client().execute_command("JSCAN", 0, "STATE", "wait-repl")[1],
+             timeout=10, message="the job waiting for its copies")
+    c.kill()  # the REPLJOB waiting in c's socket is gone with it
+    c.restart()  # same node ID (nodes.conf): a rejoins it without a MEET
+    thread.join(10)  # the re-send comes within a second of the new link
+    assert not thread.is_alive() and len(results) == 1
+    job_id = results[0]
+    assert isinstance(job_id, bytes), job_id
+    assert holders([a, b, c], job_id) == [a, b, c]
+
+
 def _blocked_addjob(node: DisqueProcess, results: list) -> threading.Thread:
     def run() -> None:
         try:
