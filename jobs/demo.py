@@ -10,6 +10,13 @@ everything it started, also on Ctrl-C.
     python -m jobs.demo                   # 20 000 events
     python -m jobs.demo --events 200000
     python -m jobs.demo --short           # 2 000 events, what CI runs
+    python -m jobs.demo --nodes 3         # a local 3-node cluster (7711-7713)
+
+With ``--nodes 3`` it starts three nodes and joins them into one cluster
+(CLUSTER MEET, then waits until each sees the others), the sink spreads
+its partitions over them, the source fetches from all of them in Spark
+tasks (``fetchMode=executor``), and the summary says how many jobs each
+node received and delivered.
 """
 
 from __future__ import annotations
@@ -37,6 +44,40 @@ def port_free(port: int) -> bool:
         except OSError:
             return False
         return True
+
+
+def join_cluster(ports: list[int], timeout: float = 30.0) -> None:
+    """CLUSTER MEET every node with the first; wait until each one reaches all others."""
+    from disque.client import Client
+
+    clients = [Client(f"127.0.0.1:{port}") for port in ports]
+    try:
+        for port in ports[1:]:
+            clients[0].cluster_meet("127.0.0.1", port)
+        deadline = time.monotonic() + timeout
+        while not all(int(c.cluster_info()["cluster_reachable_nodes"]) == len(ports) - 1
+                      for c in clients):
+            if time.monotonic() > deadline:
+                raise SystemExit(f"the {len(ports)} nodes did not join within {timeout:.0f}s")
+            time.sleep(0.05)
+    finally:
+        for client in clients:
+            client.close()
+
+
+@contextlib.contextmanager
+def disque_cluster(workdir: Path, ports: list[int]) -> Iterator[list[tuple[int, int]]]:
+    """``len(ports)`` nodes (in ``workdir/node``, ``node2``...), joined; yields (port, pid)s."""
+    with contextlib.ExitStack() as stack:
+        started = [stack.enter_context(disque_node(workdir / node_dir(i), port))
+                   for i, port in enumerate(ports)]
+        if len(started) > 1:
+            join_cluster([port for port, _ in started])
+        yield started
+
+
+def node_dir(index: int) -> str:
+    return "node" if index == 0 else f"node{index + 1}"
 
 
 @contextlib.contextmanager
@@ -136,22 +177,30 @@ def watch_consumption(query: Any, produced: int, console: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from disque.client import Client
-
     from . import produce_events, stream_aggregates
     from ._common import spark_session
 
     workdir: Path = args.workdir.resolve()
-    for name in ("dataset", "aggregates", "checkpoint", "staging", "node"):
+    for name in ("dataset", "aggregates", "checkpoint", "staging",
+                 *(node_dir(i) for i in range(args.nodes))):
         shutil.rmtree(workdir / name, ignore_errors=True)
-    port = args.port
-    if port and not port_free(port):
-        print(f"port {port} is taken; using a free port instead")
-        port = 0
+    ports = []
+    for i in range(args.nodes):
+        port = args.port + i if args.port else 0
+        if port and not port_free(port):
+            print(f"port {port} is taken; using a free port instead")
+            port = 0
+        ports.append(port)
     console = Console()
-    with disque_node(workdir / "node", port) as (port, pid):
-        nodes = f"127.0.0.1:{port}"
-        print(f"1/3 node up on {nodes} (pid {pid}, AOF in {workdir / 'node'})", flush=True)
+    with disque_cluster(workdir, ports) as started:
+        nodes = ",".join(f"127.0.0.1:{port}" for port, _ in started)
+        if len(started) == 1:
+            (port, pid), = started
+            print(f"1/3 node up on {nodes} (pid {pid}, AOF in {workdir / 'node'})", flush=True)
+        else:
+            print(f"1/3 {len(started)} nodes up and joined in one cluster: {nodes} "
+                  f"(pids {', '.join(str(pid) for _, pid in started)}, AOF in "
+                  f"{workdir}/node*)", flush=True)
         with step(console, "starting Spark (a local JVM: a few seconds, more the first time)"):
             spark = spark_session("disque-demo")
         try:
@@ -159,16 +208,20 @@ def run(args: argparse.Namespace) -> int:
                                "Spark sink"):
                 dataset = produce_events.write_dataset(workdir / "dataset", args.events, 30)
                 began = time.monotonic()
-                produced = produce_events.produce(spark, dataset, nodes, QUEUE)
+                produced = produce_events.produce(
+                    spark, dataset, nodes, QUEUE,
+                    partitions=len(started) if len(started) > 1 else None)
             produce_s = time.monotonic() - began
             print(f"2/3 produced {produced} jobs into '{QUEUE}' with the Spark sink "
                   f"in {produce_s:.1f}s", flush=True)
+            queued_at = queued_per_node(nodes) if len(started) > 1 else {}
 
             began = time.monotonic()
             query = stream_aggregates.build_query(
                 spark, nodes=nodes, queue=QUEUE, output=workdir / "aggregates",
                 checkpoint=workdir / "checkpoint", staging=workdir / "staging",
-                available_now=True, max_jobs_per_trigger=args.max_jobs_per_trigger)
+                available_now=True, max_jobs_per_trigger=args.max_jobs_per_trigger,
+                fetch_mode="executor" if len(started) > 1 else "driver")
             print("3/3 consuming with the streaming source (availableNow):", flush=True)
             watch_consumption(query, produced, console)
             consume_s = time.monotonic() - began
@@ -181,9 +234,7 @@ def run(args: argparse.Namespace) -> int:
             in_windows = windows.groupBy().sum("orders").collect()[0][0] or 0
         finally:
             spark.stop()
-        with Client(nodes) as client:
-            queued = client.qlen(QUEUE)
-            registered = int(client.info("jobs")["jobs"]["registered_jobs"])
+        queued, registered = settled_counts(nodes)
         consumed = metrics.get("jobsFetched", 0)
         acked = produced - registered
         ok = consumed == produced and registered == 0 and queued == 0
@@ -191,20 +242,63 @@ def run(args: argparse.Namespace) -> int:
         print(f"  produced:   {produced} jobs ({produced / produce_s:.0f} jobs/s)")
         print(f"  consumed:   {consumed} jobs ({consumed / consume_s:.0f} jobs/s, "
               f"{metrics.get('redeliveredSeen', 0)} redelivered)")
-        print(f"  acked:      {acked} jobs; {queued} still queued, {registered} on the node")
+        on_the = "on the node" if len(started) == 1 else "on the nodes"
+        print(f"  acked:      {acked} jobs; {queued} still queued, {registered} {on_the}")
+        if len(started) > 1:
+            fetched_from = {a: n.get("fetched", 0)
+                            for a, n in metrics.get("nodes", {}).items()}
+            print("  per node:   (queued there by the sink / delivered to the source)")
+            for address in nodes.split(","):
+                print(f"    {address}  {queued_at.get(address, 0):>7} / "
+                      f"{fetched_from.get(address, 0):>7}")
         print(f"  output:     {workdir / 'aggregates'} ({window_rows} window rows, "
               f"{in_windows} orders in closed windows; the newest windows stay open "
               "until later events move the watermark)")
         print(f"  result:     {'OK: every job consumed and acknowledged' if ok else 'INCOMPLETE'}")
-    print("stopped the node; nothing left running")
+    print(f"stopped the {'node' if args.nodes == 1 else 'nodes'}; nothing left running")
     return 0 if ok else 1
+
+
+def queued_per_node(nodes: str) -> dict[str, int]:
+    """QLEN of the queue on each node: where the sink's partitions put the jobs."""
+    from disque.client import Client
+
+    out = {}
+    for address in nodes.split(","):
+        with Client(address, route_by_job_id=False) as client:
+            out[address] = client.qlen(QUEUE)
+    return out
+
+
+def settled_counts(nodes: str, timeout: float = 15.0) -> tuple[int, int]:
+    """(jobs queued, jobs registered) summed over the nodes, once the ACKs settled.
+
+    On a cluster an ACK is garbage-collected on every copy's node by
+    messages between the nodes, a few milliseconds after the source's
+    ACKJOB; wait (bounded) for the counts to reach zero before reporting.
+    """
+    from disque.client import Client
+
+    deadline = time.monotonic() + timeout
+    while True:
+        queued = registered = 0
+        for address in nodes.split(","):
+            with Client(address, route_by_job_id=False) as client:
+                queued += client.qlen(QUEUE)
+                registered += int(client.info("jobs")["jobs"]["registered_jobs"])
+        if (queued == 0 and registered == 0) or time.monotonic() > deadline:
+            return queued, registered
+        time.sleep(0.1)
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--events", type=int, default=20_000)
     parser.add_argument("--short", action="store_true", help="2 000 events (CI)")
-    parser.add_argument("--port", type=int, default=7711, help="0: any free port")
+    parser.add_argument("--port", type=int, default=7711,
+                        help="the first node's port, the next nodes' follow; 0: free ports")
+    parser.add_argument("--nodes", type=int, default=1, choices=range(1, 10), metavar="N",
+                        help="run a local cluster of N nodes (1-9)")
     parser.add_argument("--workdir", type=Path, default=Path("demo-output"))
     parser.add_argument("--max-jobs-per-trigger", type=int, default=5000)
     args = parser.parse_args(argv)

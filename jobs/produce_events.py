@@ -50,9 +50,17 @@ def write_dataset(path: Path, count: int, minutes: int) -> Path:
     return target
 
 
-def produce(spark, dataset: Path, nodes: str, queue: str, *, retry: int = 60) -> int:
-    """Write every event of ``dataset`` to ``queue``; returns how many jobs were added."""
+def produce(spark, dataset: Path, nodes: str, queue: str, *, retry: int = 60,
+            partitions: int | None = None) -> int:
+    """Write every event of ``dataset`` to ``queue``; returns how many jobs were added.
+
+    The sink's partitions spread over the cluster's nodes: ``partitions``
+    (e.g. one per node) splits a small dataset, which Spark reads as one
+    partition, so that every node gets a share.
+    """
     events = spark.read.parquet(str(dataset))
+    if partitions:
+        events = events.repartition(partitions)
     (events.selectExpr("to_json(struct(*)) AS body")
      .write.format("disque")
      .option("nodes", nodes).option("queue", queue)
@@ -70,12 +78,14 @@ def main(argv: list[str] | None = None) -> None:
                         help="event-time span of the dataset")
     parser.add_argument("--data", type=Path, default=Path("demo-output/dataset"),
                         help="where the generated Parquet dataset is written")
+    parser.add_argument("--partitions", type=int, default=None,
+                        help="Spark partitions to write with (they spread over the nodes)")
     args = parser.parse_args(argv)
     dataset = write_dataset(args.data, args.events, args.minutes)
     spark = spark_session("disque-produce-events")
     try:
         began = time.monotonic()
-        written = produce(spark, dataset, args.nodes, args.queue)
+        written = produce(spark, dataset, args.nodes, args.queue, partitions=args.partitions)
         elapsed = time.monotonic() - began
         print(f"wrote {written} jobs to queue {args.queue!r} in {elapsed:.1f}s "
               f"({written / elapsed:.0f} jobs/s); dataset {dataset}")

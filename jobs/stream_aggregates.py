@@ -35,8 +35,13 @@ EVENT_SCHEMA = ("order_id STRING, customer STRING, product STRING, quantity INT,
 
 def build_query(spark, *, nodes: str, queue: str, output: Path, checkpoint: Path,
                 staging: Path, window: str = "5 minutes", watermark: str = "2 minutes",
-                available_now: bool = False, max_jobs_per_trigger: int = 5000):
-    """Start the streaming query; returns the ``StreamingQuery``."""
+                available_now: bool = False, max_jobs_per_trigger: int = 5000,
+                fetch_mode: str = "driver"):
+    """Start the streaming query; returns the ``StreamingQuery``.
+
+    ``fetch_mode="executor"`` fetches from every node of the cluster in
+    parallel, in Spark tasks (docs/SPARK.md).
+    """
     from pyspark.sql import functions as F
 
     jobs = (spark.readStream.format("disque")
@@ -44,6 +49,7 @@ def build_query(spark, *, nodes: str, queue: str, output: Path, checkpoint: Path
             .option("stagingPath", str(staging))   # durable, one per query
             .option("bodyFormat", "string")
             .option("maxJobsPerTrigger", str(max_jobs_per_trigger))
+            .option("fetchMode", fetch_mode)
             .load())
     events = (jobs.select(F.col("id").alias("job_id"),
                           F.from_json("body", EVENT_SCHEMA).alias("event"))
@@ -89,13 +95,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max-jobs-per-trigger", type=int, default=5000)
     parser.add_argument("--available-now", action="store_true",
                         help="process what is queued now, then stop")
+    parser.add_argument("--fetch-mode", choices=("driver", "executor"), default="driver",
+                        help="executor: Spark tasks fetch from every node in parallel")
     args = parser.parse_args(argv)
     spark = spark_session("disque-stream-aggregates")
     query = build_query(spark, nodes=args.nodes, queue=args.queue, output=args.output,
                         checkpoint=args.checkpoint, staging=args.staging,
                         window=args.window, watermark=args.watermark,
                         available_now=args.available_now,
-                        max_jobs_per_trigger=args.max_jobs_per_trigger)
+                        max_jobs_per_trigger=args.max_jobs_per_trigger,
+                        fetch_mode=args.fetch_mode)
     try:
         while query.isActive:
             query.awaitTermination(5)
@@ -106,6 +115,8 @@ def main(argv: list[str] | None = None) -> None:
                       f"queued {metrics.get('queueLength', 0)}", flush=True)
         if query.exception() is not None:
             raise SystemExit(f"query failed: {query.exception()}")
+        for address, node in sorted(source_metrics(query).get("nodes", {}).items()):
+            print(f"node {address}: fetched {node['fetched']}", flush=True)
     except KeyboardInterrupt:
         query.stop()
     finally:

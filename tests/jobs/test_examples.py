@@ -230,3 +230,32 @@ def test_demo_ctrl_c_stops_everything(tmp_path: Path) -> None:
     assert "interrupted" in log_path.read_text()
     wait_for(lambda: not session_processes(proc.pid), timeout=30,
              message=lambda: f"demo processes to exit: {session_processes(proc.pid)}")
+
+
+@pytest.mark.slow
+def test_demo_on_a_three_node_cluster_shows_where_the_jobs_went(tmp_path: Path) -> None:
+    log_path = tmp_path / "demo.log"
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(
+            [*demo_command(tmp_path), "--nodes", "3"], cwd=ROOT, stdout=log,
+            stderr=subprocess.STDOUT, start_new_session=True,
+            env={**os.environ, "PYSPARK_PYTHON": sys.executable})
+    try:
+        code = proc.wait(timeout=600)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    text = log_path.read_text()
+    assert code == 0, text[-3000:]
+    assert "3 nodes up and joined in one cluster" in text
+    assert "acked:      2000 jobs; 0 still queued, 0 on the nodes" in text
+    assert "result:     OK" in text
+    # One line per node: jobs the sink queued there / jobs it delivered.
+    per_node = [(int(q), int(f)) for q, f in
+                re.findall(r"^ {4}127\.0\.0\.1:\d+ +(\d+) / +(\d+)$", text, re.M)]
+    assert len(per_node) == 3, text[-3000:]
+    assert sum(q for q, _ in per_node) == 2000 and all(q > 0 for q, _ in per_node)
+    assert sum(f for _, f in per_node) == 2000
+    assert "stopped the nodes; nothing left running" in text
+    wait_for(lambda: not session_processes(proc.pid), timeout=30,
+             message=lambda: f"demo processes to exit: {session_processes(proc.pid)}")
