@@ -304,8 +304,7 @@ def deserialize_job(blob: bytes | memoryview, offset: int = 0) -> tuple[Job, int
         pos += 4
         if pos + 40 * count != end:
             raise SerializationError("bad node list in job blob")
-        nodes = frozenset(bytes(view[pos + 40 * i:pos + 40 * (i + 1)]).decode("ascii")
-                          for i in range(count))
+        nodes = _node_list(bytes(view[pos:end]))
     except (struct.error, UnicodeDecodeError) as err:
         raise SerializationError(str(err)) from None
     if not is_valid_job_id(job_id):
@@ -313,13 +312,32 @@ def deserialize_job(blob: bytes | memoryview, offset: int = 0) -> tuple[Job, int
     state = state_gc & 0x0F
     if state > JobState.ACKED:
         raise SerializationError("invalid job state in job blob")
-    job = Job(job_id, queue or None, body, state=JobState(state), repl=repl, ctime=ctime,
-              etime=etime_s * 1000, delay=delay, retry=retry, delivered=nodes)
+    job = Job(job_id, queue or None, body, _STATES[state], repl, ctime, etime_s * 1000, delay,
+              retry, nodes)
     job.gc_retry = state_gc >> 4
     job.flags = flags
     job.nacks = nacks
     job.additional_deliveries = deliveries
     return job, end
+
+
+_STATES = tuple(sorted(JobState))
+#: Node lists seen in job blobs -> their frozenset.  A cluster has few
+#: distinct lists (every job of REPLICATE 3 on 3 nodes carries the same
+#: one), and building the set costs more than the rest of the blob.
+_NODE_LISTS: dict[bytes, frozenset[str]] = {}
+_NODE_LISTS_MAX = 4096
+
+
+def _node_list(raw: bytes) -> frozenset[str]:
+    nodes = _NODE_LISTS.get(raw)
+    if nodes is None:
+        text = raw.decode("ascii")
+        nodes = frozenset(text[i:i + 40] for i in range(0, len(text), 40))
+        if len(_NODE_LISTS) >= _NODE_LISTS_MAX:
+            _NODE_LISTS.clear()
+        _NODE_LISTS[raw] = nodes
+    return nodes
 
 
 def _read_string(view: memoryview, pos: int, end: int) -> tuple[bytes, int]:

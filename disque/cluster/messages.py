@@ -162,11 +162,22 @@ def fail_message(sender_id: str, port: int, flags: int, failing_id: str) -> byte
     return header(FAIL, sender_id, port, flags, 40) + failing_id.encode("ascii")
 
 
+#: Headers of job-ID messages (all the same length), by what varies in them:
+#: GOTJOB, QUEUED ... are sent by the thousand with the same header.
+_JOB_ID_HEADERS: dict[tuple[int, str, int, int, int], bytes] = {}
+
+
 def job_id_message(msg_type: int, sender_id: str, port: int, flags: int, job_id: bytes,
                    aux: int, mflags: int = 0) -> bytes:
     """Messages about one job: 40-byte job ID + aux u32."""
-    return (header(msg_type, sender_id, port, flags, 44, mflags=mflags) + job_id
-            + _AUX.pack(aux & 0xFFFFFFFF))
+    key = (msg_type, sender_id, port, flags, mflags)
+    head = _JOB_ID_HEADERS.get(key)
+    if head is None:
+        if len(_JOB_ID_HEADERS) >= 1024:  # our ID or port changed many times
+            _JOB_ID_HEADERS.clear()
+        head = _JOB_ID_HEADERS[key] = header(msg_type, sender_id, port, flags, 44,
+                                             mflags=mflags)
+    return head + job_id + _AUX.pack(aux & 0xFFFFFFFF)
 
 
 def queue_message(msg_type: int, sender_id: str, port: int, flags: int, queue: bytes,
@@ -263,6 +274,25 @@ def _text(raw: bytes) -> str:
     return raw.split(b"\0", 1)[0].decode("ascii", "replace")
 
 
+#: Sender IDs already checked -> their text: a message's sender is nearly
+#: always a node we heard from a moment ago.
+_SENDERS: dict[bytes, str] = {}
+_SENDERS_MAX = 4096
+
+
+def _valid_sender(raw: bytes) -> str | None:
+    try:
+        sender_id = raw.decode("ascii")
+    except UnicodeDecodeError:
+        return None
+    if not is_node_id(sender_id):
+        return None
+    if len(_SENDERS) >= _SENDERS_MAX:
+        _SENDERS.clear()
+    _SENDERS[raw] = sender_id
+    return sender_id
+
+
 def decode(frame: bytes) -> Message | None:
     """A whole frame (from :class:`FrameReader`) as a Message, or None to drop it.
 
@@ -276,12 +306,11 @@ def decode(frame: bytes) -> Message | None:
     body = frame[HEADER_SIZE:]
     if not _body_length_ok(msg_type, count, body):
         return None
-    try:
-        sender_id = sender.decode("ascii")
-    except UnicodeDecodeError:
-        return None
-    if not is_node_id(sender_id):
-        return None
+    sender_id = _SENDERS.get(sender)
+    if sender_id is None:
+        sender_id = _valid_sender(sender)
+        if sender_id is None:
+            return None
     base = (msg_type, sender_id, port, flags, mflags[0])
     if msg_type in GOSSIP_TYPES:
         entries = []
