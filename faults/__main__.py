@@ -34,6 +34,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--retry", type=int, default=3, help="jobs' RETRY in s (default 3)")
     parser.add_argument("--max-jobs", type=int, default=100_000,
                         help="stop producing after this many ADDJOBs per schedule")
+    parser.add_argument("--drain-timeout", type=float, default=60.0,
+                        help="after healing, seconds to consume every job (default 60)")
+    parser.add_argument("--gc-timeout", type=float, default=45.0,
+                        help="then seconds for the ACK GC to empty the nodes (default 45)")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--out", type=Path, default=None,
                         help="directory for report.json, history-*.json, timeline.png and "
@@ -70,6 +74,7 @@ def run(args: argparse.Namespace, out: Path) -> int:
     for kind in args.kinds:
         schedule = Schedule(kind, args.time, nodes=args.nodes,
                             node_timeout_ms=args.node_timeout,
+                            drain_timeout_s=args.drain_timeout, gc_timeout_s=args.gc_timeout,
                             workload=WorkloadConfig(retry_s=args.retry,
                                                     max_jobs=args.max_jobs, seed=args.seed))
         outcome = run_schedule(schedule, out / kind, log=lambda m: print(m, flush=True))

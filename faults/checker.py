@@ -206,8 +206,9 @@ def _max_unavailable(history: History) -> float:
     times = sorted(o.end for o in history.ops
                    if o.kind == "add" and o.outcome == OK and not o.extra.get("async")
                    and start <= o.end <= stop)
-    points = [start, *times, stop]
-    # Producers stop early once they ran out of jobs: that is no unavailability.
+    # Producers stop early once they ran out of jobs: that is no unavailability,
+    # so the window ends at the last ADDJOB attempt.
     last_attempt = max((o.start for o in history.ops if o.kind == "add"), default=stop)
-    points = [p for p in points if p <= max(last_attempt, times[-1] if times else start)]
+    end = min(stop, max(last_attempt, times[-1] if times else start))
+    points = [start, *times, end]
     return max((b - a for a, b in itertools.pairwise(points)), default=0.0)

@@ -32,7 +32,11 @@ class Schedule:
     node_timeout_ms: int = 2000
     #: Which nodes have AOF (appendfsync always); the others lose their jobs on SIGKILL.
     aof: list[bool] = field(default_factory=lambda: [True, True, False])
-    drain_timeout_s: float = 90.0
+    drain_timeout_s: float = 60.0
+    #: After the drain, how long the ACK GC may take.  Its retries back off
+    #: (1, 2, 4 ... s) while a node is away, so it needs more than the faults
+    #: lasted; 45 s covers a 30 s schedule.
+    gc_timeout_s: float = 45.0
     workload: WorkloadConfig = field(default_factory=WorkloadConfig)
 
 
@@ -74,12 +78,15 @@ def run_schedule(schedule: Schedule, workdir: Path, log=print) -> Outcome:
             notes.append("the cluster was not a healthy full mesh 30 s after healing")
         final = FinalState()
         final.queued_twice, final.settle_s = _settle(cluster.nodes,
-                                                     2 * schedule.workload.retry_s + 5)
+                                                     2 * schedule.workload.retry_s + 2)
         history.mark("settled")
         drained = _drain(cluster.nodes, history, workload, schedule.drain_timeout_s)
         history.mark("drained")
         if not drained:
             notes.append(f"not drained within {schedule.drain_timeout_s} s")
+        if not _wait_gc(cluster.nodes, schedule.gc_timeout_s):
+            notes.append(f"acked jobs still on nodes {schedule.gc_timeout_s} s after the drain")
+        history.mark("collected")
         final.registered_jobs, final.jobs = _final_jobs(cluster.nodes)
         workload.close()
         workload = None
@@ -143,7 +150,8 @@ def _drain(nodes: list[Node], history: History, workload: Workload, timeout: flo
                     took += len(jobs)
             if took == 0:
                 try:
-                    if all(int(n.info().get("registered_jobs", 1)) == 0 for n in nodes):
+                    # Only acked copies left: the rest is the GC's business.
+                    if all(state == "acked" for n in nodes for _, state in _scan(n)):
                         return True
                 except redis.RedisError:
                     pass
@@ -153,9 +161,36 @@ def _drain(nodes: list[Node], history: History, workload: Workload, timeout: flo
         worker.close()
 
 
+def _wait_gc(nodes: list[Node], timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if all(int(n.info().get("registered_jobs", 1)) == 0 for n in nodes):
+                return True
+        except redis.RedisError:
+            pass
+        time.sleep(0.2)
+    return False
+
+
 def _final_jobs(nodes: list[Node]) -> tuple[dict[str, int], dict[str, list[tuple[str, str]]]]:
+    """registered_jobs and the jobs left on each node, with what SHOW says of them."""
     registered = {n.name: int(n.info().get("registered_jobs", -1)) for n in nodes}
-    return registered, {n.name: _scan(n) for n in nodes}
+    short = {n.node_id: n.name for n in nodes}
+    left: dict[str, list[tuple[str, str]]] = {}
+    for node in nodes:
+        left[node.name] = []
+        for job_id, state in _scan(node):
+            show = node.client().execute_command("SHOW", job_id) or []
+            fields = dict(zip(show[::2], show[1::2], strict=True))
+            holders = [short.get(i.decode(), i.decode()[:8])
+                       for i in fields.get(b"nodes-delivered", [])]
+            confirmed = [short.get(i.decode(), i.decode()[:8])
+                         for i in fields.get(b"nodes-confirmed", [])]
+            left[node.name].append((job_id, f"{state} delivered={','.join(holders)} "
+                                            f"confirmed={','.join(confirmed)} next-awake="
+                                            f"{fields.get(b'next-awake-within')}"))
+    return registered, left
 
 
 __all__ = ["QUEUE", "Outcome", "Schedule", "run_schedule"]

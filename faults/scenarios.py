@@ -65,8 +65,126 @@ def ack_during_partition(root: Path) -> bool:
         firewall.close()
 
 
+def _queued_on(cluster: Cluster, job_id: str) -> list[str]:
+    return [n.name for n in cluster.nodes
+            if (_show(n, job_id) or {}).get(b"state") == b"queued"]
+
+
+def requeue_after_pause(root: Path) -> bool:
+    """A copy's node paused past RETRY while the job waits queued elsewhere.
+
+    A job with two copies is queued on the node that made it; the node of
+    the other copy is stopped (SIGSTOP) for longer than RETRY and the node
+    timeout.  When it resumes its copy is due: it sends WILLQUEUE and queues
+    it at once, and the QUEUED messages that cross should leave the job
+    queued on one node only.  Checked after two more RETRY periods.
+    """
+    cluster = Cluster(root, 3, 2000, [False, False, False])
+    try:
+        cluster.start()
+        maker = cluster.nodes[0]
+        ids = [maker.client().execute_command("ADDJOB", "q", f"b{i}", 5000, "REPLICATE", 2,
+                                              "RETRY", 2).decode() for i in range(20)]
+        holders = {}
+        for job_id in ids:
+            show = _show(maker, job_id) or {}
+            other = [n for n in cluster.nodes[1:]
+                     if n.node_id.encode() in show.get(b"nodes-delivered", [])]
+            holders[job_id] = other[0]
+        victim = cluster.nodes[1]
+        mine = [j for j in ids if holders[j] is victim]
+        victim.pause()
+        time.sleep(5)  # the fault itself: a pause longer than RETRY and the node timeout
+        victim.resume()
+        cluster.wait_healthy(20)
+        time.sleep(4.5)  # two RETRY periods for the copies to settle
+        twice = {j: _queued_on(cluster, j) for j in mine}
+        twice = {j: w for j, w in twice.items() if len(w) > 1}
+        print(f"{len(mine)} jobs had their other copy on the paused node; "
+              f"queued twice afterwards: {len(twice)}")
+        for job_id in list(twice)[:3]:
+            for n in cluster.nodes:
+                show = _show(n, job_id)
+                if show:
+                    print(f"  {job_id} on {n.name}: state={show[b'state']} "
+                          f"nacks={show[b'nacks']} add={show[b'additional-deliveries']}")
+        return not twice
+    finally:
+        cluster.stop()
+
+
+def acked_copy_after_lost_deljob(root: Path) -> bool:
+    """A copy acked by SETACK whose DELJOB never arrives: is it collected?
+
+    Job on n1, n2, n3 (made on n1).  n3 is paused, then the job is acked on
+    n1: n2 acks its copy on SETACK and confirms; n2 is cut off; n3 resumes,
+    confirms, and n1, having every confirmation, deletes its copy and sends
+    DELJOB, which cannot reach n2.  The cut lasts four node timeouts, so the
+    bus links (and the DELJOB in them) are torn down.  After healing, n2's
+    acked copy should be collected by n2's own GC attempts (the original
+    retries GC for every acked copy); it must not wait for the job's TTL.
+    """
+    cluster = Cluster(root, 3, 2000, [False, False, False])
+    firewall = Firewall()
+    try:
+        cluster.start()
+        n1, n2, n3 = cluster.nodes
+        job_id = n1.client().execute_command("ADDJOB", "q", "body", 5000, "REPLICATE", 3,
+                                             "RETRY", 30).decode()
+        assert all(_show(n, job_id) for n in cluster.nodes)
+        n3.pause()
+        assert n1.client().execute_command("ACKJOB", job_id) == 1
+        wait_until(lambda: n2.node_id.encode() in (_show(n1, job_id) or {}).get(
+            b"nodes-confirmed", []), 10, what="n2 to confirm the ACK")
+        firewall.apply(_isolate(n2, [n1, n3]))
+        n3.resume()
+        wait_until(lambda: _show(n1, job_id) is None and _show(n3, job_id) is None, 10,
+                   what="n1 and n3 to delete the job")
+        wait_until(lambda: "fail" in " ".join(cluster.flags(n1, n2)), 10,
+                   what="n1 to flag n2")
+        # The rest of the four node timeouts: every link to n2 is torn down.
+        time.sleep(6)
+        firewall.heal()
+        cluster.wait_healthy(30)
+        try:
+            wait_until(lambda: _show(n2, job_id) is None, 30,
+                       what="n2's acked copy to be collected")
+            return True
+        except TimeoutError:
+            show = _show(n2, job_id) or {}
+            print(f"n2 still holds {job_id}: state={show.get(b'state')} "
+                  f"next-awake-within={show.get(b'next-awake-within')} ms "
+                  f"(ttl {show.get(b'ttl')} s)")
+            return False
+    finally:
+        cluster.stop()
+        firewall.close()
+
+
+def replica_ttl(root: Path) -> bool:
+    """A replicated copy expires with the job: its TTL is the one ADDJOB gave.
+
+    ADDJOB ... TTL 600 REPLICATE 3: SHOW on each of the three nodes must
+    report a TTL of at most 600 s, or a copy outlives the job (and an acked
+    copy whose DELJOB was lost is only dropped at that expiry).
+    """
+    cluster = Cluster(root, 3, 2000, [False, False, False])
+    try:
+        cluster.start()
+        job_id = cluster.nodes[0].client().execute_command(
+            "ADDJOB", "q", "body", 5000, "REPLICATE", 3, "RETRY", 30, "TTL", 600).decode()
+        ttls = {n.name: int((_show(n, job_id) or {}).get(b"ttl", -1)) for n in cluster.nodes}
+        print(f"TTL 600 job, SHOW ttl per node: {ttls}")
+        return all(0 < ttl <= 600 for ttl in ttls.values())
+    finally:
+        cluster.stop()
+
+
 SCENARIOS: dict[str, Callable[[Path], bool]] = {
     "ack-during-partition": ack_during_partition,
+    "requeue-after-pause": requeue_after_pause,
+    "acked-copy-after-lost-deljob": acked_copy_after_lost_deljob,
+    "replica-ttl": replica_ttl,
 }
 
 

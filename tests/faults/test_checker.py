@@ -1,0 +1,108 @@
+"""The checker on hand-written histories: each rule catches what it must."""
+
+from __future__ import annotations
+
+from faults.checker import FinalState, check
+from faults.history import FAIL, INFO, OK, Fault, History, Op
+
+
+def op(kind: str, start: float, end: float, outcome: str = OK, job: str | None = None,
+       body: str | None = None, process: str = "p1", node: str = "n1", **extra) -> Op:
+    return Op(process, kind, node, start, end, outcome, job, body, None, dict(extra))
+
+
+def history(*ops: Op, faults: tuple[Fault, ...] = ()) -> History:
+    h = History()
+    h.ops = list(ops)
+    h.faults = list(faults)
+    h.marks = {"workload": 0.0, "stopped": 20.0}
+    return h
+
+
+def add(job: str, body: str, start: float = 1.0, outcome: str = OK, replicate: int = 2,
+        is_async: bool = False) -> Op:
+    return op("add", start, start + 0.01, outcome, job if outcome == OK else None, body,
+              replicate=replicate, retry=3, **{"async": is_async})
+
+
+def get(job: str, body: str, start: float, process: str = "c1") -> Op:
+    return op("get", start, start + 0.01, OK, job, body, process=process)
+
+
+def test_a_synchronous_job_never_delivered_is_lost() -> None:
+    result = check(history(add("J1", "b1"), add("J2", "b2"), get("J2", "b2", 2.0)),
+                   FinalState())
+    assert result.lost == ["J1"]
+    assert any("never delivered" in d for d in result.defects())
+
+
+def test_async_and_unknown_outcomes_are_not_lost() -> None:
+    result = check(history(add("J1", "b1", is_async=True), add("J2", "b2", outcome=INFO),
+                           add("J3", "b3", outcome=FAIL)), FinalState())
+    assert result.lost == []
+    assert result.async_undelivered == ["J1"]
+    assert result.defects() == []
+
+
+def test_a_loss_is_excused_only_when_replicate_nodes_lost_their_copies() -> None:
+    def wiped(node: str, at: float) -> Fault:
+        return Fault("kill", f"SIGKILL {node}", [node], at, at + 1, lost_for_good=True)
+
+    one = check(history(add("J1", "b1", replicate=2), faults=(wiped("n1", 2.0),)),
+                FinalState())
+    assert one.lost == ["J1"]
+    two = check(history(add("J1", "b1", replicate=2),
+                        faults=(wiped("n1", 2.0), wiped("n2", 5.0))), FinalState())
+    assert two.lost == [] and two.lost_excused == ["J1"]
+    before = check(history(add("J1", "b1", start=9.0, replicate=2),
+                           faults=(wiped("n1", 2.0), wiped("n2", 5.0))), FinalState())
+    assert before.lost == ["J1"], "kills before the ADDJOB cannot excuse it"
+
+
+def test_a_delivery_after_the_gc_completed_is_a_defect() -> None:
+    ops = (add("J1", "b1"), get("J1", "b1", 2.0), op("ack", 2.1, 2.2, OK, "J1"),
+           op("gc", 2.3, 2.5, OK, "J1", process="gc"), get("J1", "b1", 3.0, "c2"))
+    result = check(history(*ops), FinalState())
+    assert result.delivered_after_gc == ["J1"]
+    assert any("after a completed ACK" in d for d in result.defects())
+
+
+def test_a_delivery_after_an_ack_but_before_the_gc_is_allowed() -> None:
+    ops = (add("J1", "b1"), get("J1", "b1", 2.0), op("ack", 2.1, 2.2, OK, "J1"),
+           get("J1", "b1", 3.0, "c2"), op("gc", 2.9, 4.0, OK, "J1", process="gc"))
+    result = check(history(*ops), FinalState())
+    assert result.delivered_after_gc == []
+    assert result.delivered_after_ack == 1
+    assert result.duplicates == {"after ack": 1}
+
+
+def test_duplicates_are_classified() -> None:
+    ops = (
+        add("N", "bn"), get("N", "bn", 2.0), op("nack", 2.1, 2.2, OK, "N"), get("N", "bn", 2.3),
+        add("C", "bc"), get("C", "bc", 2.0), op("crash", 2.1, 2.1, OK, "C"),
+        get("C", "bc", 5.2),
+        add("S", "bs"), get("S", "bs", 2.0), get("S", "bs", 5.5),
+        add("P", "bp"), get("P", "bp", 6.0), get("P", "bp", 7.0, "c2"),
+    )
+    part = Fault("partition", "majority: n1 | n2,n3", ["n1", "n2", "n3"], 5.0, 9.0)
+    result = check(history(*ops, faults=(part,)), FinalState())
+    assert result.duplicates == {"nack": 1, "retry": 2, "partition": 1}
+    assert result.defects() == []
+
+
+def test_phantom_deliveries_and_the_final_state_are_defects() -> None:
+    final = FinalState(registered_jobs={"n1": 1, "n2": 0}, jobs={"n1": [("J9", "acked")]},
+                       queued_twice={"J8": ["n1", "n2"]})
+    result = check(history(get("J7", "nobody-added-this", 2.0)), final)
+    text = "\n".join(result.defects())
+    assert result.phantom == ["J7"]
+    assert "queued on several nodes" in text and "left on nodes" in text
+    assert "registered_jobs" in text
+
+
+def test_unavailability_is_the_longest_gap_between_successful_adds() -> None:
+    ops = [add(f"J{i}", f"b{i}", start=t) for i, t in enumerate((0.5, 1.0, 6.0, 6.5))]
+    ops.append(add("X", "bx", start=19.0, outcome=FAIL))
+    result = check(history(*ops, *(get(f"J{i}", f"b{i}", 7.0) for i in range(4))),
+                   FinalState())
+    assert 12.4 < result.max_unavailable_s < 12.6  # 6.51 .. 19.0 (the last attempt)
