@@ -53,6 +53,10 @@ Scenarios:
     subprocess (``--smoke`` becomes the source's ``--smoke`` and the sink's
     ``--rows 5000 --ceiling-rows 5000``); their own report is the output.
 
+``spark-source-cluster`` / ``spark-sink-cluster``
+    the same with ``--cluster``: a 3-node cluster against one node in the
+    same run (``benchmarks/spark_cluster.py``).
+
 ``--smoke`` runs a few thousand operations, one round, well under a minute
 per scenario: it keeps the harness from rotting (see
 ``tests/benchmarks/test_run_smoke.py``) and measures nothing worth quoting.
@@ -91,7 +95,7 @@ from tests.support.process import DisqueProcess, raw_command
 CLIENTS = 50
 PIPELINE = 16
 SCENARIOS = ("server", "cycle", "memory", "soak", "floor", "cluster", "spark-source",
-             "spark-sink")
+             "spark-sink", "spark-source-cluster", "spark-sink-cluster")
 FLOOR_NODE = Path(__file__).resolve().parent / "floor_node.py"
 
 
@@ -587,10 +591,13 @@ def scenario_floor(args: argparse.Namespace, root: Path) -> dict[str, Any]:
 # Spark: delegate
 # --------------------------------------------------------------------------
 
-def delegate(module: str) -> Callable[[argparse.Namespace, Path], dict[str, Any]]:
+def delegate(module: str, *extra: str) -> Callable[[argparse.Namespace, Path], dict[str, Any]]:
     def run(args: argparse.Namespace, root: Path) -> dict[str, Any]:
-        cmd = [sys.executable, "-m", module]
-        if args.smoke and module == "benchmarks.spark_sink":
+        cmd = [sys.executable, "-m", module, *extra]
+        if extra and args.smoke:  # --cluster: a small run, one round
+            cmd += (["--rows", "3000", "--rounds", "1"] if module == "benchmarks.spark_sink"
+                    else ["--smoke"])
+        elif args.smoke and module == "benchmarks.spark_sink":
             cmd += ["--rows", "5000", "--ceiling-rows", "5000"]  # it has no --smoke
         elif args.smoke:
             cmd.append("--smoke")
@@ -623,6 +630,8 @@ RUNNERS: dict[str, Callable[[argparse.Namespace, Path], dict[str, Any]]] = {
     "cluster": scenario_cluster,
     "spark-source": delegate("benchmarks.spark_source"),
     "spark-sink": delegate("benchmarks.spark_sink"),
+    "spark-source-cluster": delegate("benchmarks.spark_source", "--cluster"),
+    "spark-sink-cluster": delegate("benchmarks.spark_sink", "--cluster"),
 }
 
 

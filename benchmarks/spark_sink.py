@@ -234,7 +234,20 @@ def main() -> None:
     parser.add_argument("--ceiling-rows", type=int, default=200_000,
                         help="ADDJOBs for the raw node ceiling")
     parser.add_argument("--kill", action="store_true", help="measure crash duplicates instead")
+    parser.add_argument("--cluster", action="store_true",
+                        help="instead: write to a 3-node cluster against 1 node, same run "
+                             "(benchmarks/spark_cluster.py; --rows default 60000)")
+    parser.add_argument("--rounds", type=int, default=3, help="--cluster: rounds per target")
     args = parser.parse_args()
+    if args.cluster:
+        from benchmarks.spark_cluster import compare_sink
+
+        spark = spark_session(args.master)
+        try:
+            compare_sink(spark, args.rows if args.rows != 1_000_000 else 60_000, args.rounds)
+        finally:
+            spark.stop()
+        return
     root = Path(tempfile.mkdtemp(prefix="spark-sink-bench-"))
     # 1M jobs of a few bytes fit in the default 1gb, but leave room.
     node = DisqueProcess(root / "node", "--maxmemory", "8gb")

@@ -573,6 +573,26 @@ def print_report(args: argparse.Namespace, result: dict[str, Any]) -> None:
         print(d["profile"])
 
 
+def cluster_main(args: argparse.Namespace) -> None:
+    """``--cluster``: the same drain from 3 nodes and from 1 node, alternating."""
+    from benchmarks.spark_cluster import compare_drain
+
+    jobs = 3000 if args.smoke else (args.jobs if args.jobs != 200_000 else 30_000)
+    rounds = 1 if args.smoke else args.rounds
+    print(f"stderr of Spark and the source -> {args.log}; load {loadavg()}", flush=True)
+    with stderr_to(args.log):
+        spark = spark_session(args.master)
+        try:
+            rows = compare_drain(spark, jobs, args.body_bytes, rounds)
+        finally:
+            spark.stop()
+    if args.json:
+        Path(args.json).write_text(json.dumps(
+            {"cluster": rows, "jobs": jobs, "rounds": rounds, "smoke": args.smoke,
+             "revision": source_revision(), "cpus": os.cpu_count(),
+             "load_after": loadavg()}, indent=2))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--jobs", type=int, default=200_000, help="jobs per run")
@@ -593,7 +613,14 @@ def main() -> None:
     parser.add_argument("--log", metavar="PATH", type=Path,
                         default=Path(tempfile.gettempdir()) / "spark_source_bench.stderr.log",
                         help="where stderr of Spark and the source goes (default: %(default)s)")
+    parser.add_argument("--cluster", action="store_true",
+                        help="instead: drain from a 3-node cluster against 1 node, same run "
+                             "(benchmarks/spark_cluster.py; --jobs default 30000)")
+    parser.add_argument("--rounds", type=int, default=3, help="--cluster: rounds per target")
     args = parser.parse_args()
+    if args.cluster:
+        cluster_main(args)
+        return
     if args.smoke:
         args.jobs = min(args.jobs, 3000)
         args.rate_repeats = 1
