@@ -37,6 +37,8 @@ log = logging.getLogger("spark_connector.topology")
 #: 10 (``fail?``) is kept: the flag may be a false alarm on a busy machine,
 #: and a node that really is down fails fast on its own.
 USABLE_PRIORITY = 100
+#: A seed that does not answer while others do: HELLO's "failing" priority.
+SILENT_PRIORITY = 10
 
 
 @dataclass(frozen=True)
@@ -72,17 +74,47 @@ def discover(connection: ConnectionConfig) -> list[NodeView]:
         client.close()
     views: dict[str, NodeView] = {}
     by_address = {_address(n.host, n.port): n for n in hello.nodes}
+    unmatched = []
     for seed in connection.nodes:
         info = by_address.get(seed)
         if seed == connected:
             views[hello.node_id] = NodeView(seed, hello.node_id, _priority(hello, hello.node_id))
         elif info is not None:
             views.setdefault(info.id, NodeView(seed, info.id, info.priority))
+        else:
+            unmatched.append(seed)
+    # A seed HELLO does not list under that address: a host name for a node
+    # listed by IP, or a node outside this cluster. Ask it who it is.
+    extra: list[NodeView] = []
+    for seed in unmatched:
+        view = _probe(connection, seed)
+        if view.node_id is None or view.node_id not in {i.id for i in hello.nodes}:
+            extra.append(view)  # not in the cluster (or silent): still the user's seed
+        else:
+            views.setdefault(view.node_id, view)
     for info in hello.nodes:
         if info.id not in views and info.host and info.port > 0:
             views[info.id] = NodeView(_address(info.host, info.port), info.id, info.priority)
+    for view in extra:
+        if view.node_id is None or view.node_id not in views:
+            views[view.node_id or view.address] = view
     usable = [v for v in views.values() if v.priority < USABLE_PRIORITY]
     return sorted(usable, key=lambda v: (v.priority, v.node_id or ""))
+
+
+def _probe(connection: ConnectionConfig, seed: str) -> NodeView:
+    """One seed's own view of itself (node ID None: it did not answer)."""
+    client = connection.client(node=seed, client_name="spark-disque-discover",
+                               reconnect_timeout_s=0)
+    try:
+        hello = client.connect()
+    except (ConnectionFailed, DisqueError):
+        # Kept, as a fallback only (the priority of a failing node): the
+        # node may be restarting, and the tasks retry their nodes anyway.
+        return NodeView(seed, None, SILENT_PRIORITY)
+    finally:
+        client.close()
+    return NodeView(seed, hello.node_id, _priority(hello, hello.node_id))
 
 
 def _priority(hello: object, node_id: str) -> int:

@@ -280,3 +280,18 @@ def test_stream_from_the_cluster_to_the_cluster_survives_a_killed_node(
     assert set(progress["nodes"]) == {addr(n) for n in cluster}
     assert progress["nodes"][addr(cluster[2])]["up"] is False
     assert progress["nodes"][addr(cluster[2])]["fetched"] > 0  # it served the first batch
+
+
+def test_sink_keeps_seeds_outside_the_cluster_and_silent_ones_as_fallbacks(
+        server_factory, unused_port: int) -> None:
+    a, b = server_factory(), server_factory()  # two lone nodes, not joined
+    dead = f"127.0.0.1:{unused_port}"
+    config = SinkConfig.from_options(
+        {"nodes": f"{dead},{addr(a)},localhost:{b.port}", "queue": "lone"},
+        BODY_ONLY).over_cluster()
+    assert config.spread == 2
+    assert sorted(config.connection.nodes[:2]) == sorted([addr(a), f"localhost:{b.port}"])
+    assert config.connection.nodes[2] == dead  # tried last, never a partition's own node
+    batch = pa.record_batch({"body": ["x"]})
+    used = {PartitionWriter(config, p).write(iter([batch])).node for p in range(2)}
+    assert len(used) == 2 and dead not in used
