@@ -260,7 +260,6 @@ def serialize_job(job: Job, bus_now_ms: int | None = None) -> bytes:
     flag, which is this node's business.
     """
     queue = job.queue or b""
-    nodes = sorted(job.delivered)
     flags = job.flags
     if bus_now_ms is None:
         etime_s = job.etime // 1000
@@ -275,9 +274,8 @@ def serialize_job(job: Job, bus_now_ms: int | None = None) -> bytes:
                     min(job.additional_deliveries, 0xFFFF)),
         struct.pack("<I", len(queue)), queue,
         struct.pack("<I", len(job.body)), job.body,
-        struct.pack("<I", len(nodes)),
+        _node_list_blob(job.delivered),
     ]
-    parts.extend(n.encode() for n in nodes)
     payload = b"".join(parts)
     return struct.pack("<I", len(payload)) + payload
 
@@ -322,6 +320,21 @@ def deserialize_job(blob: bytes | memoryview, offset: int = 0) -> tuple[Job, int
 
 
 _STATES = tuple(sorted(JobState))
+#: Node sets -> their serialized form (count, then the IDs sorted), the
+#: other direction of _NODE_LISTS.
+_NODE_BLOBS: dict[frozenset[str], bytes] = {}
+
+
+def _node_list_blob(nodes: frozenset[str]) -> bytes:
+    blob = _NODE_BLOBS.get(nodes)
+    if blob is None:
+        ordered = sorted(nodes)
+        blob = struct.pack("<I", len(ordered)) + "".join(ordered).encode("ascii")
+        if len(_NODE_BLOBS) >= _NODE_LISTS_MAX:
+            _NODE_BLOBS.clear()
+        _NODE_BLOBS[nodes] = blob
+    return blob
+
 #: Node lists seen in job blobs -> their frozenset.  A cluster has few
 #: distinct lists (every job of REPLICATE 3 on 3 nodes carries the same
 #: one), and building the set costs more than the rest of the blob.

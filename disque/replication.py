@@ -126,12 +126,13 @@ def _repljob(state: ServerState, job: Job, noreply: bool) -> bytes:
 
 def _add_targets(state: ServerState, job: Job, count: int) -> int:
     """Add up to ``count`` new reachable, linked nodes to the job's node list."""
-    candidates = [n for n in state.cluster.reachable_nodes()
-                  if n.link is not None and n.id not in job.delivered]
-    random.shuffle(candidates)
-    chosen = [n.id for n in candidates[:count]]
+    delivered = job.delivered
+    candidates = [n.id for n in state.cluster.reachable_nodes()
+                  if n.link is not None and n.id not in delivered]
+    # A random pick among more candidates than needed; all of them otherwise.
+    chosen = random.sample(candidates, count) if len(candidates) > count else candidates
     if chosen:
-        job.delivered = job.delivered | frozenset(chosen)
+        job.delivered = delivered | frozenset(chosen)
     return len(chosen)
 
 
