@@ -58,7 +58,8 @@ class Status(bytes):
 class CliParser(DisqueRESP2Parser):
     """RESP2 parser that marks status replies with :class:`Status`."""
 
-    def _read_response(self, disable_decoding: bool = False, **kwargs: Any) -> Any:
+    def _read_response(self, disable_decoding: Any = False,  # type: ignore[override]
+                       **kwargs: Any) -> Any:
         raw = self._buffer.readline(**kwargs)
         if not raw:
             raise RedisConnectionError("Connection closed by server.")
@@ -433,6 +434,7 @@ class Cli:
             timer.daemon = True
             timer.start()
         try:
+            reply: Any
             if name == b"auth" and len(args) in (2, 3):
                 reply = self._auth(args[-1])
             else:

@@ -18,7 +18,7 @@ import re
 import shlex
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 __all__ = ["Config", "ConfigError", "DIRECTIVES", "parse_memory", "format_memory"]
 
@@ -189,6 +189,12 @@ DIRECTIVES: dict[str, Directive] = {d.name: d for d in [
 
 class Config:
     """Current values, as attributes named after the directives (``maxmemory_policy``)."""
+
+    if TYPE_CHECKING:
+        # The attributes are made from DIRECTIVES at run time.
+        def __getattr__(self, name: str) -> Any: ...
+
+        def __setattr__(self, name: str, value: Any) -> None: ...
 
     def __init__(self) -> None:
         for directive in DIRECTIVES.values():

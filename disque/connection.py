@@ -33,7 +33,7 @@ import itertools
 import logging
 import time
 from collections import deque
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from .blocking import NO_REPLY, Blocked, unblock
 from .commands import BLOCKED, execute
@@ -160,13 +160,13 @@ class ClientConnection(asyncio.Protocol):
     # -- asyncio callbacks --------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's are not subclasses
         state = self.state
         state.stats.connections_received += 1
         if len(state.clients) >= state.config.maxclients:
             state.stats.rejected_connections += 1
-            transport.write(b"-ERR max number of clients reached\r\n")
-            transport.close()
+            self.transport.write(b"-ERR max number of clients reached\r\n")
+            self.transport.close()
             return
         peer = transport.get_extra_info("peername")
         sock = transport.get_extra_info("sockname")

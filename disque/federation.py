@@ -201,8 +201,8 @@ def receive_yourjobs(state: ServerState, sender: ClusterNode, msg: Message) -> N
             continue  # acked here: never queued again (the original's import did)
         job.flags &= ~FLAG_BCAST_QUEUED
         job.qtime = job.qtime or now  # RETRY-0 jobs need a queue time to be queued
-        if enqueue_job(state, job, now=now):
-            imported[job.queue] = imported.get(job.queue, 0) + 1  # type: ignore[index]
+        if enqueue_job(state, job, now=now) and job.queue is not None:
+            imported[job.queue] = imported.get(job.queue, 0) + 1
     for name, count in imported.items():
         q = state.queues.lookup(name)
         if q is None:

@@ -33,11 +33,11 @@ class DisqueFormatter(logging.Formatter):
 
 def setup_logging(level: str, logfile: str) -> None:
     root = logging.getLogger("disque")
-    for handler in list(root.handlers):
-        root.removeHandler(handler)
-        handler.close()
-    handler: logging.Handler
-    handler = logging.FileHandler(logfile) if logfile else logging.StreamHandler(sys.stdout)
+    for old in list(root.handlers):
+        root.removeHandler(old)
+        old.close()
+    handler: logging.Handler = (logging.FileHandler(logfile) if logfile
+                                else logging.StreamHandler(sys.stdout))
     handler.setFormatter(DisqueFormatter())
     root.addHandler(handler)
     root.setLevel(LEVELS[level])

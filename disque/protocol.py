@@ -265,9 +265,10 @@ class CommandParser:
                         break
                     if data[pos] != 0x24:  # '$'
                         raise _not_bulk(data[pos])
-                    bulklen = _header_int(data[pos + 1:nl])
-                    if bulklen is None or not 0 <= bulklen <= max_bulk_len:
+                    parsed = _header_int(data[pos + 1:nl])
+                    if parsed is None or not 0 <= parsed <= max_bulk_len:
                         raise ProtocolError("Protocol error: invalid bulk length")
+                    bulklen = parsed
                     pos = nl + 2
                 end = pos + bulklen
                 if end + 2 > n:

@@ -338,6 +338,7 @@ def receive_repljob(state: ServerState, sender: ClusterNode, msg: Message) -> No
         return  # the sender will pick another node
     now = state.clock.now_ms()
     for copy in jobs_in(msg, sender):
+        assert copy.queue is not None  # jobs_in yields only jobs with a queue
         q = state.queues.lookup(copy.queue)
         if q is not None and q.flags & PAUSED_IN:
             continue

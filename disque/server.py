@@ -27,6 +27,7 @@ import socket
 import sys
 import time
 from collections.abc import Callable
+from typing import Any
 
 from . import __version__
 from .bus_handlers import register_job_messages
@@ -363,6 +364,7 @@ def main(argv: list[str] | None = None) -> int:
     if config.pidfile:
         with open(config.pidfile, "w") as fh:
             fh.write(f"{os.getpid()}\n")
+    runner: Callable[..., Any]
     try:
         import uvloop
         runner = uvloop.run

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import random
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from ._cluster import Address, Affinity, JobRouter, NodeTable, format_address, parse_addresses
@@ -95,7 +95,7 @@ class ClientBase:
         return [NodeInfo(n.id, n.host, n.port, table.priority(n.id))
                 for n in table.nodes.values()]
 
-    def _reconnect_delays(self) -> Iterable[float]:
+    def _reconnect_delays(self) -> Iterator[float]:
         """Backoff pauses between rounds over all candidates (doubling, capped)."""
         delay = self.retry_backoff
         while True:

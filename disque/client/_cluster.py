@@ -41,8 +41,7 @@ LEAVING_PRIORITY = 100
 def parse_address(value: str | tuple[str, int], default_port: int = DEFAULT_PORT) -> Address:
     """``"host:port"``, ``"host"``, ``"[::1]:7711"`` or ``(host, port)``."""
     if isinstance(value, tuple):
-        host, port = value
-        return str(host), int(port)
+        return str(value[0]), int(value[1])
     value = value.strip()
     if value.startswith("["):
         host, _, rest = value[1:].partition("]")

@@ -182,7 +182,7 @@ ASYNC_PARSER: type = AsyncDisqueHiredisParser if HIREDIS_AVAILABLE else AsyncDis
 
 def _accepts(cls: type, name: str) -> bool:
     try:
-        return name in inspect.signature(cls.__init__).parameters
+        return name in inspect.signature(cls).parameters
     except (TypeError, ValueError):
         return False
 

@@ -19,13 +19,20 @@ from ..exceptions import (
     Leaving,
     NoJob,
     ProtocolError,
-    ResponseError,
 )
 from . import _wire as w
 from ._base import DEFAULTS, ClientBase
 from ._cluster import Address, format_address
 from ._wire import Arg, Hello, Job, Request
-from .sync import NETWORK_ERRORS, PIPELINE_COMMANDS, ROUTED_BY_JOB_ID, chunks
+from .sync import (
+    CONNECT_ERRORS,
+    LINK_ERRORS,
+    NETWORK_ERRORS,
+    PIPELINE_COMMANDS,
+    ROUTED_BY_JOB_ID,
+    SWITCH_ERRORS,
+    chunks,
+)
 
 __all__ = ["AsyncClient"]
 
@@ -95,8 +102,7 @@ class AsyncClient(ClientBase):
                     conn, hello = await self._open(address)
                 except AuthError:
                     raise
-                except (*NETWORK_ERRORS, ResponseError, ProtocolError,
-                        redis.exceptions.RedisError) as exc:
+                except CONNECT_ERRORS as exc:
                     errors[format_address(address)] = exc
                     continue
                 await self._adopt(address, conn, hello)
@@ -241,7 +247,7 @@ class AsyncClient(ClientBase):
             return None
         try:
             conn, hello = await self._open(address)
-        except (*NETWORK_ERRORS, DisqueError, redis.exceptions.RedisError) as exc:
+        except SWITCH_ERRORS as exc:
             log.info("job routing: %s unreachable (%s); using the connected node",
                      format_address(address), exc)
             await self._route_failed(node_id)
@@ -277,7 +283,7 @@ class AsyncClient(ClientBase):
                         await self._route_failed(node_id)
                     except DisqueError:
                         raise
-                    except (*NETWORK_ERRORS, redis.exceptions.RedisError) as exc:
+                    except LINK_ERRORS as exc:
                         log.info("job routing: lost %s (%s); using the connected node",
                                  node_id[:8], exc)
                         await self._route_failed(node_id)
@@ -297,7 +303,7 @@ class AsyncClient(ClientBase):
                     try:
                         await conn.send_packed_command([w.pack_commands([r.args for r in reqs])])
                         replies = [await self._read(conn, r.wait) for r in reqs]
-                    except (*NETWORK_ERRORS, redis.exceptions.RedisError) as exc:
+                    except LINK_ERRORS as exc:
                         log.info("job routing: lost %s (%s); using the connected node",
                                  node_id[:8], exc)
                         await self._route_failed(node_id)
@@ -383,7 +389,7 @@ class AsyncClient(ClientBase):
         async with self._lock:
             try:
                 conn, hello = await self._open(address)
-            except (*NETWORK_ERRORS, DisqueError, redis.exceptions.RedisError) as exc:
+            except SWITCH_ERRORS as exc:
                 log.info("affinity: could not move to %s: %s", format_address(address), exc)
                 return
             log.info("affinity: moving to %s (node %s)", format_address(address), node_id)

@@ -35,6 +35,14 @@ log = logging.getLogger("disque.client")
 NETWORK_ERRORS: tuple[type[BaseException], ...] = (
     redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError,
 )
+#: Errors of one connect attempt that make the client try the next node.
+CONNECT_ERRORS: tuple[type[BaseException], ...] = (
+    *NETWORK_ERRORS, ResponseError, ProtocolError, redis.exceptions.RedisError)
+#: Errors that make a switch of node (affinity, routing) give up and stay put.
+SWITCH_ERRORS: tuple[type[BaseException], ...] = (
+    *NETWORK_ERRORS, DisqueError, redis.exceptions.RedisError)
+#: Errors on an open connection that make it unusable.
+LINK_ERRORS: tuple[type[BaseException], ...] = (*NETWORK_ERRORS, redis.exceptions.RedisError)
 #: Multi-ID commands sent to the node named in each job ID (SHOW and WORKING
 #: are routed too); ENQUEUE, DEQUEUE and DELJOB act on the connected node only,
 #: as their documentation says, so they stay there.
@@ -169,8 +177,7 @@ class Client(ClientBase):
                     conn, hello = self._open(address)
                 except AuthError:
                     raise
-                except (*NETWORK_ERRORS, ResponseError, ProtocolError,
-                        redis.exceptions.RedisError) as exc:
+                except CONNECT_ERRORS as exc:
                     errors[format_address(address)] = exc
                     continue
                 self._adopt(address, conn, hello)
@@ -318,7 +325,7 @@ class Client(ClientBase):
             return None
         try:
             conn, hello = self._open(address)
-        except (*NETWORK_ERRORS, DisqueError, redis.exceptions.RedisError) as exc:
+        except SWITCH_ERRORS as exc:
             log.info("job routing: %s unreachable (%s); using the connected node",
                      format_address(address), exc)
             self._route_failed(node_id)
@@ -359,7 +366,7 @@ class Client(ClientBase):
                         self._route_failed(node_id)
                     except DisqueError:
                         raise
-                    except (*NETWORK_ERRORS, redis.exceptions.RedisError) as exc:
+                    except LINK_ERRORS as exc:
                         log.info("job routing: lost %s (%s); using the connected node",
                                  node_id[:8], exc)
                         self._route_failed(node_id)
@@ -378,7 +385,7 @@ class Client(ClientBase):
                         conn.send_packed_command([w.pack_commands([r.args for r in reqs])])
                         replies = [conn.read_response(timeout=self._read_timeout(r.wait))
                                    for r in reqs]
-                    except (*NETWORK_ERRORS, redis.exceptions.RedisError) as exc:
+                    except LINK_ERRORS as exc:
                         log.info("job routing: lost %s (%s); using the connected node",
                                  node_id[:8], exc)
                         self._route_failed(node_id)
@@ -483,7 +490,7 @@ class Client(ClientBase):
         with self._lock:
             try:
                 conn, hello = self._open(address)
-            except (*NETWORK_ERRORS, DisqueError, redis.exceptions.RedisError) as exc:
+            except SWITCH_ERRORS as exc:
                 log.info("affinity: could not move to %s: %s", format_address(address), exc)
                 return
             log.info("affinity: moving to %s (node %s)", format_address(address), node_id)

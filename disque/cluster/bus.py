@@ -99,8 +99,8 @@ class ClusterBus:
             link.close()
         for node in self.cluster.nodes.values():
             if node.link is not None:
-                link, node.link = node.link, None
-                link.close()
+                node_link, node.link = node.link, None
+                node_link.close()
 
     # -- links ----------------------------------------------------------------
 

@@ -39,6 +39,9 @@ def new_node_id() -> str:
 
 
 class Link(Protocol):
+    #: When the link was made (ms), to tell a stuck link from a new one.
+    ctime: int
+
     def send(self, message: bytes) -> None: ...
 
     def close(self) -> None: ...
