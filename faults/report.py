@@ -96,10 +96,13 @@ def _panel(ax, history: History, title: str) -> None:
         ax.text(fault.start, len(lanes) - 0.4, fault.description.split(":")[0][:18],
                 fontsize=6, va="top")
     for outcome, colour in _COLOURS.items():
-        segments = [(o.start, max(o.end - o.start, 0.01), y[o.process]) for o in history.ops
-                    if o.process in y and o.outcome == outcome and not o.extra.get("empty")]
-        for start, width, lane in segments:
-            ax.broken_barh([(start, width)], (lane - 0.35, 0.7), color=colour, linewidth=0)
+        # One call per lane and colour: a long run has tens of thousands of ops.
+        for process, lane in y.items():
+            bars = [(o.start, max(o.end - o.start, 0.01)) for o in history.ops
+                    if o.process == process and o.outcome == outcome
+                    and not o.extra.get("empty")]
+            if bars:
+                ax.broken_barh(bars, (lane - 0.35, 0.7), color=colour, linewidth=0)
     for name, t in history.marks.items():
         ax.axvline(t, color="black", linewidth=0.6, linestyle=":")
         ax.text(t, -0.9, name, fontsize=6, rotation=0)
