@@ -382,6 +382,17 @@ def sort_replies(reqs: list[Request], pending: list[int], replies: list[Any],
     return again
 
 
+def unanswered(reqs: list[Request], pending: list[int], replies: list[Any],
+               results: list[Any]) -> list[int]:
+    """A pipeline round cut short by a lost connection: store the replies read
+    before the loss (the first ``len(replies)`` of ``pending``) and return what
+    must be sent again: the requests never answered, and those answered
+    ``-LEAVING``, in their original order."""
+    answered = pending[:len(replies)]
+    again = sort_replies(reqs, answered, replies, results)
+    return sorted(again + pending[len(replies):])
+
+
 def pack_commands(commands: list[tuple[bytes, ...]]) -> bytes:
     """Commands in RESP, ready to send as one pipeline.
 

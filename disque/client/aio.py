@@ -211,12 +211,15 @@ class AsyncClient(ClientBase):
             while pending:
                 conn = await self._connection()
                 address = self.address or "?"
+                replies: list[Any] = []
                 try:
                     await conn.send_packed_command(
                         [w.pack_commands([reqs[i].args for i in pending])])
-                    replies = [await self._read(conn, reqs[i].wait) for i in pending]
+                    for i in pending:
+                        replies.append(await self._read(conn, reqs[i].wait))
                 except NETWORK_ERRORS as exc:
                     await self._drop()
+                    pending = w.unanswered(reqs, pending, replies, results)
                     if attempt >= self.max_retries:
                         raise ConnectionFailed(f"connection to {address} lost: {exc}",
                                                {address: exc}) from exc
@@ -295,34 +298,34 @@ class AsyncClient(ClientBase):
     async def _execute_many_routed(self, node_id: str | None,
                                    reqs: list[Request]) -> list[Any]:
         """See :meth:`Client._execute_many_routed`."""
-        again: list[int] = []
-        if node_id is not None:
-            async with self._lock:
-                conn = await self._route_connection(node_id)
-                if conn is not None:
-                    try:
-                        await conn.send_packed_command([w.pack_commands([r.args for r in reqs])])
-                        replies = [await self._read(conn, r.wait) for r in reqs]
-                    except LINK_ERRORS as exc:
-                        log.info("job routing: lost %s (%s); using the connected node",
-                                 node_id[:8], exc)
-                        await self._route_failed(node_id)
-                    except BaseException:
-                        await self._close_route(node_id)
-                        raise
-                    else:
-                        results: list[Any] = [None] * len(reqs)
-                        again = w.sort_replies(reqs, list(range(len(reqs))), replies, results)
-                        if not again:
-                            return results
-                        self._table.mark_leaving(node_id)
-                        await self._route_failed(node_id)
-            if again:  # answered -LEAVING: those go to the connected node
-                for i, result in zip(again, await self._execute_many([reqs[i] for i in again]),
-                                     strict=True):
-                    results[i] = result
-                return results
-        return await self._execute_many(reqs)
+        if node_id is None:
+            return await self._execute_many(reqs)
+        results: list[Any] = [None] * len(reqs)
+        again = list(range(len(reqs)))
+        async with self._lock:
+            conn = await self._route_connection(node_id)
+            if conn is not None:
+                replies: list[Any] = []
+                try:
+                    await conn.send_packed_command([w.pack_commands([r.args for r in reqs])])
+                    for r in reqs:
+                        replies.append(await self._read(conn, r.wait))
+                except LINK_ERRORS as exc:
+                    log.info("job routing: lost %s (%s); using the connected node",
+                             node_id[:8], exc)
+                    await self._route_failed(node_id)
+                except BaseException:
+                    await self._close_route(node_id)
+                    raise
+                again = w.unanswered(reqs, again, replies, results)
+                if again and len(replies) == len(reqs):  # all answered: some -LEAVING
+                    self._table.mark_leaving(node_id)
+                    await self._route_failed(node_id)
+        if again:  # not answered there: the connected node (outside the lock)
+            for i, result in zip(again, await self._execute_many([reqs[i] for i in again]),
+                                 strict=True):
+                results[i] = result
+        return results
 
     async def execute_command(self, *args: Arg) -> Any:
         """Send any command and return the raw reply (errors raise)."""

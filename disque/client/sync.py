@@ -280,7 +280,9 @@ class Client(ClientBase):
         """Pipeline requests; one result or DisqueError per request, in order.
 
         Requests answered ``-LEAVING`` are re-sent on another node; after a
-        dropped connection every unanswered request is re-sent.
+        dropped connection the requests not answered yet are re-sent (those
+        answered before the drop keep their answer: an ADDJOB that got its
+        ID is not sent twice).
         """
         results: list[Any] = [None] * len(reqs)
         pending = list(range(len(reqs)))
@@ -289,12 +291,14 @@ class Client(ClientBase):
             while pending:
                 conn = self._connection()
                 address = self.address or "?"
+                replies: list[Any] = []
                 try:
                     conn.send_packed_command([w.pack_commands([reqs[i].args for i in pending])])
-                    replies = [conn.read_response(timeout=self._read_timeout(reqs[i].wait))
-                               for i in pending]
+                    for i in pending:
+                        replies.append(conn.read_response(timeout=self._read_timeout(reqs[i].wait)))
                 except NETWORK_ERRORS as exc:
                     self._drop()
+                    pending = w.unanswered(reqs, pending, replies, results)
                     if attempt >= self.max_retries:
                         raise ConnectionFailed(f"connection to {address} lost: {exc}",
                                                {address: exc}) from exc
@@ -376,33 +380,39 @@ class Client(ClientBase):
         return self._execute(req)
 
     def _execute_many_routed(self, node_id: str | None, reqs: list[Request]) -> list[Any]:
-        """Pipelined :meth:`_execute_routed`: one result or error per request."""
-        if node_id is not None:
-            with self._lock:
-                conn = self._route_connection(node_id)
-                if conn is not None:
-                    try:
-                        conn.send_packed_command([w.pack_commands([r.args for r in reqs])])
-                        replies = [conn.read_response(timeout=self._read_timeout(r.wait))
-                                   for r in reqs]
-                    except LINK_ERRORS as exc:
-                        log.info("job routing: lost %s (%s); using the connected node",
-                                 node_id[:8], exc)
-                        self._route_failed(node_id)
-                    except BaseException:
-                        self._close_route(node_id)
-                        raise
-                    else:
-                        results: list[Any] = [None] * len(reqs)
-                        again = w.sort_replies(reqs, list(range(len(reqs))), replies, results)
-                        if again:
-                            self._table.mark_leaving(node_id)
-                            self._route_failed(node_id)
-                            for i, result in zip(again, self._execute_many(
-                                    [reqs[i] for i in again]), strict=True):
-                                results[i] = result
-                        return results
-        return self._execute_many(reqs)
+        """Pipelined :meth:`_execute_routed`: one result or error per request.
+
+        What the job's node did not answer (link lost, or ``-LEAVING``) is
+        sent to the connected node.
+        """
+        if node_id is None:
+            return self._execute_many(reqs)
+        results: list[Any] = [None] * len(reqs)
+        again = list(range(len(reqs)))
+        with self._lock:
+            conn = self._route_connection(node_id)
+            if conn is not None:
+                replies: list[Any] = []
+                try:
+                    conn.send_packed_command([w.pack_commands([r.args for r in reqs])])
+                    for r in reqs:
+                        replies.append(conn.read_response(timeout=self._read_timeout(r.wait)))
+                except LINK_ERRORS as exc:
+                    log.info("job routing: lost %s (%s); using the connected node",
+                             node_id[:8], exc)
+                    self._route_failed(node_id)
+                except BaseException:
+                    self._close_route(node_id)
+                    raise
+                again = w.unanswered(reqs, again, replies, results)
+                if again and len(replies) == len(reqs):  # all answered: some -LEAVING
+                    self._table.mark_leaving(node_id)
+                    self._route_failed(node_id)
+            if again:
+                for i, result in zip(again, self._execute_many([reqs[i] for i in again]),
+                                     strict=True):
+                    results[i] = result
+        return results
 
     def execute_command(self, *args: Arg) -> Any:
         """Send any command; the raw reply (bytes, int, None, lists) comes back.

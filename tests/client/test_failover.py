@@ -133,3 +133,22 @@ def test_batches_resend_leaving_replies_elsewhere(server_factory) -> None:
 def _getjob_requests(n: int) -> list:
     from disque.client import _wire as w
     return [w.get_jobs(["q"], timeout_ms=1000) for _ in range(n)]
+
+
+def test_a_pipeline_cut_midway_resends_only_what_was_not_answered(
+        server: DisqueProcess) -> None:
+    """QUIT in the middle of a pipeline: the ADDJOBs answered before it keep
+    their IDs and are not added again; those after it are sent again."""
+    from disque.client import _wire as w
+
+    with Client(address(server)) as c:
+        reqs = ([w.request("ADDJOB", "q", f"job{i}", 0) for i in range(3)]
+                + [w.request("QUIT")]
+                + [w.request("ADDJOB", "q", f"job{i}", 0) for i in range(3, 6)])
+        results = c._execute_many(reqs)
+        assert results[3] == b"OK"
+        ids = [r.decode() for i, r in enumerate(results) if i != 3]
+        assert len(set(ids)) == 6 and all(i.startswith("D-") for i in ids)
+        assert c.qlen("q") == 6  # each job once
+        assert sorted(j.body for j in c.get_jobs("q", count=10, nohang=True)) == [
+            f"job{i}".encode() for i in range(6)]
