@@ -119,5 +119,13 @@ class DelayRelay:
 
     def close(self) -> None:
         self.clear()
+        self._run(self._cancel_tasks())
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(5)
+
+    async def _cancel_tasks(self) -> None:
+        """The pumps of aborted connections: cancelled, so none outlives the loop."""
+        tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)

@@ -182,11 +182,70 @@ def replica_ttl(root: Path) -> bool:
         cluster.stop()
 
 
+def yourjobs_after_gc(root: Path) -> bool:
+    """A job in flight to a consumer's node is acked elsewhere and collected: delivered?
+
+    A job with three copies is queued on n1 (its creator); the bus links
+    between n1 and n3 go through the delaying relay (1 s each way), the
+    others are fast.  A consumer blocks in GETJOB on n3, so n3 asks for jobs
+    (NEEDJOBS) and n1 sends this one (YOURJOBS) on the slow link.  While it
+    travels, the job is acked on n2: SETACK/GOTACK/DELJOB between n2 and
+    the others are fast, so the GC completes and the job is gone from every
+    node.  Then YOURJOBS arrives at n3, which must not deliver the job.
+    Found by the lossy schedule, where TCP retransmissions hold a YOURJOBS
+    back the same way.
+    """
+    import threading
+
+    from faults.nft import Redirect
+    from faults.nodes import BUS_PORT
+    from faults.relay import DelayRelay
+    from faults.workload import connect
+
+    cluster = Cluster(root, 3, 5000, [False, False, False])
+    firewall = Firewall()
+    relay = DelayRelay()
+    try:
+        cluster.start()
+        n1, n2, n3 = cluster.nodes
+        job_id = n1.client().execute_command("ADDJOB", "q", "body", 5000, "REPLICATE", 3,
+                                             "RETRY", 30).decode()
+        rules = [Redirect(a.ip, b.ip, BUS_PORT, relay.add(b.ip, BUS_PORT, 1.0))
+                 for a, b in ((n1, n3), (n3, n1))]
+        firewall.apply(rules)
+        wait_until(lambda: relay.forwarded > 0 and cluster.healthy(), 30,
+                   what="the n1-n3 links to go through the relay")
+        got: list[object] = []
+        consumer = threading.Thread(target=lambda: got.append(connect(n3, 15).execute_command(
+            "GETJOB", "TIMEOUT", 6000, "FROM", "q")))
+        consumer.start()
+        wait_until(lambda: (_show(n1, job_id) or {}).get(b"state") != b"queued", 10,
+                   what="n1 to send the job to n3")
+        assert n2.client().execute_command("ACKJOB", job_id) == 1
+        try:
+            wait_until(lambda: all(_show(n, job_id) is None for n in cluster.nodes), 0.8,
+                       interval=0.01, what="the GC to complete")
+            gone = True
+        except TimeoutError:
+            gone = False
+            print("the GC did not complete before YOURJOBS arrived: nothing shown")
+        consumer.join(15)
+        delivered = bool(got and got[0])
+        print(f"job gone from every node after the ACK: {gone}; "
+              f"then delivered by n3: {delivered}")
+        return not (gone and delivered)
+    finally:
+        cluster.stop()
+        relay.close()
+        firewall.close()
+
+
 SCENARIOS: dict[str, Callable[[Path], bool]] = {
     "ack-during-partition": ack_during_partition,
     "requeue-after-pause": requeue_after_pause,
     "acked-copy-after-lost-deljob": acked_copy_after_lost_deljob,
     "replica-ttl": replica_ttl,
+    "yourjobs-after-gc": yourjobs_after_gc,
 }
 
 

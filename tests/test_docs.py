@@ -104,6 +104,10 @@ BLOCKS: dict[tuple[str, str], str] = {
     ("docs/CLIENT.md", "disque [-h HOST]"): "a usage synopsis; tests/client/test_cli.py",
     ("docs/PERSISTENCE.md", "*3\\r\\n$7\\r\\nLOADJOB"): "the record format, not a command",
     ("docs/PERSISTENCE.md", "CONFIG SET aof-enqueue-jobs-once yes"): HERE,
+    ("docs/FAULTS.md", "python3 -m faults --faults partition,pause,kill --time 120"):
+        "schedules of minutes; tests/faults/test_schedules.py runs every kind with --time 5",
+    ("docs/FAULTS.md", "python3 -m faults.scenarios requeue-after-pause"):
+        "tests/faults/test_scenarios.py runs every scenario",
     ("docs/SPARK.md", "import spark_connector"): HERE,
     ("docs/SPARK.md", "import json"):
         "needs a query: tests/spark/test_source_spark.py reads the same expression",
