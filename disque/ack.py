@@ -22,8 +22,9 @@ if TYPE_CHECKING:
     from .cluster.state import ClusterNode
     from .state import ServerState
 
-__all__ = ["acknowledge_job", "try_job_gc", "create_dummy_ack", "fast_ack", "gc_retry_delay_ms",
-           "receive_deljob", "receive_gotack", "receive_setack"]
+__all__ = ["acknowledge_job", "acked_elsewhere", "try_job_gc", "create_dummy_ack", "fast_ack",
+           "remember_collected", "gc_retry_delay_ms", "receive_deljob", "receive_gotack",
+           "receive_setack"]
 
 #: gc_retry stops growing here (the original's cap).
 GC_RETRY_CAP = 10
@@ -56,6 +57,10 @@ def acknowledge_job(state: ServerState, job: Job, gc_follows: bool = False) -> b
     if state.job_acked_hooks:
         state.on_job_acked(job)
     if not gc_follows:
+        # Every acked copy runs the GC too, with the backoff (the original's
+        # updateJobAwakeTime): if the DELJOB of the node that completes it
+        # is lost, this copy still goes, rather than live out its TTL.
+        job.qtime = state.clock.now_ms() + gc_retry_delay_ms(job.gc_retry)
         update_awake_time(state, job)
     return True
 
@@ -139,6 +144,40 @@ def fast_ack(state: ServerState, job_id: bytes) -> bool:
 # Bus messages of the GC (SETACK, GOTACK, DELJOB)
 # --------------------------------------------------------------------------
 
+#: How long a collected job is refused if a copy of it arrives after all:
+#: longer than TCP keeps retransmitting one segment on a lossy link that our
+#: link checks do not close.
+ACKED_UNKNOWN_MS = 300_000
+#: At most this many IDs are remembered (the oldest go first): ~12 MB.  At
+#: tens of thousands of ACKs a second the window is shorter than the above.
+ACKED_UNKNOWN_MAX = 65_536
+
+
+def remember_collected(state: ServerState, job_id: bytes) -> None:
+    """The job's ACK reached us (SETACK of a job we do not hold, or DELJOB):
+    its GC may count us as confirmed and delete it everywhere, so a copy
+    still on its way to us, a YOURJOBS or REPLJOB held back on a slow link
+    (TCP orders one link, not two), must not be taken in when it lands, or
+    a job whose ACK completed would be queued again."""
+    table = state.acked_unknown
+    order = state.acked_unknown_order
+    now = state.clock.now_ms()
+    while order and (order[0][0] <= now or len(table) >= ACKED_UNKNOWN_MAX):
+        until, old = order.popleft()
+        if table.get(old) == until:
+            del table[old]
+    key = bytes(job_id)
+    until = now + ACKED_UNKNOWN_MS
+    table[key] = until
+    order.append((until, key))
+
+
+def acked_elsewhere(state: ServerState, job_id: bytes) -> bool:
+    """True for a job whose ACK reached us lately (see :func:`remember_collected`)."""
+    until = state.acked_unknown.get(job_id)
+    return until is not None and until > state.clock.now_ms()
+
+
 def receive_setack(state: ServerState, sender: ClusterNode, msg: Message) -> None:
     """SETACK(may_have): the sender acked the job and asks if we know it.
 
@@ -151,6 +190,8 @@ def receive_setack(state: ServerState, sender: ClusterNode, msg: Message) -> Non
     cluster = state.cluster
     if job is not None:
         acknowledge_job(state, job)
+    else:
+        remember_collected(state, msg.job_id)
     if job is None or len(job.delivered) <= msg.aux:
         cluster.send_gotack(sender.id, msg.job_id, job is not None)
         return
@@ -189,3 +230,4 @@ def receive_deljob(state: ServerState, sender: ClusterNode, msg: Message) -> Non
     job = state.jobs.get(msg.job_id)
     if job is not None:
         unregister_job(state, job)
+    remember_collected(state, msg.job_id)

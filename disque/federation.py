@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from .ack import acked_elsewhere
 from .cluster import messages
 from .job import ACKED, FLAG_BCAST_QUEUED, Job, serialize_job
 from .jobs import register_job, unregister_job
@@ -189,6 +190,8 @@ def receive_yourjobs(state: ServerState, sender: ClusterNode, msg: Message) -> N
         if copy.state == ACKED:
             continue  # never import an acked job
         job = state.jobs.get(copy.id)
+        if job is None and acked_elsewhere(state, copy.id):
+            continue  # its ACK's GC completed while it travelled
         if job is None:
             job = copy
             adopt_copy(state, job, now)

@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import heapq
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from itertools import islice
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 from .clock import random_time_error
 from .job import (
@@ -85,7 +85,7 @@ class AwakeSchedule:
     __slots__ = ("_buckets", "_heaped", "_keys")
 
     #: Bucket width: 16 ms.
-    BUCKET_SHIFT = 4
+    BUCKET_SHIFT: Final = 4
 
     def __init__(self) -> None:
         # Emptied buckets are deleted at once: a dict keeps its table after
@@ -203,7 +203,8 @@ class JobRegistry:
     def all(self) -> Iterator[Job]:
         return self._jobs.values()
 
-    def scan(self, cursor: int, count: int, accept=None):
+    def scan(self, cursor: int, count: int,
+             accept: Callable[[Job], bool] | None = None) -> tuple[int, list[Job]]:
         return self._jobs.scan(cursor, count, accept)
 
     def evictable_add(self, job: Job) -> None:
@@ -314,7 +315,16 @@ def process_job(state: ServerState, job: Job, now: int) -> None:
             and job.qtime - WILLQUEUE_ADVANCE_MS <= now):
         if state_ == ACTIVE:
             state.cluster.broadcast_willqueue(job)
-        job.flags &= ~FLAG_BCAST_WILLQUEUE
+        if state_ == ACTIVE and job.qtime <= now and len(state.cluster.nodes) > 1:
+            # The warning is late: the node was stopped (SIGSTOP, a VM
+            # pause) or its loop blocked past the queue time.  Queueing in
+            # the same breath would leave the others no time to answer
+            # QUEUED, and after a stop our links are likely dead, so this
+            # WILLQUEUE may be lost: warn again in 500 ms (on the links made
+            # again by then), queue 500 ms after that.
+            job.qtime = now + 2 * WILLQUEUE_ADVANCE_MS
+        else:
+            job.flags &= ~FLAG_BCAST_WILLQUEUE
     # 3. Active and its queue time came: (re)queue it.  A queue paused for
     #    input does not take it; try again a RETRY later.
     if state_ == ACTIVE and job.qtime and job.qtime <= now:

@@ -35,6 +35,7 @@ import random
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
+from .ack import acked_elsewhere
 from .blocking import Waiter, park, unblock
 from .clock import random_time_error
 from .cluster import messages
@@ -323,9 +324,10 @@ def jobs_in(msg: Message, sender: ClusterNode) -> Iterator[Job]:
 
 def adopt_copy(state: ServerState, job: Job, now: int) -> None:
     """A job received from another node, made this node's (not registered):
-    its expiry from the seconds left (clocks differ), active, no GC attempt
-    yet, no WILLQUEUE pending, the queue's shared name."""
-    job.etime = now + job.etime * 1000
+    its expiry from the time left (clocks differ; deserialize_job already
+    made the blob's seconds milliseconds), active, no GC attempt yet, no
+    WILLQUEUE pending, the queue's shared name."""
+    job.etime = now + job.etime
     job.state = ACTIVE
     job.flags &= ~FLAG_BCAST_WILLQUEUE
     job.gc_retry = 0
@@ -345,6 +347,8 @@ def receive_repljob(state: ServerState, sender: ClusterNode, msg: Message) -> No
         job = state.jobs.get(copy.id)
         if job is not None:
             job.delivered = job.delivered | copy.delivered
+        elif acked_elsewhere(state, copy.id):
+            continue  # acked and collected while this copy travelled: no GOTJOB
         else:
             _store_copy(state, copy, now)
         if not msg.mflags & messages.MFLAG_NOREPLY:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -96,6 +97,11 @@ class ServerState:
         # ADDJOBs waiting for their copies, by job ID, and the one timer
         # that asks more nodes while any waits (replication.py).
         self.replicating: dict[bytes, BlockedAdd] = {}
+        #: Jobs whose ACK reached us lately (ack.remember_collected): ID ->
+        #: until when (ms) a copy arriving late is refused; and the same
+        #: entries in the order they expire.
+        self.acked_unknown: dict[bytes, int] = {}
+        self.acked_unknown_order: deque[tuple[int, bytes]] = deque()
         self.replication_timer: asyncio.TimerHandle | None = None
         config.on_change("maxmemory", self._set_maxmemory)
 

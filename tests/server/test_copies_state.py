@@ -1,0 +1,133 @@
+"""Copies of jobs from other nodes, driven in process with a manual clock:
+the defects the fault harness (faults/, docs/FAULTS.md) found, each pinned
+at the level of the state machine (their end-to-end reproductions are in
+tests/faults/test_scenarios.py)."""
+
+from __future__ import annotations
+
+from disque import ack, federation, replication
+from disque.cluster import ClusterNode, messages
+from disque.job import ACTIVE, Job, JobIdGenerator, JobState, serialize_job
+
+from .statekit import NODE_ID, Node
+
+PEER = "b" * 40
+
+
+def _cluster() -> tuple[Node, ClusterNode]:
+    node = Node()
+    peer = ClusterNode(PEER, "127.0.0.1", 7712)
+    node.state.cluster.nodes[PEER] = peer  # known, never linked: sends are dropped
+    return node, peer
+
+
+def _peer_job(node: Node, ttl_s: int = 600, retry_s: int = 5) -> Job:
+    """A job created on the peer, with copies on both nodes."""
+    now = node.clock.now_ms()
+    job = Job(JobIdGenerator(PEER).next_id(ttl_s, retry_s), b"q", b"body", ACTIVE, 2,
+              now * 1_000_000, now + ttl_s * 1000, 0, retry_s, frozenset({PEER, NODE_ID}))
+    return job
+
+
+def _job_message(msg_type: int, job: Job, node: Node) -> messages.Message:
+    blob = serialize_job(job, bus_now_ms=node.clock.now_ms())
+    msg = messages.decode(messages.jobs_message(msg_type, PEER, 7712, 0, [blob]))
+    assert msg is not None
+    return msg
+
+
+def _id_message(msg_type: int, job_id: bytes, aux: int = 0) -> messages.Message:
+    msg = messages.decode(messages.job_id_message(msg_type, PEER, 7712, 0, job_id, aux))
+    assert msg is not None
+    return msg
+
+
+def _dropped(node: Node) -> int:
+    return node.state.cluster.messages_dropped
+
+
+def test_a_replicated_copy_keeps_the_jobs_ttl() -> None:
+    node, peer = _cluster()
+    job = _peer_job(node, ttl_s=600)
+    replication.receive_repljob(node.state, peer, _job_message(messages.REPLJOB, job, node))
+    copy = node.job(job.id)
+    assert copy is not None
+    # The time left on the wire (+1 s), not 1000 times it.
+    assert 600_000 <= copy.etime - node.clock.now_ms() <= 601_000
+
+
+def test_a_copy_acked_by_setack_runs_the_gc_itself() -> None:
+    """The node that completes the GC sends DELJOB; if that is lost the
+    acked copy must not wait for its TTL."""
+    node, peer = _cluster()
+    job = _peer_job(node)
+    replication.receive_repljob(node.state, peer, _job_message(messages.REPLJOB, job, node))
+    ack.receive_setack(node.state, peer, _id_message(messages.SETACK, job.id, aux=2))
+    copy = node.job(job.id)
+    assert copy is not None and copy.state == JobState.ACKED
+    before = _dropped(node)
+    node.advance(2_500)  # the first GC attempt of its own, ~1-2 s later
+    assert _dropped(node) == before + 1  # SETACK to the peer (no link here)
+    ack.receive_gotack(node.state, peer, _id_message(messages.GOTACK, job.id, aux=0))
+    assert node.job(job.id) is None  # every copy confirmed: forgotten
+
+
+def test_a_job_whose_ack_reached_us_is_not_taken_in_later() -> None:
+    """We told a GC we do not hold the job (GOTACK 0), or deleted our copy on
+    its DELJOB, so it may be gone everywhere; a YOURJOBS or REPLJOB of that
+    job landing afterwards (held back on a slow link) must not queue it
+    again."""
+    node, peer = _cluster()
+    late, other = _peer_job(node), _peer_job(node)
+    ack.receive_setack(node.state, peer, _id_message(messages.SETACK, late.id, aux=2))
+    assert node.job(late.id) is None  # nothing to ack here: answered GOTACK(0)
+    federation.receive_yourjobs(node.state, peer, _job_message(messages.YOURJOBS, late, node))
+    assert node.job(late.id) is None and node("QLEN", "q") == 0
+    replication.receive_repljob(node.state, peer, _job_message(messages.REPLJOB, late, node))
+    assert node.job(late.id) is None
+    # A copy we held, acked and deleted when the GC completed (DELJOB):
+    # the same for its YOURJOBS (the fault harness's lossy-link case).
+    held = _peer_job(node)
+    replication.receive_repljob(node.state, peer, _job_message(messages.REPLJOB, held, node))
+    ack.receive_setack(node.state, peer, _id_message(messages.SETACK, held.id, aux=2))
+    ack.receive_deljob(node.state, peer, _id_message(messages.DELJOB, held.id))
+    assert node.job(held.id) is None
+    federation.receive_yourjobs(node.state, peer, _job_message(messages.YOURJOBS, held, node))
+    assert node.job(held.id) is None and node("QLEN", "q") == 0
+    # Another job is imported as usual.
+    federation.receive_yourjobs(node.state, peer, _job_message(messages.YOURJOBS, other, node))
+    assert node("QLEN", "q") == 1
+    # The memory of the ACK fades after a while.
+    node.advance(ack.ACKED_UNKNOWN_MS + 1)
+    assert not ack.acked_elsewhere(node.state, late.id)
+
+
+def test_a_late_requeue_warns_twice_and_waits_before_queueing() -> None:
+    """A node resumed after a stop longer than RETRY finds its copy's queue
+    time past: it warns (WILLQUEUE), warns again on the links made again,
+    and queues only if nobody answered QUEUED meanwhile."""
+    node, peer = _cluster()
+    job = _peer_job(node, retry_s=5)
+    replication.receive_repljob(node.state, peer, _job_message(messages.REPLJOB, job, node))
+    before = _dropped(node)
+    node.advance(20_000)  # stopped well past RETRY
+    copy = node.job(job.id)
+    assert copy.state == JobState.ACTIVE and _dropped(node) == before + 1  # WILLQUEUE
+    node.advance(500)
+    assert copy.state == JobState.ACTIVE and _dropped(node) == before + 2  # WILLQUEUE again
+    node.advance(500)
+    assert copy.state == JobState.QUEUED  # nobody objected
+
+
+def test_a_late_requeue_yields_to_a_copy_queued_elsewhere() -> None:
+    node, peer = _cluster()
+    job = _peer_job(node, retry_s=5)
+    replication.receive_repljob(node.state, peer, _job_message(messages.REPLJOB, job, node))
+    node.advance(20_000)
+    copy = node.job(job.id)
+    assert copy.state == JobState.ACTIVE
+    # The peer has it queued and says so (its answer to our WILLQUEUE).
+    from disque import requeue
+    requeue.receive_queued(node.state, peer, _id_message(messages.QUEUED, job.id))
+    node.advance(1_000)
+    assert copy.state == JobState.ACTIVE and node("QLEN", "q") == 0
