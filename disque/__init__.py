@@ -1,6 +1,11 @@
 """Disque, a distributed in-memory job queue, as a Python node and client."""
 
+from . import _native
+
 __version__ = "1.0.0"
+
+# Compiled core or source: decided before any core module is imported.
+_native.activate()
 
 __all__ = [
     "__version__",

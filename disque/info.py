@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from . import __version__
+from . import __version__, _native
 
 if TYPE_CHECKING:
     from .state import ServerState
@@ -30,6 +30,8 @@ def _server(state: ServerState) -> list[tuple[str, object]]:
     return [
         ("disque_version", __version__),
         ("disque_implementation", "python"),
+        # "compiled (mypyc)", or "interpreted" with the reason (disque/_native.py).
+        ("disque_core", _native.describe()),
         ("python_version", platform.python_version()),
         ("os", f"{platform.system()} {platform.release()} {platform.machine()}"),
         ("arch_bits", 64 if sys.maxsize > 2 ** 32 else 32),

@@ -22,6 +22,7 @@ import os
 import re
 import struct
 from enum import IntEnum
+from typing import Final
 
 __all__ = [
     "Job",
@@ -179,7 +180,7 @@ class JobIdGenerator:
     __slots__ = ("_block", "_pos", "_prefix", "_suffixes")
 
     #: IDs drawn per ``os.urandom`` call (72 KiB of randomness).
-    ID_BLOCK = 4096
+    ID_BLOCK: Final = 4096
 
     def __init__(self, node_id: str) -> None:
         self._prefix = b"D-" + node_id[:8].encode() + b"-"

@@ -44,6 +44,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from .replies import Map, Status
+
 __all__ = [
     "CommandParser",
     "Map",
@@ -65,12 +67,6 @@ MAX_MULTIBULK_LENGTH = 1024 * 1024
 
 class ProtocolError(Exception):
     """A request frame that cannot be parsed; the connection must be closed."""
-
-
-class Status(str):
-    """A RESP simple string (``+OK``); plain ``str`` values are bulk strings."""
-
-    __slots__ = ()
 
 
 class ReplyError:
@@ -99,12 +95,6 @@ class _NullArray:
 
 
 NULL_ARRAY = _NullArray()
-
-
-class Map(list):
-    """Key/value pairs: a map for RESP3 clients, a flat array for RESP2 clients."""
-
-    __slots__ = ()
 
 
 OK = Status("OK")
@@ -150,7 +140,7 @@ class CommandParser:
         "_bulklen",
         "_chunked",
         "_chunks",
-        "_inline",
+        "_partial_inline",
         "max_bulk_len",
         "max_query_buffer",
     )
@@ -163,7 +153,9 @@ class CommandParser:
 
     def _reset(self) -> None:
         self._buf = b""                     # unparsed bytes held from the last read
-        self._inline = bytearray()          # an inline line without its newline yet
+        # An inline line without its newline yet.  (Not "_inline": mypyc names
+        # the C field "__inline", a keyword of GCC.)
+        self._partial_inline = bytearray()
         self._args: list[bytes] | None = None
         self._argc = 0
         self._argbytes = 0
@@ -174,7 +166,7 @@ class CommandParser:
     @property
     def pending_bytes(self) -> int:
         """Bytes of a request that is not complete yet."""
-        return len(self._buf) + len(self._inline) + self._chunked + self._argbytes
+        return len(self._buf) + len(self._partial_inline) + self._chunked + self._argbytes
 
     def feed(self, data: bytes) -> list[list[bytes]]:
         """Consume ``data`` and return the complete commands it finished.
@@ -189,7 +181,7 @@ class CommandParser:
             err.commands = out  # type: ignore[attr-defined]
             self._reset()
             raise
-        if ((self._args is not None or self._buf or self._inline)
+        if ((self._args is not None or self._buf or self._partial_inline)
                 and self.pending_bytes > self.max_query_buffer):
             self._reset()
             raise _error("Protocol error: query buffer limit reached", out)
@@ -205,7 +197,7 @@ class CommandParser:
             data = b"".join(self._chunks)
             self._chunks = []
             self._chunked = 0
-        elif self._inline:
+        elif self._partial_inline:
             data = self._finish_inline(data, out)
         elif self._buf:
             data = self._buf + data
@@ -230,7 +222,7 @@ class CommandParser:
                     if nl < 0:
                         if n - pos > MAX_INLINE_SIZE:
                             raise ProtocolError("Protocol error: too big inline request")
-                        self._inline += data[pos:]
+                        self._partial_inline += data[pos:]
                         pos = n
                         break
                     line = data[pos:nl]
@@ -299,7 +291,7 @@ class CommandParser:
 
     def _finish_inline(self, data: bytes, out: list[list[bytes]]) -> bytes:
         """Complete the inline line held from previous reads; return what follows it."""
-        buf = self._inline
+        buf = self._partial_inline
         nl = data.find(b"\n")
         if nl < 0:
             buf += data

@@ -8,6 +8,7 @@ empty, unpaused queues without blocked clients are evicted after a while.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from operator import attrgetter
 from typing import TYPE_CHECKING
 
@@ -147,10 +148,11 @@ class QueueRegistry:
         self._queues.pop(q.name)
         self._by_name.pop(q.name, None)
 
-    def all(self):
+    def all(self) -> Iterator[Queue]:
         return self._queues.values()
 
-    def scan(self, cursor: int, count: int, accept=None):
+    def scan(self, cursor: int, count: int,
+             accept: Callable[[Queue], bool] | None = None) -> tuple[int, list[Queue]]:
         return self._queues.scan(cursor, count, accept)
 
     def clear(self) -> None:

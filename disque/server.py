@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from . import __version__
+from . import __version__, _native
 from .bus_handlers import register_job_messages
 from .cluster import ClusterState, NodesFileError
 from .cluster.bus import BUS_PORT_OFFSET, ClusterBus
@@ -109,8 +109,8 @@ class DisqueServer:
         await bus.start(config.bind, self.port)
         self._cron_deadline = loop.time()
         self._schedule_cron()
-        log.info("Disque %s (python) started, pid %d, node %s", __version__, os.getpid(),
-                 cluster.myself_id)
+        log.info("Disque %s (python, core: %s) started, pid %d, node %s", __version__,
+                 _native.describe(), os.getpid(), cluster.myself_id)
         addresses = ", ".join(f"{a}:{self.port}" for a in config.bind)
         log.info("Ready to accept connections on %s", addresses)
 
@@ -349,7 +349,7 @@ def main(argv: list[str] | None = None) -> int:
         print(USAGE)
         return 0
     if args and args[0] in ("-v", "--version"):
-        print(f"Disque server v={__version__} (python)")
+        print(f"Disque server v={__version__} (python, core: {_native.describe()})")
         return 0
     try:
         config = Config.from_args(args)

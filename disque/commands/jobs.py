@@ -15,6 +15,7 @@ from ..replication import replicate_job
 from .registry import (
     BLOCKED,
     SYNTAX_ERROR,
+    CommandClient,
     CommandError,
     command,
     parse_int,
@@ -23,7 +24,6 @@ from .registry import (
 )
 
 if TYPE_CHECKING:
-    from ..connection import ClientConnection
     from ..state import ServerState
 
 DEFAULT_TTL = 86400
@@ -98,7 +98,7 @@ def parse_addjob(argv: list[bytes]) -> AddJobOptions:
 
 
 @command("addjob", -4, "write denyoom")
-def addjob(state: ServerState, client: ClientConnection, argv: list[bytes]) -> Any:
+def addjob(state: ServerState, client: CommandClient, argv: list[bytes]) -> Any:
     """ADDJOB queue body ms-timeout [REPLICATE n] [DELAY s] [RETRY s] [TTL s] [MAXLEN n] [ASYNC]"""
     opts = parse_addjob(argv)
     cluster = state.cluster
@@ -197,7 +197,7 @@ def _take_jobs(state: ServerState, queues: list[bytes], count: int,
 
 
 @command("getjob", -3, "write")
-def getjob(state: ServerState, client: ClientConnection, argv: list[bytes]) -> Any:
+def getjob(state: ServerState, client: CommandClient, argv: list[bytes]) -> Any:
     """GETJOB [NOHANG] [TIMEOUT ms] [COUNT n] [WITHCOUNTERS] FROM q1 q2 ..."""
     nohang = withcounters = False
     timeout = 0
@@ -259,7 +259,7 @@ def _ask_when_emptied(state: ServerState, queues: list[bytes]) -> None:
 # --------------------------------------------------------------------------
 
 @command("ackjob", -2, "write fast")
-def ackjob(state: ServerState, client: ClientConnection, argv: list[bytes]) -> Any:
+def ackjob(state: ServerState, client: CommandClient, argv: list[bytes]) -> Any:
     """ACKJOB id ...: acknowledge; returns how many known jobs were newly acked."""
     known = 0
     for job_id in parse_job_ids(argv[1:]):
@@ -274,7 +274,7 @@ def ackjob(state: ServerState, client: ClientConnection, argv: list[bytes]) -> A
 
 
 @command("fastack", -2, "write fast")
-def fastack(state: ServerState, client: ClientConnection, argv: list[bytes]) -> Any:
+def fastack(state: ServerState, client: CommandClient, argv: list[bytes]) -> Any:
     """FASTACK id ...: best-effort cluster-wide delete; returns known jobs deleted."""
     return sum(ack.fast_ack(state, job_id) for job_id in parse_job_ids(argv[1:]))
 
@@ -293,19 +293,19 @@ def _enqueue_ids(state: ServerState, ids: list[bytes], nack: bool) -> int:
 
 
 @command("nack", -2, "write denyoom fast")
-def nack(state: ServerState, client: ClientConnection, argv: list[bytes]) -> Any:
+def nack(state: ServerState, client: CommandClient, argv: list[bytes]) -> Any:
     """NACK id ...: requeue now, counting a negative acknowledge."""
     return _enqueue_ids(state, argv[1:], nack=True)
 
 
 @command("enqueue", -2, "write denyoom fast")
-def enqueue(state: ServerState, client: ClientConnection, argv: list[bytes]) -> Any:
+def enqueue(state: ServerState, client: CommandClient, argv: list[bytes]) -> Any:
     """ENQUEUE id ...: queue jobs that are not queued."""
     return _enqueue_ids(state, argv[1:], nack=False)
 
 
 @command("dequeue", -2, "write fast")
-def dequeue(state: ServerState, client: ClientConnection, argv: list[bytes]) -> Any:
+def dequeue(state: ServerState, client: CommandClient, argv: list[bytes]) -> Any:
     """DEQUEUE id ...: take queued jobs out of their queue."""
     dequeued = 0
     for job_id in parse_job_ids(argv[1:]):
@@ -316,7 +316,7 @@ def dequeue(state: ServerState, client: ClientConnection, argv: list[bytes]) -> 
 
 
 @command("deljob", -2, "write fast")
-def deljob(state: ServerState, client: ClientConnection, argv: list[bytes]) -> Any:
+def deljob(state: ServerState, client: CommandClient, argv: list[bytes]) -> Any:
     """DELJOB id ...: delete jobs from this node only."""
     deleted = 0
     for job_id in parse_job_ids(argv[1:]):
@@ -328,7 +328,7 @@ def deljob(state: ServerState, client: ClientConnection, argv: list[bytes]) -> A
 
 
 @command("working", 2, "write fast")
-def working(state: ServerState, client: ClientConnection, argv: list[bytes]) -> Any:
+def working(state: ServerState, client: CommandClient, argv: list[bytes]) -> Any:
     """WORKING id: postpone the next requeue by RETRY; returns RETRY in seconds."""
     (job_id,) = parse_job_ids(argv[1:])
     job = state.jobs.get(job_id)
@@ -378,7 +378,7 @@ def show_reply(job: Job, now: int) -> Map:
 
 
 @command("show", 2, "fast")
-def show(state: ServerState, client: ClientConnection, argv: list[bytes]) -> Any:
+def show(state: ServerState, client: CommandClient, argv: list[bytes]) -> Any:
     """SHOW id: everything about a job, or NULL."""
     (job_id,) = parse_job_ids(argv[1:])
     job = state.jobs.get(job_id)

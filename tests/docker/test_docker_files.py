@@ -271,6 +271,11 @@ def test_compose_spark_commands_match_the_jobs_options() -> None:
 # Dockerfiles and .dockerignore
 # --------------------------------------------------------------------------
 
+def build_output(path: Path) -> bool:
+    """A build output of a checkout (.gitignore keeps them out of the repository)."""
+    return path.suffix == ".so" or path.name == "_compiled_sources.json"
+
+
 @pytest.mark.parametrize("name", DOCKERFILES)
 def test_dockerfile_copy_sources_exist_and_are_in_the_context(name: str) -> None:
     dockerfile = DOCKER / name
@@ -284,8 +289,11 @@ def test_dockerfile_copy_sources_exist_and_are_in_the_context(name: str) -> None
             assert path.exists(), f"{name}: COPY source {source} does not exist"
             assert in_context(source), f"{name}: {source} is excluded by .dockerignore"
             if path.is_dir():
+                # Build outputs of a checkout (bytecode, the in-place compiled
+                # core) are left out on purpose: the image builds its own.
                 files = [p.relative_to(ROOT).as_posix() for p in path.rglob("*")
-                         if p.is_file() and "__pycache__" not in p.parts]
+                         if p.is_file() and "__pycache__" not in p.parts
+                         and not build_output(p)]
                 assert files and all(in_context(f) for f in files), (
                     f"{name}: .dockerignore drops part of {source}")
 
@@ -295,7 +303,7 @@ def test_dockerfile_copies_what_pip_install_needs(name: str) -> None:
     """pyproject.toml's readme, packages and modules are all copied before pip runs."""
     pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
     setuptools = pyproject["tool"]["setuptools"]
-    needed = {"pyproject.toml", pyproject["project"]["readme"]}
+    needed = {"pyproject.toml", pyproject["project"]["readme"], "setup.py"}
     needed |= {f"{module}.py" for module in setuptools.get("py-modules", [])}
     includes = setuptools["packages"]["find"]["include"]
     needed |= {p.name for p in ROOT.iterdir() if (p / "__init__.py").is_file()
