@@ -301,8 +301,9 @@ class ClientConnection(asyncio.Protocol):
         out: list[bytes] = []
         while slots and slots[0].reply is not None:
             out.append(slots.popleft().reply)  # type: ignore[arg-type]
-        if out:
-            self._write(b"".join(out))
+        if not out:
+            return  # an earlier ADDJOB still waits: nothing is due yet
+        self._write(b"".join(out))
         if self.pending:
             # Not now: we may be inside another client's command.
             asyncio.get_running_loop().call_soon(self._drain)
