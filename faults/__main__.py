@@ -36,8 +36,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         help="stop producing after this many ADDJOBs per schedule")
     parser.add_argument("--drain-timeout", type=float, default=60.0,
                         help="after healing, seconds to consume every job (default 60)")
-    parser.add_argument("--gc-timeout", type=float, default=45.0,
-                        help="then seconds for the ACK GC to empty the nodes (default 45)")
+    parser.add_argument("--gc-timeout", type=float, default=200.0,
+                        help="then seconds for the ACK GC to empty the nodes (default 200: "
+                             "the GC's retry backoff reaches 180 s)")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--out", type=Path, default=None,
                         help="directory for report.json, history-*.json, timeline.png and "

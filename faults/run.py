@@ -33,10 +33,12 @@ class Schedule:
     #: Which nodes have AOF (appendfsync always); the others lose their jobs on SIGKILL.
     aof: list[bool] = field(default_factory=lambda: [True, True, False])
     drain_timeout_s: float = 60.0
-    #: After the drain, how long the ACK GC may take.  Its retries back off
-    #: (1, 2, 4 ... s) while a node is away, so it needs more than the faults
-    #: lasted; 45 s covers a 30 s schedule.
-    gc_timeout_s: float = 45.0
+    #: After the drain, how long the ACK GC may take.  Every acked copy
+    #: retries it with a backoff (1, 2, 4 ... s, capped at 180 s) that grows
+    #: while a node is away: after two minutes of faults the next attempt can
+    #: be minutes off, so the wait covers the cap (it ends as soon as the
+    #: nodes are empty: 52 s after a 120 s pause schedule).
+    gc_timeout_s: float = 200.0
     workload: WorkloadConfig = field(default_factory=WorkloadConfig)
 
 
