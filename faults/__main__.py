@@ -56,13 +56,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(argv)
-    if not netns.in_namespace():
-        reason = netns.unavailable_reason()
-        if reason is not None:
-            print(f"faults: skipped: {reason}", file=sys.stderr)
-            return EXIT_SKIPPED
-        netns.reexec_in_namespace("faults", argv)
-    netns.bring_up_loopback()
+    reason = netns.enter("faults", argv)
+    if reason is not None:
+        print(f"faults: skipped: {reason}", file=sys.stderr)
+        return EXIT_SKIPPED
     if args.out is None:
         with tempfile.TemporaryDirectory(prefix="faults-") as tmp:
             return run(args, Path(tmp))

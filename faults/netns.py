@@ -45,6 +45,19 @@ def reexec_in_namespace(module: str, argv: Sequence[str]) -> NoReturn:
     os.execvpe("unshare", ["unshare", "-n", "--", sys.executable, "-m", module, *argv], env)
 
 
+def enter(module: str, argv: Sequence[str]) -> str | None:
+    """Make this run ``python -m module argv`` inside its own namespace with
+    ``lo`` up: re-executes first when outside it.  Returns why it cannot
+    (nothing was done), or None once inside and ready."""
+    if not in_namespace():
+        reason = unavailable_reason()
+        if reason is not None:
+            return reason
+        reexec_in_namespace(module, argv)
+    bring_up_loopback()
+    return None
+
+
 def interfaces() -> list[str]:
     out = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True,
                          check=True).stdout

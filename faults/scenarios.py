@@ -253,13 +253,10 @@ def main(argv: list[str]) -> int:
     if len(argv) != 1 or argv[0] not in SCENARIOS:
         print(f"usage: python3 -m faults.scenarios {{{','.join(SCENARIOS)}}}", file=sys.stderr)
         return 2
-    if not netns.in_namespace():
-        reason = netns.unavailable_reason()
-        if reason is not None:
-            print(f"skipped: {reason}", file=sys.stderr)
-            return EXIT_SKIPPED
-        netns.reexec_in_namespace("faults.scenarios", argv)
-    netns.bring_up_loopback()
+    reason = netns.enter("faults.scenarios", argv)
+    if reason is not None:
+        print(f"faults.scenarios: skipped: {reason}", file=sys.stderr)
+        return EXIT_SKIPPED
     with tempfile.TemporaryDirectory(prefix="faults-scenario-") as tmp:
         started = time.monotonic()
         behaved = SCENARIOS[argv[0]](Path(tmp))
