@@ -257,7 +257,10 @@ class JobRouter:
     def target(self, job_id: str | bytes | bytearray | memoryview | int,
                current: str | None) -> str | None:
         prefix = job_node_prefix(job_id)
-        if prefix is None or (current is not None and current.startswith(prefix)):
+        return None if prefix is None else self._node_for(prefix, current)
+
+    def _node_for(self, prefix: str, current: str | None) -> str | None:
+        if current is not None and current.startswith(prefix):
             return None
         node = self.table.node_by_prefix(prefix)
         if node is None or self.table.address_of(node.id) is None:
@@ -276,13 +279,20 @@ class JobRouter:
 
         One malformed ID sends the whole command to the connected node, so
         that it fails with ``-BADID`` as a whole, as it does unrouted,
-        rather than after the other groups were acted on.
+        rather than after the other groups were acted on.  Each node prefix
+        is resolved once (``ack_many`` passes thousands of IDs, of a few
+        nodes).
         """
-        if any(job_node_prefix(job_id) is None for job_id in job_ids):
+        prefixes = [job_node_prefix(job_id) for job_id in job_ids]
+        if None in prefixes:
             return {None: list(range(len(job_ids)))}
+        nodes: dict[str, str | None] = {}
         groups: dict[str | None, list[int]] = {}
-        for i, job_id in enumerate(job_ids):
-            groups.setdefault(self.target(job_id, current), []).append(i)
+        for i, prefix in enumerate(prefixes):
+            assert prefix is not None
+            if prefix not in nodes:
+                nodes[prefix] = self._node_for(prefix, current)
+            groups.setdefault(nodes[prefix], []).append(i)
         return groups
 
     def failed(self, node_id: str) -> None:
