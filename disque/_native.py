@@ -54,6 +54,17 @@ COMPILED_MODULES: tuple[str, ...] = (
     "disque.memory",
     "disque.clock",
     "disque.blocking",
+    # The bus's per-job path: a peer spends its time here (REPLJOB in,
+    # GOTJOB out), and the creator half of its time.
+    "disque.cluster.messages",
+    "disque.cluster.link",
+    "disque.cluster.bus",
+    "disque.cluster.state",
+    "disque.bus_handlers",
+    "disque.replication",
+    "disque.requeue",
+    "disque.federation",
+    "disque.gcpolicy",
 )
 
 #: Set to 1 (or yes/true) to build without compiling, or to run the source

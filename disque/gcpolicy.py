@@ -32,6 +32,15 @@ FREEZE_PERIOD_S = 1.0
 UNFREEZE_PERIOD_S = 3600.0
 
 
+#: Gen-1 collections between full ones (CPython's default is 10).  A full
+#: collection walks everything allocated since the last freeze: with the
+#: default, a node taking 25k jobs a second ran several a second, walking
+#: the same new jobs again each time (7% of a cluster node's CPU).  At 1000
+#: they practically never run between two freezes; garbage cycles still go
+#: in gen-0/1 collections, or in the hourly full collection.
+FULL_COLLECTION_THRESHOLD = 1000
+
+
 class CollectorPolicy:
     """Called from the cron with the monotonic time; see the module docstring."""
 
@@ -42,6 +51,12 @@ class CollectorPolicy:
         self._last_unfreeze = now
         self.freezes = 0
         self.unfreezes = 0
+
+    @staticmethod
+    def install() -> None:
+        """The node's collector thresholds (process-wide: call once, at start)."""
+        gen0, gen1, _gen2 = gc.get_threshold()
+        gc.set_threshold(gen0, gen1, FULL_COLLECTION_THRESHOLD)
 
     def tick(self, now: float) -> None:
         if now - self._last_unfreeze >= UNFREEZE_PERIOD_S:

@@ -66,6 +66,7 @@ class DisqueServer:
         self._cron_deadline = 0.0
         self._last_queue_eviction = 0.0
         self._collector = CollectorPolicy(time.monotonic())
+        self._collector.install()
         self._stopped = asyncio.Event()
         self._stopping = False
         self.shutdown_hooks: list[Callable[[str], None]] = []

@@ -53,6 +53,11 @@ assert GOSSIP.size == 104
 _AUX = struct.Struct(">I")
 _TWO_U32 = struct.Struct(">II")
 _TOTLEN = struct.Struct(">I")
+#: The header fields a receiver reads (version, type, count, sender, port,
+#: flags, mflags[0]), skipping the rest: unpacking the unused 80 bytes of
+#: myip and reserved made two bytes objects per message for nothing.
+_DECODED_HEADER = struct.Struct(">8xH2xHH40s80xHHxB2x")
+assert _DECODED_HEADER.size == HEADER_SIZE
 
 # Message types.
 PING, PONG, MEET, FAIL, REPLJOB, GOTJOB, ENQUEUE, QUEUED, SETACK, WILLQUEUE, \
@@ -112,21 +117,36 @@ class GossipEntry(NamedTuple):
     flags: int
 
 
-class Message(NamedTuple):
-    """One decoded bus message.  Only the fields of its type are meaningful."""
+class Message:
+    """One decoded bus message.  Only the fields of its type are meaningful.
 
-    type: int
-    sender: str
-    port: int            # the sender's client port
-    flags: int           # the sender's node flags (wire bits)
-    mflags: int
-    gossip: tuple[GossipEntry, ...] = ()
-    node_id: str = ""    # FAIL
-    job_id: bytes = b""  # job-ID messages
-    aux: int = 0         # job-ID and queue messages
-    queue: bytes = b""   # queue messages
-    numjobs: int = 0     # job messages
-    payload: bytes = b""  # job messages: the serialized jobs
+    A plain slotted class rather than a NamedTuple: one is built per message
+    received, thousands a second, and compiled it is a C struct.
+    """
+
+    __slots__ = ("aux", "flags", "gossip", "job_id", "mflags", "node_id", "numjobs",
+                 "payload", "port", "queue", "sender", "type")
+
+    def __init__(self, msg_type: int, sender: str, port: int, flags: int, mflags: int,
+                 gossip: tuple[GossipEntry, ...] = (), node_id: str = "",
+                 job_id: bytes = b"", aux: int = 0, queue: bytes = b"", numjobs: int = 0,
+                 payload: bytes = b"") -> None:
+        self.type = msg_type
+        self.sender = sender
+        self.port = port        # the sender's client port
+        self.flags = flags      # the sender's node flags (wire bits)
+        self.mflags = mflags
+        self.gossip = gossip
+        self.node_id = node_id  # FAIL
+        self.job_id = job_id    # job-ID messages
+        self.aux = aux          # job-ID and queue messages
+        self.queue = queue      # queue messages
+        self.numjobs = numjobs  # job messages
+        self.payload = payload  # job messages: the serialized jobs
+
+    def __repr__(self) -> str:
+        return (f"Message({TYPE_NAMES[self.type]} from {self.sender} port={self.port} "
+                f"flags={self.flags} mflags={self.mflags})")
 
 
 class FrameError(Exception):
@@ -191,8 +211,21 @@ def jobs_message(msg_type: int, sender_id: str, port: int, flags: int, blobs: li
                  mflags: int = 0) -> bytes:
     """REPLJOB / YOURJOBS: numjobs u32, datasize u32, the serialized jobs."""
     data = b"".join(blobs)
-    return (header(msg_type, sender_id, port, flags, 8 + len(data), mflags=mflags)
-            + _TWO_U32.pack(len(blobs), len(data)) + data)
+    key = (msg_type, sender_id, port, flags, mflags)
+    rest = _JOBS_HEADERS.get(key)
+    if rest is None:
+        if len(_JOBS_HEADERS) >= 1024:  # our ID or port changed many times
+            _JOBS_HEADERS.clear()
+        # All but the signature and totlen, which vary with the jobs' size.
+        rest = _JOBS_HEADERS[key] = header(msg_type, sender_id, port, flags, 0,
+                                           mflags=mflags)[8:]
+    return b"".join((SIGNATURE, _TOTLEN.pack(HEADER_SIZE + 8 + len(data)), rest,
+                     _TWO_U32.pack(len(blobs), len(data)), data))
+
+
+#: Headers of job messages (REPLJOB, YOURJOBS) from offset 8, by what varies
+#: in them (as _JOB_ID_HEADERS): one REPLJOB goes out per replicated job.
+_JOBS_HEADERS: dict[tuple[int, str, int, int, int], bytes] = {}
 
 
 # --------------------------------------------------------------------------
@@ -255,18 +288,16 @@ class FrameReader:
         return frames
 
 
-def _body_length_ok(msg_type: int, count: int, body: bytes) -> bool:
-    size = len(body)
+def _body_length_ok(msg_type: int, count: int, frame: bytes) -> bool:
+    size = len(frame) - HEADER_SIZE
+    if msg_type in JOB_ID_TYPES:
+        return size == 44
     if msg_type in GOSSIP_TYPES:
         return size == count * GOSSIP.size
     if msg_type == FAIL:
         return size == 40
-    if msg_type in JOB_ID_TYPES:
-        return size == 44
-    if msg_type in JOBS_TYPES:
-        return size >= 8 and size == 8 + _TWO_U32.unpack_from(body, 0)[1]
-    if msg_type in QUEUE_TYPES:
-        return size >= 8 and size == 8 + _TWO_U32.unpack_from(body, 0)[1]
+    if msg_type in JOBS_TYPES or msg_type in QUEUE_TYPES:
+        return size >= 8 and size == 8 + _TWO_U32.unpack_from(frame, HEADER_SIZE)[1]
     return False
 
 
@@ -299,33 +330,33 @@ def decode(frame: bytes) -> Message | None:
     Dropped: another protocol version, an unknown type, a body whose length
     does not match its type, a sender that is not a node ID.
     """
-    (_sig, _totlen, version, _unused, msg_type, count, sender, _myip, _reserved, port,
-     flags, _state, mflags) = HEADER.unpack_from(frame, 0)
+    version, msg_type, count, sender, port, flags, mflags = _DECODED_HEADER.unpack_from(frame)
     if version != VERSION or msg_type >= len(TYPE_NAMES):
         return None
-    body = frame[HEADER_SIZE:]
-    if not _body_length_ok(msg_type, count, body):
+    if not _body_length_ok(msg_type, count, frame):
         return None
     sender_id = _SENDERS.get(sender)
     if sender_id is None:
         sender_id = _valid_sender(sender)
         if sender_id is None:
             return None
-    base = (msg_type, sender_id, port, flags, mflags[0])
+    body = HEADER_SIZE
+    if msg_type in JOB_ID_TYPES:  # the most frequent: GOTJOB, QUEUED, SETACK ...
+        return Message(msg_type, sender_id, port, flags, mflags,
+                       job_id=frame[body:body + 40], aux=_AUX.unpack_from(frame, body + 40)[0])
+    if msg_type in JOBS_TYPES:
+        numjobs = _TWO_U32.unpack_from(frame, body)[0]
+        return Message(msg_type, sender_id, port, flags, mflags, numjobs=numjobs,
+                       payload=frame[body + 8:])
     if msg_type in GOSSIP_TYPES:
         entries = []
         for i in range(count):
             (node_id, ping_sent, pong_received, ip, gport, gflags, _u1,
-             _u2) = GOSSIP.unpack_from(body, i * GOSSIP.size)
+             _u2) = GOSSIP.unpack_from(frame, body + i * GOSSIP.size)
             entries.append(GossipEntry(_text(node_id), ping_sent, pong_received, _text(ip),
                                        gport, gflags))
-        return Message(*base, gossip=tuple(entries))
+        return Message(msg_type, sender_id, port, flags, mflags, gossip=tuple(entries))
     if msg_type == FAIL:
-        return Message(*base, node_id=_text(body))
-    if msg_type in JOB_ID_TYPES:
-        return Message(*base, job_id=body[:40], aux=_AUX.unpack_from(body, 40)[0])
-    if msg_type in JOBS_TYPES:
-        numjobs, _size = _TWO_U32.unpack_from(body, 0)
-        return Message(*base, numjobs=numjobs, payload=body[8:])
-    aux, _size = _TWO_U32.unpack_from(body, 0)
-    return Message(*base, aux=aux, queue=body[8:])
+        return Message(msg_type, sender_id, port, flags, mflags, node_id=_text(frame[body:]))
+    aux = _TWO_U32.unpack_from(frame, body)[0]
+    return Message(msg_type, sender_id, port, flags, mflags, aux=aux, queue=frame[body + 8:])

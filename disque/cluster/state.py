@@ -178,13 +178,18 @@ class ClusterState:
         counted them).
         """
         bad = _UNREACHABLE
-        return [n for n in self.nodes.values() if not (n.flags & bad)]
+        return [n for n in self.nodes.values() if n.flags.isdisjoint(bad)]
 
     @property
     def reachable_count(self) -> int:
         if len(self.nodes) == 1:
             return 0
-        return len(self.reachable_nodes())
+        bad = _UNREACHABLE
+        count = 0
+        for node in self.nodes.values():
+            if node.flags.isdisjoint(bad):
+                count += 1
+        return count
 
     def other_node_ids(self) -> Iterator[str]:
         return (nid for nid in self.nodes if nid != self.myself.id)
@@ -204,8 +209,11 @@ class ClusterState:
 
     @property
     def wire_flags(self) -> int:
-        """Our flags as the header carries them."""
-        return messages.flags_to_wire(self.myself.flags)
+        """Our flags as the header carries them (in every message we send)."""
+        flags = self.myself.flags
+        if len(flags) == 1 and FLAG_MYSELF in flags:  # nearly always: skip the loop
+            return _MYSELF_WIRE
+        return messages.flags_to_wire(flags)
 
     def send(self, node_id: str, message: bytes) -> bool:
         node = self.nodes.get(node_id)
@@ -282,5 +290,6 @@ class ClusterState:
         self.broadcast(self.queue_message(messages.PAUSE, queue, flags))
 
 
+_MYSELF_WIRE = messages.WIRE_FLAGS[FLAG_MYSELF]
 _UNREACHABLE = frozenset((FLAG_MYSELF, FLAG_HANDSHAKE, FLAG_LEAVING, FLAG_PFAIL, FLAG_FAIL,
                           FLAG_NOADDR))

@@ -168,6 +168,23 @@ def test_collector_policy_freezes_then_hands_back() -> None:
         gc.unfreeze()
 
 
+def test_collector_policy_install_keeps_full_collections_off_between_freezes() -> None:
+    before = gc.get_threshold()
+    try:
+        CollectorPolicy.install()
+        gen0, gen1, gen2 = gc.get_threshold()
+        assert (gen0, gen1) == before[:2]
+        assert gen2 == gcpolicy.FULL_COLLECTION_THRESHOLD > before[2]
+        # Young garbage cycles are still collected by the cheap generations.
+        obj = Cycle()
+        alive = weakref.ref(obj)
+        del obj
+        gc.collect(1)
+        assert alive() is None
+    finally:
+        gc.set_threshold(*before)
+
+
 class Cycle:
     """An object in a reference cycle: only the cyclic collector frees it."""
 
