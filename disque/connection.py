@@ -53,7 +53,7 @@ MAX_PENDING_COMMANDS = 10_000
 #: ADDJOBs of one client that may wait for their copies at the same time;
 #: the next one waits in ``pending`` like any blocked-behind command.
 MAX_OVERLAPPED_ADDJOBS = 1024
-_ADDJOB = b"addjob"
+_ADDJOBS = frozenset((b"addjob", b"addjobs"))
 #: Queued reply bytes after which running a client's pending commands waits
 #: for the next loop turn (the replies are written, back-pressure applies).
 DRAIN_OUTPUT_LIMIT = 256 * 1024
@@ -121,7 +121,7 @@ class ReplySlot:
 
 
 def _overlappable(argv: list[bytes]) -> bool:
-    return bool(argv) and argv[0].lower() == _ADDJOB
+    return bool(argv) and argv[0].lower() in _ADDJOBS
 
 
 class ClientConnection(asyncio.Protocol):

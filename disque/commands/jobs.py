@@ -58,9 +58,7 @@ _DEFAULT_OPTIONS = AddJobOptions()
 def parse_addjob(argv: list[bytes]) -> AddJobOptions:
     """The options after ``ADDJOB queue body timeout`` (the timeout is checked too)."""
     n = len(argv)
-    if n == 4:
-        if argv[3] != b"0":
-            parse_timeout_ms(argv[3])
+    if n == 4 and argv[3] == b"0":
         return _DEFAULT_OPTIONS
     opts = AddJobOptions()
     i = 4

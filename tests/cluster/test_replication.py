@@ -133,6 +133,19 @@ def test_noreply_timeout_leaves_no_copies(make_cluster) -> None:
              message=lambda: f"the partial copies to go (had {ids})")
 
 
+def test_the_timeout_applies_without_any_option(make_cluster) -> None:
+    """``ADDJOB q body 300`` alone: the fast path for option-less ADDJOBs once
+    dropped the timeout, and such a job waited for its copies forever."""
+    a, _, c = make_cluster(3)
+    os.kill(c.pid, signal.SIGSTOP)
+    try:
+        client = a.client(socket_timeout=10)
+        with pytest.raises(redis.ResponseError, match="NOREPL Timeout reached"):
+            client.execute_command("ADDJOB", "q", "x", 300)
+    finally:
+        os.kill(c.pid, signal.SIGCONT)
+
+
 def test_async_replies_at_once_and_copies_follow(make_cluster) -> None:
     nodes = make_cluster(3)
     job_id = nodes[1].client().execute_command("ADDJOB", "q", "x", 0, "REPLICATE", 3, "ASYNC")
