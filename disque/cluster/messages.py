@@ -188,9 +188,13 @@ def queue_message(msg_type: int, sender_id: str, port: int, flags: int, queue: b
 
 
 def jobs_message(msg_type: int, sender_id: str, port: int, flags: int, blobs: list[bytes],
-                 mflags: int = 0) -> bytes:
-    """REPLJOB / YOURJOBS: numjobs u32, datasize u32, the serialized jobs."""
-    data = b"".join(blobs)
+                 mflags: int = 0, trailer: bytes = b"") -> bytes:
+    """REPLJOB / YOURJOBS: numjobs u32, datasize u32, the serialized jobs.
+
+    ``trailer`` goes after the jobs, inside ``datasize``: the extension
+    options of the jobs (disque.jobext), which the original ignores.
+    """
+    data = b"".join(blobs) + trailer
     return (header(msg_type, sender_id, port, flags, 8 + len(data), mflags=mflags)
             + _TWO_U32.pack(len(blobs), len(data)) + data)
 
