@@ -195,17 +195,18 @@ def enqueue_job(state: ServerState, job: Job, nack: bool = False, *,
         ext.nack_pending = False  # the queueing a NACK ... DELAY waited for
         nack = True
     if flags & FLAG_BCAST_QUEUED or nack:
-        if ext is not None and limit_reached(job):
-            # The re-queue that would exceed MAXDELIVERIES: the job goes to
-            # its dead-letter queue instead (counted as this re-queue).
-            from .deadletter import dead_letter
-            dead_letter(state, job)
-            q = None
+        # The re-queue that would exceed MAXDELIVERIES moves the job to its
+        # dead-letter queue instead; it still counts as this re-queue.
+        dead = ext is not None and limit_reached(job)
         job.flags = flags
         if nack:
             job.nacks += 1
         else:
             job.additional_deliveries += 1
+        if dead:
+            from .deadletter import dead_letter
+            dead_letter(state, job)  # before QUEUED: the copies learn the move first
+            q = None
         state.cluster.broadcast_queued(job, nack)
     else:
         job.flags = flags | FLAG_BCAST_QUEUED
