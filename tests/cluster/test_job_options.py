@@ -6,7 +6,16 @@ from __future__ import annotations
 
 import time
 
-from tests.support.cluster import show
+import pytest
+
+from tests.support.cluster import (
+    TEST_NODE_TIMEOUT_MS,
+    ReferenceProcess,
+    meet,
+    reference_server,
+    show,
+    wait_joined,
+)
 from tests.support.process import DisqueProcess, wait_for
 
 
@@ -81,3 +90,34 @@ def test_nack_delay_holds_every_copy(make_cluster) -> None:
     wait_for(lambda: [show(n, job_id)[b"nacks"] for n in nodes] == [1, 1], timeout=5,
              message="both copies to count the NACK once")
     assert [show(n, job_id)[b"additional-deliveries"] for n in nodes] == [0, 0]
+
+
+@pytest.mark.skipif(reference_server() is None,
+                    reason="needs the original server: set DISQUE_REFERENCE_SERVER to its "
+                           "disque-server")
+def test_an_original_node_keeps_a_plain_copy(server_factory, tmp_path) -> None:
+    ours = server_factory("--cluster-node-timeout", str(TEST_NODE_TIMEOUT_MS))
+    original = ReferenceProcess(tmp_path / "ref", "--cluster-node-timeout",
+                                str(TEST_NODE_TIMEOUT_MS)).start()
+    try:
+        meet(ours, original)
+        wait_joined([ours, original])
+        # Synchronous replication completes: the original stores the job
+        # and answers GOTJOB although the REPLJOB carries the trailer.
+        job_id = ours.client().execute_command("ADDJOB", "q", "x", 5000, "REPLICATE", 2,
+                                               "RETRY", 1, "MAXDELIVERIES", 1)
+        copy = show(original, job_id)
+        assert (copy[b"queue"], copy[b"body"], copy[b"retry"]) == (b"q", b"x", 1)
+        assert b"max-deliveries" not in copy  # a plain job there
+        assert ours.client().execute_command("GETJOB", "FROM", "q")[0][1] == job_id
+        assert ours.client().execute_command("NACK", job_id) == 1  # the limit: moved here
+        assert show(ours, job_id)[b"queue"] == b"q:dead"
+        # The original ignored the move, counted the NACK (QUEUED) and postponed.
+        wait_for(lambda: show(original, job_id)[b"nacks"] == 1, timeout=5,
+                 message="the original to count the NACK")
+        assert show(original, job_id)[b"queue"] == b"q"
+        assert ours.client().execute_command("ACKJOB", job_id) == 1
+        wait_for(lambda: show(original, job_id) is None and show(ours, job_id) is None,
+                 timeout=20, message="the ACK to reach the original")
+    finally:
+        original.kill()
