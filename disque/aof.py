@@ -33,7 +33,10 @@ What is logged
   written, which on a single node is always the case: then only the
   ``DELJOB`` is written;
 * ``DELJOB`` when a job goes away (ack GC, DELJOB, FASTACK, expiry,
-  eviction).
+  eviction);
+* a ``LOADJOB`` of the job again when it is dead-lettered to another queue
+  (``job_moved_hooks``; the job's extension options, if any, follow its
+  blob inside the argument: :mod:`disque.jobext`).
 
 Deliveries, NACKs and requeues are not logged (as in the original); a
 rewrite captures them.
