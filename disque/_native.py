@@ -46,6 +46,7 @@ COMPILED_MODULES: tuple[str, ...] = (
     "disque.commands.registry",
     "disque.commands.jobs",
     "disque.job",
+    "disque.jobext",
     "disque.jobs",
     "disque.queue",
     "disque.keyspace",

@@ -33,7 +33,10 @@ What is logged
   written, which on a single node is always the case: then only the
   ``DELJOB`` is written;
 * ``DELJOB`` when a job goes away (ack GC, DELJOB, FASTACK, expiry,
-  eviction).
+  eviction);
+* a ``LOADJOB`` of the job again when it is dead-lettered to another queue
+  (``job_moved_hooks``; the job's extension options, if any, follow its
+  blob inside the argument: :mod:`disque.jobext`).
 
 Deliveries, NACKs and requeues are not logged (as in the original); a
 rewrite captures them.
@@ -136,10 +139,9 @@ from .job import (
     Job,
     JobState,
     SerializationError,
-    deserialize_job,
     is_valid_job_id,
-    serialize_job,
 )
+from .jobext import decode_stored, stored_form
 from .protocol import ReplyError
 
 if TYPE_CHECKING:
@@ -190,7 +192,7 @@ def _with_crc(head: bytes, payload: bytes) -> bytes:
 
 def loadjob_record(job: Job) -> bytes:
     """``LOADJOB <blob> <crc>`` for ``job`` as it is now."""
-    blob = serialize_job(job)
+    blob = stored_form(job)
     return _with_crc(b"*3\r\n$7\r\nLOADJOB\r\n$%d\r\n" % len(blob), blob)
 
 
@@ -202,6 +204,7 @@ def dehydrated_ack_record(job: Job) -> bytes:
     copy.gc_retry = job.gc_retry
     copy.nacks = job.nacks
     copy.additional_deliveries = job.additional_deliveries
+    copy.ext = job.ext
     return loadjob_record(copy)
 
 
@@ -349,10 +352,8 @@ class AofReader:
             # A record of the original's format has no checksum: require
             # that it also makes sense.
             try:
-                _job, end = deserialize_job(rec.args[0])
+                decode_stored(rec.args[0])
             except SerializationError:
-                return None
-            if end != len(rec.args[0]):
                 return None
         return rec
 
@@ -472,10 +473,8 @@ class BlobDecoder:
 
     @staticmethod
     def _slow(blob: bytes) -> Job:
-        job, end = deserialize_job(blob)
-        if end != len(blob):
-            raise SerializationError("trailing bytes after the job")
-        return job
+        # Also the way for jobs with extension options (after the blob).
+        return decode_stored(blob)
 
 
 class AofCorruptError(Exception):
@@ -790,6 +789,7 @@ class AppendOnlyFile:
         self.write_each_command = True
         state.job_created_hooks.append(self._on_created)
         state.job_acked_hooks.append(self._on_acked)
+        state.job_moved_hooks.append(self._on_created)  # a later LOADJOB replaces the earlier
         state.job_removed_hooks.append(self._on_removed)
         state.before_reply_hooks.append(self.before_reply)
         self.config.on_change("appendonly", self._set_appendonly)
@@ -1315,6 +1315,7 @@ class AppendOnlyFile:
 def apply_loaded_jobs(state: ServerState, jobs: Any, restore_queues: bool) -> dict[str, int]:
     """Register replayed jobs: active (requeued later by RETRY) or, once, queued."""
     from .ack import gc_retry_delay_ms
+    from .jobext import retry_seconds
     from .jobs import register_job, requeue_time
     from .queue import enqueue_job
 
@@ -1348,12 +1349,12 @@ def apply_loaded_jobs(state: ServerState, jobs: Any, restore_queues: bool) -> di
                     job.qtime = max(now, job.ctime // 1_000_000 + job.delay * 1000)
                 elif job.retry:
                     # Delivered: requeue RETRY after now, as after a delivery.
-                    job.qtime = requeue_time(state, job.retry, now)
+                    job.qtime = requeue_time(state, retry_seconds(job), now)
                     job.flags |= FLAG_BCAST_WILLQUEUE
                 else:
                     job.qtime = 0   # a delivered RETRY-0 job is never queued again
             elif job.retry:
-                job.qtime = requeue_time(state, job.delay + job.retry, now)
+                job.qtime = requeue_time(state, job.delay + retry_seconds(job), now)
                 job.flags |= FLAG_BCAST_WILLQUEUE
                 if not job.flags & FLAG_DELIVERED:
                     # Not known to have been delivered: requeueing it is not

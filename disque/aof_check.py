@@ -22,7 +22,8 @@ import os
 import sys
 
 from .aof import KIND_DELJOB, KIND_LOADJOB, KIND_MARK, AofReader, Damage, Record
-from .job import SerializationError, deserialize_job
+from .job import SerializationError
+from .jobext import decode_stored
 
 __all__ = ["main", "check"]
 
@@ -54,9 +55,7 @@ def check(path: str, out=sys.stdout) -> tuple[list[Damage], int, AofReader | Non
         legacy += not item.checked
         if item.kind == KIND_LOADJOB:
             try:
-                job, end = deserialize_job(item.args[0])
-                if end != len(item.args[0]):
-                    raise SerializationError("trailing bytes")
+                job = decode_stored(item.args[0])
             except SerializationError as err:
                 bad_jobs += 1
                 print(f"bad job blob in the record at offset {item.offset}: {err}", file=out)

@@ -238,7 +238,7 @@ def split_args(line: str) -> list[bytes] | None:
 # --------------------------------------------------------------------------
 
 _COLUMNS = ("queue", "len", "age", "idle", "blocked", "import-rate", "in/s", "out/s",
-            "jobs-in", "jobs-out", "pause")
+            "jobs-in", "jobs-out", "dead-lettered", "pause")
 
 
 def monitor_queues(client: Client, out: IO[bytes], interval: float = 1.0,
@@ -271,7 +271,8 @@ def monitor_queues(client: Client, out: IO[bytes], interval: float = 1.0,
             rows.append([name, str(s.get("len", "")), str(s.get("age", "")),
                          str(s.get("idle", "")), str(s.get("blocked", "")),
                          str(s.get("import-rate", "")), rate_in, rate_out, str(jobs_in),
-                         str(jobs_out), str(s.get("pause", ""))])
+                         str(jobs_out), str(s.get("dead-lettered", 0)),
+                         str(s.get("pause", ""))])
         previous, previous_at = current, now
         widths = [max(len(c), *(len(r[i]) for r in rows)) if rows else len(c)
                   for i, c in enumerate(_COLUMNS)]
@@ -311,8 +312,9 @@ def _monitor_args(args: Sequence[str]) -> argparse.Namespace:
 HELP = """\
 Disque commands (see the Disque README for details):
   ADDJOB queue job ms-timeout [REPLICATE n] [DELAY s] [RETRY s] [TTL s] [MAXLEN n] [ASYNC]
+         [BACKOFF s] [MAXDELIVERIES n] [DEADLETTER queue]      (extensions)
   GETJOB [NOHANG] [TIMEOUT ms] [COUNT n] [WITHCOUNTERS] FROM queue [queue ...]
-  ACKJOB id [id ...]      FASTACK id [id ...]     NACK id [id ...]
+  ACKJOB id [id ...]      FASTACK id [id ...]     NACK id [id ...] [DELAY s]
   WORKING id              ENQUEUE id [id ...]     DEQUEUE id [id ...]
   DELJOB id [id ...]      SHOW id
   QLEN queue              QSTAT queue             QPEEK queue count

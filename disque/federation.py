@@ -28,7 +28,9 @@ from typing import TYPE_CHECKING
 
 from .ack import acked_elsewhere
 from .cluster import messages
+from .deadletter import merge_copy
 from .job import ACKED, FLAG_BCAST_QUEUED, Job, serialize_job
+from .jobext import bus_trailer
 from .jobs import register_job, unregister_job
 from .queue import PAUSED_OUT, Queue, dequeue_job, enqueue_job
 from .replication import adopt_copy, jobs_in
@@ -178,7 +180,8 @@ def receive_needjobs(state: ServerState, sender: ClusterNode, msg: Message) -> N
         dequeue_job(state, job)
         if job.retry == 0:
             unregister_job(state, job)  # at most once: only the asker has it now
-    state.cluster.send(sender.id, state.cluster.jobs_message(messages.YOURJOBS, blobs))
+    state.cluster.send(sender.id, state.cluster.jobs_message(
+        messages.YOURJOBS, blobs, trailer=bus_trailer(jobs[:len(blobs)])))
 
 
 def receive_yourjobs(state: ServerState, sender: ClusterNode, msg: Message) -> None:
@@ -200,6 +203,8 @@ def receive_yourjobs(state: ServerState, sender: ClusterNode, msg: Message) -> N
             register_job(state, job)
         else:
             job.delivered = job.delivered | copy.delivered | myself
+            if copy.ext is not None:
+                merge_copy(state, job, copy)
         if job.state == ACKED:
             continue  # acked here: never queued again (the original's import did)
         job.flags &= ~FLAG_BCAST_QUEUED

@@ -120,6 +120,8 @@ def _stats(state: ServerState) -> list[tuple[str, object]]:
         ("evicted_jobs", stats.evicted_jobs),
         ("evicted_queues", stats.evicted_queues),
         ("expired_jobs", stats.expired_jobs),
+        # Extension: jobs this node moved to a dead-letter queue (MAXDELIVERIES).
+        ("dead_lettered_jobs", stats.dead_lettered_jobs),
     ]
 
 

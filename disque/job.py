@@ -22,7 +22,10 @@ import os
 import re
 import struct
 from enum import IntEnum
-from typing import Final
+from typing import TYPE_CHECKING, Final
+
+if TYPE_CHECKING:
+    from .jobext import JobExt
 
 __all__ = [
     "Job",
@@ -106,6 +109,7 @@ class Job:
         "delay",
         "delivered",
         "etime",
+        "ext",
         "flags",
         "gc_retry",
         "id",
@@ -139,6 +143,9 @@ class Job:
         self.gc_retry = 0
         self.delivered = delivered
         self.confirmed = confirmed
+        #: The extension options (BACKOFF, MAXDELIVERIES, DEADLETTER), or
+        #: None for a job of the original's kind (nearly all of them).
+        self.ext: JobExt | None = None
 
     @property
     def is_dummy_ack(self) -> bool:

@@ -31,6 +31,7 @@ from .job import (
     QUEUED,
     Job,
 )
+from .jobext import retry_seconds
 from .keyspace import SlicedDict, job_id_slice
 
 if TYPE_CHECKING:
@@ -330,14 +331,14 @@ def process_job(state: ServerState, job: Job, now: int) -> None:
     if state_ == ACTIVE and job.qtime and job.qtime <= now:
         q = state.queues.lookup(job.queue) if job.queue is not None else None
         if q is not None and q.paused_in and job.retry > 0:
-            job.qtime = requeue_time(state, job.retry, now)
+            job.qtime = requeue_time(state, retry_seconds(job), now)
             job.flags |= FLAG_BCAST_WILLQUEUE
         elif not enqueue_job(state, job):
             # Nothing will ever queue it again (RETRY 0 after delivery).
             job.qtime = 0
     # 4. Still queued at its retry time (nobody fetched it): just postpone.
     elif state_ == QUEUED and job.qtime and job.qtime <= now and job.retry > 0:
-        job.qtime = requeue_time(state, job.retry, now)
+        job.qtime = requeue_time(state, retry_seconds(job), now)
         job.flags |= FLAG_BCAST_WILLQUEUE
     # 5. Acked: time for another garbage-collection attempt.
     elif state_ == ACKED and job.qtime and job.qtime <= now:

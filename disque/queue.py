@@ -24,6 +24,7 @@ from .job import (
     QUEUED,
     Job,
 )
+from .jobext import JobExt, limit_reached, retry_seconds
 from .keyspace import SlicedDict, name_slice
 
 if TYPE_CHECKING:
@@ -42,6 +43,7 @@ __all__ = [
     "dequeue_job",
     "fetch_job",
     "fetch_jobs",
+    "nack_job",
     "pause_label",
 ]
 
@@ -67,6 +69,7 @@ class Queue:
     __slots__ = (
         "atime",
         "ctime",
+        "dead_lettered",
         "fed",
         "flags",
         "jobs",
@@ -87,6 +90,8 @@ class Queue:
         self.flags = 0
         self.jobs_in = 0
         self.jobs_out = 0
+        #: Jobs this node moved out of this queue to a dead-letter queue (MAXDELIVERIES).
+        self.dead_lettered = 0
         # Blocked GETJOB clients in arrival order (a dict keeps order and removes in O(1)).
         self.waiters: dict[BlockedGet, None] = {}
         # Federation state (federation.QueueFederation), made when the
@@ -185,20 +190,33 @@ def enqueue_job(state: ServerState, job: Job, nack: bool = False, *,
     if now is None:
         now = state.clock.now_ms()
     job.state = QUEUED
-    if retry:
-        flags |= FLAG_BCAST_WILLQUEUE
-        job.qtime = jobs_mod.requeue_time(state, retry, now)
-    else:
-        job.qtime = 0
+    ext = job.ext
+    if ext is not None and ext.nack_pending:
+        ext.nack_pending = False  # the queueing a NACK ... DELAY waited for
+        nack = True
     if flags & FLAG_BCAST_QUEUED or nack:
+        # The re-queue that would exceed MAXDELIVERIES moves the job to its
+        # dead-letter queue instead; it still counts as this re-queue.
+        dead = ext is not None and limit_reached(job)
         job.flags = flags
         if nack:
             job.nacks += 1
         else:
             job.additional_deliveries += 1
+        if dead:
+            from .deadletter import dead_letter
+            dead_letter(state, job)  # before QUEUED: the copies learn the move first
+            q = None
         state.cluster.broadcast_queued(job, nack)
     else:
         job.flags = flags | FLAG_BCAST_QUEUED
+    if retry:
+        job.flags |= FLAG_BCAST_WILLQUEUE
+        # After the counters: a back-off grows with them.
+        job.qtime = jobs_mod.requeue_time(state, retry if ext is None else retry_seconds(job),
+                                          now)
+    else:
+        job.qtime = 0
     jobs_mod.update_awake_time(state, job)
     if q is None:
         q = state.queue_for_write(job.queue)
@@ -212,6 +230,32 @@ def enqueue_job(state: ServerState, job: Job, nack: bool = False, *,
     if q.waiters and not q.flags & PAUSED_OUT:
         from .blocking import serve_blocked_clients
         serve_blocked_clients(state, q)
+    return True
+
+
+def nack_job(state: ServerState, job: Job, delay_s: int | None = None) -> bool:
+    """NACK: queue the job again now, counting a NACK; or, after ``delay_s``
+    seconds (NACK ... DELAY) or the job's back-off, later.
+
+    A delayed NACK is counted when the job is queued again (like the
+    immediate one), and the other copies are told with WORKING(aux = delay)
+    to hold theirs at least that long.  Refused like :func:`enqueue_job`.
+    """
+    ext = job.ext
+    if delay_s is None:
+        delay_s = retry_seconds(job) if ext is not None and ext.backoff else 0
+    if not delay_s:
+        return enqueue_job(state, job, nack=True)
+    if (job.state != ACTIVE or job.qtime == 0 or job.queue is None
+            or (job.retry == 0 and job.flags & FLAG_DELIVERED)):
+        return False
+    if ext is None:
+        ext = job.ext = JobExt()
+    ext.nack_pending = True
+    job.qtime = state.clock.now_ms() + delay_s * 1000
+    job.flags |= FLAG_BCAST_WILLQUEUE
+    jobs_mod.update_awake_time(state, job)
+    state.cluster.broadcast_working(job, delay_s)
     return True
 
 

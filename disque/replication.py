@@ -39,6 +39,7 @@ from .ack import acked_elsewhere
 from .blocking import Waiter, park, unblock
 from .clock import random_time_error
 from .cluster import messages
+from .deadletter import merge_copy
 from .job import (
     ACTIVE,
     FLAG_BCAST_QUEUED,
@@ -49,6 +50,7 @@ from .job import (
     deserialize_job,
     serialize_job,
 )
+from .jobext import ExtError, apply_bus_trailer, bus_trailer
 from .jobs import register_job, unregister_job, update_awake_time
 from .protocol import ReplyError, Status
 from .queue import PAUSED_IN, enqueue_job
@@ -58,8 +60,9 @@ if TYPE_CHECKING:
     from .cluster.state import ClusterNode
     from .state import ServerState
 
-__all__ = ["BlockedAdd", "abort_all", "receive_enqueue", "receive_gotjob", "receive_repljob",
-           "replicate_job", "replication_removed"]
+__all__ = ["BlockedAdd", "abort_all", "broadcast_repljob_noreply", "jobs_in",
+           "receive_enqueue", "receive_gotjob", "receive_repljob", "replicate_job",
+           "replication_removed"]
 
 log = logging.getLogger("disque.replication")
 
@@ -121,8 +124,9 @@ def _drop_partial_copies(state: ServerState, job: Job) -> None:
 
 def _repljob(state: ServerState, job: Job, noreply: bool) -> bytes:
     blob = serialize_job(job, bus_now_ms=state.clock.now_ms())
+    trailer = bus_trailer((job,)) if job.ext is not None else b""
     return state.cluster.jobs_message(messages.REPLJOB, [blob],
-                                      messages.MFLAG_NOREPLY if noreply else 0)
+                                      messages.MFLAG_NOREPLY if noreply else 0, trailer)
 
 
 def _add_targets(state: ServerState, job: Job, count: int) -> int:
@@ -171,12 +175,12 @@ def replicate_job(state: ServerState, client: Waiter, job: Job, needed: int, ext
                                   "replication level")
             # Nothing is stored here: one recipient queues the job.
             targets = sorted(job.delivered)
-            _broadcast_repljob_noreply(state, job)
+            broadcast_repljob_noreply(state, job)
             _send_enqueue(state, random.choice(targets), job)
             return Status(job.id.decode())
         job.state = ACTIVE
         _store_achieved(state, job)
-        _broadcast_repljob_noreply(state, job)
+        broadcast_repljob_noreply(state, job)
         return Status(job.id.decode())
     job.state = WAIT_REPL
     job.confirmed = frozenset() if extrepl else frozenset((myself,))
@@ -191,7 +195,9 @@ def replicate_job(state: ServerState, client: Waiter, job: Job, needed: int, ext
     return None
 
 
-def _broadcast_repljob_noreply(state: ServerState, job: Job) -> None:
+def broadcast_repljob_noreply(state: ServerState, job: Job) -> None:
+    """REPLJOB with NOREPLY to the job's other nodes: a new job's copies
+    (ASYNC), or copies that must learn a change (a dead-letter move)."""
     message = _repljob(state, job, noreply=True)
     for node_id in job.delivered:
         if node_id != state.cluster.myself.id:
@@ -308,16 +314,28 @@ def receive_gotjob(state: ServerState, sender: ClusterNode, msg: Message) -> Non
 
 
 def jobs_in(msg: Message, sender: ClusterNode) -> Iterator[Job]:
-    """The jobs a REPLJOB or YOURJOBS carries, as sent; a bad blob ends the
+    """The jobs a REPLJOB or YOURJOBS carries, as sent, with the extension
+    options of the trailer after them (disque.jobext); a bad blob ends the
     list (logged: the rest of the payload cannot be trusted)."""
     offset = 0
+    jobs: list[Job] = []
+    complete = True
     for _ in range(msg.numjobs):
         try:
             job, offset = deserialize_job(msg.payload, offset)
         except SerializationError as err:
             log.warning("Bad job in %s from %s: %s", messages.TYPE_NAMES[msg.type].upper(),
                         sender.id, err)
-            return
+            complete = False
+            break
+        jobs.append(job)
+    if complete and offset < len(msg.payload):
+        try:
+            apply_bus_trailer(jobs, msg.payload, offset)
+        except ExtError as err:
+            log.warning("Bad job options in %s from %s: %s",
+                        messages.TYPE_NAMES[msg.type].upper(), sender.id, err)
+    for job in jobs:
         if job.queue is not None:
             yield job
 
@@ -347,6 +365,8 @@ def receive_repljob(state: ServerState, sender: ClusterNode, msg: Message) -> No
         job = state.jobs.get(copy.id)
         if job is not None:
             job.delivered = job.delivered | copy.delivered
+            if copy.ext is not None:
+                merge_copy(state, job, copy)
         elif acked_elsewhere(state, copy.id):
             continue  # acked and collected while this copy travelled: no GOTJOB
         else:

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 
 from .cluster import messages
 from .job import ACKED, ACTIVE, FLAG_BCAST_WILLQUEUE, QUEUED, Job
+from .jobext import retry_seconds
 from .jobs import requeue_time, update_awake_time
 from .queue import dequeue_job
 
@@ -44,10 +45,11 @@ def compare_node_ids_by_job(a: str, b: str, job_id: bytes) -> int:
     return 0
 
 
-def _postpone(state: ServerState, job: Job) -> None:
-    """Another copy is queued or being worked on: requeue a RETRY from now."""
+def _postpone(state: ServerState, job: Job, extra_s: int = 0) -> None:
+    """Another copy is queued or being worked on: requeue a RETRY (or the
+    job's back-off) from now, plus ``extra_s`` (a NACK ... DELAY elsewhere)."""
     if job.retry:
-        job.qtime = requeue_time(state, job.retry, state.clock.now_ms())
+        job.qtime = requeue_time(state, retry_seconds(job) + extra_s, state.clock.now_ms())
         job.flags |= FLAG_BCAST_WILLQUEUE
         update_awake_time(state, job)
 
@@ -79,12 +81,16 @@ def receive_queued(state: ServerState, sender: ClusterNode, msg: Message) -> Non
 
 
 def receive_working(state: ServerState, sender: ClusterNode, msg: Message) -> None:
-    """WORKING: a consumer works on the job elsewhere; don't deliver it here."""
+    """WORKING: a consumer works on the job elsewhere; don't deliver it here.
+
+    Our nodes send WORKING with ``aux`` = seconds for NACK ... DELAY: the
+    NACKing node queues the job again then, so this copy waits that much
+    longer (the original ignores ``aux``: its copy waits RETRY)."""
     job = _live_copy(state, sender, msg)
     if job is None:
         return
     dequeue_job(state, job)
-    _postpone(state, job)
+    _postpone(state, job, msg.aux)
 
 
 def receive_willqueue(state: ServerState, sender: ClusterNode, msg: Message) -> None:

@@ -47,6 +47,8 @@ class Stats:
     evicted_jobs: int = 0
     evicted_queues: int = 0
     expired_jobs: int = 0
+    #: Jobs this node moved to a dead-letter queue (MAXDELIVERIES, disque.deadletter).
+    dead_lettered_jobs: int = 0
 
 
 def _no_timer(when_ms: int) -> None:
@@ -83,6 +85,8 @@ class ServerState:
         self.job_created_hooks: list[Callable[[Job], None]] = []
         self.job_removed_hooks: list[Callable[[Job], None]] = []
         self.job_acked_hooks: list[Callable[[Job], None]] = []
+        #: A stored job changed what its record says (dead-lettered to another queue).
+        self.job_moved_hooks: list[Callable[[Job], None]] = []
         # Called before replies are written: persistence flushes here, so a
         # client never sees the result of a write that is not logged yet.
         self.before_reply_hooks: list[Callable[[], None]] = []
@@ -151,6 +155,10 @@ class ServerState:
 
     def on_job_created(self, job: Job) -> None:
         for hook in self.job_created_hooks:
+            hook(job)
+
+    def on_job_moved(self, job: Job) -> None:
+        for hook in self.job_moved_hooks:
             hook(job)
 
     def on_job_acked(self, job: Job) -> None:

@@ -12,9 +12,17 @@ The loop every Disque consumer should have:
   original), as the Disque README suggests with its counters.
   ``additional_deliveries`` (lost leases, node restarts) is reported but not
   held against the job: it was not the job's fault.
+* or, with ``--server-dead-letters``, the node does it (this server's
+  extension, docs/EXTENSIONS.md): jobs added with ``MAXDELIVERIES n``
+  (``add_job(..., max_deliveries=n, backoff=s)``) are moved by the node to
+  their dead-letter queue (``<queue>:dead`` by default) at the re-queue
+  after their n-th delivery, same job ID; the worker only NACKs, with
+  ``--nack-delay S`` (``NACK ... DELAY``) or the job's BACKOFF spacing the
+  attempts, and reports the queue's ``dead-lettered`` count (QSTAT).
 
     python -m jobs.worker --queue orders
     python -m jobs.worker --queue orders --idle-exit 5 --max-attempts 3
+    python -m jobs.worker --queue orders --server-dead-letters --nack-delay 10
 """
 
 from __future__ import annotations
@@ -81,8 +89,14 @@ def process_order(job: Job) -> None:
 
 def run(client: Client, heartbeat_client: Client, queue: str, handler: Callable[[Job], None],
         *, max_attempts: int = 3, dead_letter: str | None = None, idle_exit: float | None = None,
-        max_jobs: int | None = None, batch: int = 10) -> Stats:
-    """Consume ``queue`` until idle for ``idle_exit`` seconds or ``max_jobs`` handled."""
+        max_jobs: int | None = None, batch: int = 10, server_dead_letters: bool = False,
+        nack_delay: int | None = None) -> Stats:
+    """Consume ``queue`` until idle for ``idle_exit`` seconds or ``max_jobs`` handled.
+
+    ``server_dead_letters``: the node dead-letters jobs (MAXDELIVERIES), the
+    worker never does; ``nack_delay``: seconds before a failed job is
+    delivered again (None: at once, or after the job's BACKOFF).
+    """
     dead_letter = dead_letter or f"{queue}-dead"
     stats = Stats()
     idle_since = time.monotonic()
@@ -94,7 +108,7 @@ def run(client: Client, heartbeat_client: Client, queue: str, handler: Callable[
             continue
         idle_since = time.monotonic()
         for job in jobs:
-            if (job.nacks or 0) >= max_attempts:
+            if not server_dead_letters and (job.nacks or 0) >= max_attempts:
                 # Dead letter: keep the body, say why; ACK only after the copy exists.
                 # A week to look at it (the default TTL is a day).
                 client.add_job(dead_letter, job.body, ttl=7 * 24 * 3600)
@@ -107,7 +121,7 @@ def run(client: Client, heartbeat_client: Client, queue: str, handler: Callable[
                 with Heartbeat(heartbeat_client, job.id):
                     handler(job)
             except Exception as exc:
-                client.nack(job.id)
+                client.nack(job.id, delay=nack_delay)
                 stats.nacked += 1
                 log.info("job %s failed (attempt %d): %s", job.id, (job.nacks or 0) + 1, exc)
             else:
@@ -123,6 +137,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--dead-letter", default=None, help="default: <queue>-dead")
     parser.add_argument("--max-attempts", type=int, default=3,
                         help="failed attempts (NACKs) before a job is dead-lettered")
+    parser.add_argument("--server-dead-letters", action="store_true",
+                        help="leave dead letters to the node (jobs added with MAXDELIVERIES)")
+    parser.add_argument("--nack-delay", type=int, default=None,
+                        help="seconds before a failed job is delivered again (NACK ... DELAY)")
     parser.add_argument("--idle-exit", type=float, default=None,
                         help="exit after this many seconds without jobs (default: never)")
     parser.add_argument("--max-jobs", type=int, default=None)
@@ -132,10 +150,15 @@ def main(argv: list[str] | None = None) -> None:
         try:
             stats = run(client, heartbeat_client, args.queue, process_order,
                         max_attempts=args.max_attempts, dead_letter=args.dead_letter,
-                        idle_exit=args.idle_exit, max_jobs=args.max_jobs)
+                        idle_exit=args.idle_exit, max_jobs=args.max_jobs,
+                        server_dead_letters=args.server_dead_letters,
+                        nack_delay=args.nack_delay)
         except KeyboardInterrupt:
             print("interrupted: jobs in hand will be redelivered after their RETRY")
             return
+        if args.server_dead_letters:
+            # Counted by the node that moved them (QSTAT is per node).
+            stats.dead_lettered = int((client.qstat(args.queue) or {}).get("dead-lettered", 0))
     print(f"acked {stats.acked}, nacked {stats.nacked}, dead-lettered {stats.dead_lettered}")
 
 

@@ -194,6 +194,24 @@ class ConnectionConfig:
                       reconnect_timeout=reconnect_timeout_s)
 
 
+#: The server's default dead-letter queue suffix (ADDJOB ... MAXDELIVERIES).
+DEAD_SUFFIX = ":dead"
+
+
+def _dead_letter_queues(raw: str | None, queues: tuple[str, ...]) -> tuple[str, ...]:
+    """``deadLetterQueues``: unset, ``default`` (``<queue>:dead`` of each
+    queue) or a comma-separated list of queue names."""
+    if raw is None:
+        return ()
+    if raw.strip().lower() == "default":
+        return tuple(q + DEAD_SUFFIX for q in queues)
+    names = tuple(dict.fromkeys(_split_list(raw)))
+    if not names:
+        raise OptionError("deadLetterQueues",
+                          f"must be 'default' or queue names, got {raw!r}")
+    return names
+
+
 @dataclass(frozen=True)
 class SourceConfig:
     """Options of ``spark.readStream.format("disque")`` / ``spark.read.format("disque")``.
@@ -221,6 +239,14 @@ class SourceConfig:
     # Batch reads (spark.read) only:
     drain: bool = False
     max_jobs: int | None = None
+    #: Dead-letter queues read after ``queues`` (already included in
+    #: ``queues``); non-empty also reports ``deadLettered`` (QSTAT).
+    dead_letter_queues: tuple[str, ...] = ()
+
+    @property
+    def live_queues(self) -> tuple[str, ...]:
+        """The queues named by ``queues`` (without the dead-letter ones)."""
+        return tuple(q for q in self.queues if q not in self.dead_letter_queues)
 
     @classmethod
     def from_options(cls, options: Mapping[str, str], *, streaming: bool) -> SourceConfig:
@@ -238,9 +264,11 @@ class SourceConfig:
             raise OptionError("minJobsPerTrigger",
                               f"({min_jobs}) must not exceed maxJobsPerTrigger ({max_jobs})")
         working = option_duration_ms(options, "workingIntervalMs", None, minimum=100)
+        dead = _dead_letter_queues(option_str(options, "deadLetterQueues"), queues)
         return cls(
             connection=ConnectionConfig.from_options(options),
-            queues=queues,
+            queues=queues + tuple(q for q in dead if q not in queues),
+            dead_letter_queues=tuple(q for q in dead if q not in queues),
             staging_path=staging,
             body_format=option_choice(options, "bodyFormat", ("binary", "string"),
                                       "binary"),  # type: ignore[arg-type]

@@ -421,12 +421,18 @@ class _DriverSide:
             node[key] = node[key] + value if add else value
 
     def _queue_lengths(self) -> list[tuple[str, int]]:
-        """(address, jobs queued there) for every node that answers QLEN."""
+        """(address, jobs queued there) for every node that answers QLEN;
+        with ``deadLetterQueues``, also the jobs the nodes dead-lettered
+        from the source's queues (QSTAT ``dead-lettered``, per node)."""
         out = []
+        dead_lettered = 0
         for address in self.nodes.live():
             client = self.nodes.client(address)
             try:
                 queued = sum(client.qlen(q) for q in self.config.queues)
+                if self.config.dead_letter_queues:
+                    dead_lettered += sum(int((client.qstat(q) or {}).get("dead-lettered", 0))
+                                         for q in self.config.live_queues)
             except (ConnectionFailed, DisqueError) as exc:
                 log.info("QLEN on %s failed: %s", address, exc)
                 self.nodes.mark_down(address)
@@ -436,6 +442,8 @@ class _DriverSide:
                 self._count_node(address, "queued", queued, add=False)
         if not out and not self.nodes.live():
             raise ConnectionFailed("no node in 'nodes' (or found through HELLO) answers")
+        if self.config.dead_letter_queues:
+            self.counters["deadLettered"] = dead_lettered
         return out
 
     def _queue_length(self) -> int:

@@ -103,6 +103,12 @@ BLOCKS: dict[tuple[str, str], str] = {
     ("docs/CLIENT.md", "DisqueError"): "a diagram of the exception tree",
     ("docs/CLIENT.md", "disque [-h HOST]"): "a usage synopsis; tests/client/test_cli.py",
     ("docs/PERSISTENCE.md", "*3\\r\\n$7\\r\\nLOADJOB"): "the record format, not a command",
+    ("docs/EXTENSIONS.md", '127.0.0.1:7711> ADDJOB orders "..." 0 RETRY 5 BACKOFF 300'):
+        "a CLI session with placeholders; tests/server/test_backoff_deadletter_server.py "
+        "(test_nack_delay_on_a_real_server) and test_backoff_deadletter.py run these commands",
+    ("docs/EXTENSIONS.md", '127.0.0.1:7711> ADDJOB orders "..." 0 RETRY 5 MAXDELIVERIES 3'):
+        "a CLI session with placeholders; tests/server/test_backoff_deadletter_server.py "
+        "(test_dead_letter_end_to_end_on_a_real_server) runs these commands",
     ("docs/PERSISTENCE.md", "CONFIG SET aof-enqueue-jobs-once yes"): HERE,
     ("docs/FAULTS.md", "python3 -m faults --faults partition,pause,kill --time 120"):
         "schedules of minutes; tests/faults/test_schedules.py runs every kind with --time 5",

@@ -410,12 +410,16 @@ def pack_commands(commands: list[tuple[bytes, ...]]) -> bytes:
 
 def add_job(queue: Arg, body: Arg, timeout_ms: int = 0, replicate: int | None = None,
             delay: int | None = None, retry: int | None = None, ttl: int | None = None,
-            maxlen: int | None = None, async_: bool = False) -> Request:
+            maxlen: int | None = None, async_: bool = False, backoff: int | None = None,
+            max_deliveries: int | None = None, dead_letter: Arg | None = None) -> Request:
     args: list[Arg] = ["ADDJOB", queue, body, int(timeout_ms)]
     for name, value in (("REPLICATE", replicate), ("DELAY", delay), ("RETRY", retry),
-                        ("TTL", ttl), ("MAXLEN", maxlen)):
+                        ("TTL", ttl), ("MAXLEN", maxlen), ("BACKOFF", backoff),
+                        ("MAXDELIVERIES", max_deliveries)):
         if value is not None:
             args += [name, int(value)]
+    if dead_letter is not None:
+        args += ["DEADLETTER", dead_letter]
     if async_:
         args.append("ASYNC")
     # Without ASYNC the node may hold the reply until the job is replicated:
@@ -458,8 +462,18 @@ def get_jobs(queues: Sequence[Arg], count: int = 1, timeout_ms: int | None = Non
     return request(*args, parse=parse_jobs, wait=wait)
 
 
-def job_ids_command(name: str, ids: Iterable[Arg]) -> Request:
-    return request(name, *ids, parse=_int)
+def job_ids_command(name: str, ids: Iterable[Arg], tail: Sequence[Arg] = ()) -> Request:
+    """``name id ... [tail]``: ``tail`` is NACK's ``DELAY s``."""
+    return request(name, *ids, *tail, parse=_int)
+
+
+def nack_tail(delay: int | None) -> tuple[Arg, ...]:
+    """The arguments after NACK's IDs for ``delay`` seconds (None: none)."""
+    if delay is None:
+        return ()
+    if int(delay) < 0:
+        raise ValueError("delay must be >= 0 seconds")
+    return ("DELAY", int(delay))
 
 
 def working(job_id: Arg) -> Request:

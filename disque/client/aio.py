@@ -338,10 +338,13 @@ class AsyncClient(ClientBase):
     async def add_job(self, queue: Arg, body: Arg, *, timeout_ms: int = 0,
                       replicate: int | None = None, delay: int | None = None,
                       retry: int | None = None, ttl: int | None = None,
-                      maxlen: int | None = None, async_: bool = False) -> str:
+                      maxlen: int | None = None, async_: bool = False,
+                      backoff: int | None = None, max_deliveries: int | None = None,
+                      dead_letter: Arg | None = None) -> str:
         """ADDJOB; see :meth:`Client.add_job`."""
         return await self._execute(w.add_job(queue, body, timeout_ms, replicate, delay, retry,
-                                             ttl, maxlen, async_))
+                                             ttl, maxlen, async_, backoff, max_deliveries,
+                                             dead_letter))
 
     @overload
     async def add_jobs(self, queue: Arg, bodies: Iterable[Arg], *,
@@ -398,15 +401,16 @@ class AsyncClient(ClientBase):
             log.info("affinity: moving to %s (node %s)", format_address(address), node_id)
             await self._adopt(address, conn, hello)
 
-    async def _ids(self, name: str, job_ids: tuple[Arg, ...]) -> int:
+    async def _ids(self, name: str, job_ids: tuple[Arg, ...],
+                   tail: tuple[Arg, ...] = ()) -> int:
         if not job_ids:
             return 0
         if name not in ROUTED_BY_JOB_ID:
-            return await self._execute(w.job_ids_command(name, job_ids))
+            return await self._execute(w.job_ids_command(name, job_ids, tail))
         total = 0
         for node, at in self._route(job_ids).items():
             total += await self._execute_routed(
-                node, w.job_ids_command(name, [job_ids[i] for i in at]))
+                node, w.job_ids_command(name, [job_ids[i] for i in at], tail))
         return total
 
     async def ack(self, *job_ids: Arg) -> int:
@@ -417,9 +421,9 @@ class AsyncClient(ClientBase):
         """FASTACK; see :meth:`Client.fastack`."""
         return await self._ids("FASTACK", job_ids)
 
-    async def nack(self, *job_ids: Arg) -> int:
+    async def nack(self, *job_ids: Arg, delay: int | None = None) -> int:
         """NACK; see :meth:`Client.nack`."""
-        return await self._ids("NACK", job_ids)
+        return await self._ids("NACK", job_ids, w.nack_tail(delay))
 
     async def enqueue(self, *job_ids: Arg) -> int:
         """ENQUEUE; see :meth:`Client.enqueue`."""

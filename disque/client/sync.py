@@ -429,15 +429,20 @@ class Client(ClientBase):
     def add_job(self, queue: Arg, body: Arg, *, timeout_ms: int = 0,
                 replicate: int | None = None, delay: int | None = None,
                 retry: int | None = None, ttl: int | None = None, maxlen: int | None = None,
-                async_: bool = False) -> str:
+                async_: bool = False, backoff: int | None = None,
+                max_deliveries: int | None = None, dead_letter: Arg | None = None) -> str:
         """ADDJOB: queue ``body`` and return the job ID.
 
         ``timeout_ms`` is how long the node may wait for replication (0 =
         forever, as in Disque); ``delay``, ``retry`` and ``ttl`` are seconds;
         ``async_`` replicates in the background and answers at once.
+        Extensions of this server (docs/EXTENSIONS.md): ``backoff`` caps an
+        exponential re-queue delay (seconds), ``max_deliveries`` moves the
+        job to ``dead_letter`` (default ``<queue>:dead``) after that many
+        deliveries.
         """
         return self._execute(w.add_job(queue, body, timeout_ms, replicate, delay, retry, ttl,
-                                       maxlen, async_))
+                                       maxlen, async_, backoff, max_deliveries, dead_letter))
 
     @overload
     def add_jobs(self, queue: Arg, bodies: Iterable[Arg], *,
@@ -506,12 +511,13 @@ class Client(ClientBase):
             log.info("affinity: moving to %s (node %s)", format_address(address), node_id)
             self._adopt(address, conn, hello)
 
-    def _ids(self, name: str, job_ids: tuple[Arg, ...]) -> int:
+    def _ids(self, name: str, job_ids: tuple[Arg, ...], tail: tuple[Arg, ...] = ()) -> int:
         if not job_ids:
             return 0
         if name not in ROUTED_BY_JOB_ID:
-            return self._execute(w.job_ids_command(name, job_ids))
-        return sum(self._execute_routed(node, w.job_ids_command(name, [job_ids[i] for i in at]))
+            return self._execute(w.job_ids_command(name, job_ids, tail))
+        return sum(self._execute_routed(node, w.job_ids_command(name, [job_ids[i] for i in at],
+                                                                tail))
                    for node, at in self._route(job_ids).items())
 
     def ack(self, *job_ids: Arg) -> int:
@@ -522,9 +528,11 @@ class Client(ClientBase):
         """FASTACK: best-effort delete everywhere; returns jobs known and deleted."""
         return self._ids("FASTACK", job_ids)
 
-    def nack(self, *job_ids: Arg) -> int:
-        """NACK: put jobs back in the queue now, counting a failed attempt."""
-        return self._ids("NACK", job_ids)
+    def nack(self, *job_ids: Arg, delay: int | None = None) -> int:
+        """NACK: put jobs back in the queue, counting a failed attempt: now,
+        after the job's BACKOFF, or ``delay`` seconds from now (``NACK ...
+        DELAY``, an extension of this server)."""
+        return self._ids("NACK", job_ids, w.nack_tail(delay))
 
     def enqueue(self, *job_ids: Arg) -> int:
         """ENQUEUE: queue jobs that are not queued; returns how many were."""

@@ -208,9 +208,13 @@ def queue_message(msg_type: int, sender_id: str, port: int, flags: int, queue: b
 
 
 def jobs_message(msg_type: int, sender_id: str, port: int, flags: int, blobs: list[bytes],
-                 mflags: int = 0) -> bytes:
-    """REPLJOB / YOURJOBS: numjobs u32, datasize u32, the serialized jobs."""
-    data = b"".join(blobs)
+                 mflags: int = 0, trailer: bytes = b"") -> bytes:
+    """REPLJOB / YOURJOBS: numjobs u32, datasize u32, the serialized jobs.
+
+    ``trailer`` goes after the jobs, inside ``datasize``: the extension
+    options of the jobs (disque.jobext), which the original ignores.
+    """
+    data = b"".join(blobs) + trailer if trailer else b"".join(blobs)
     key = (msg_type, sender_id, port, flags, mflags)
     rest = _JOBS_HEADERS.get(key)
     if rest is None:

@@ -235,9 +235,11 @@ class ClusterState:
         me = self.myself
         return messages.queue_message(msg_type, me.id, me.port, self.wire_flags, queue, aux)
 
-    def jobs_message(self, msg_type: int, blobs: list[bytes], mflags: int = 0) -> bytes:
+    def jobs_message(self, msg_type: int, blobs: list[bytes], mflags: int = 0,
+                     trailer: bytes = b"") -> bytes:
         me = self.myself
-        return messages.jobs_message(msg_type, me.id, me.port, self.wire_flags, blobs, mflags)
+        return messages.jobs_message(msg_type, me.id, me.port, self.wire_flags, blobs, mflags,
+                                     trailer)
 
     def _send_to_copies(self, nodes: Iterable[str], message: bytes) -> None:
         myself = self.myself.id
@@ -269,10 +271,12 @@ class ClusterState:
             self._send_to_copies(job.delivered,
                                  self.job_id_message(messages.WILLQUEUE, job.id, 0))
 
-    def broadcast_working(self, job: Job) -> None:
+    def broadcast_working(self, job: Job, delay_s: int = 0) -> None:
+        """WORKING to the other copies; ``delay_s``: a NACK ... DELAY, the
+        copies hold theirs that much longer (aux, which the original ignores)."""
         if len(job.delivered) > 1:
             self._send_to_copies(job.delivered,
-                                 self.job_id_message(messages.WORKING, job.id, 0))
+                                 self.job_id_message(messages.WORKING, job.id, delay_s))
 
     def send_setack(self, node_id: str, job: Job, may_have: int) -> None:
         self.send(node_id, self.job_id_message(messages.SETACK, job.id, may_have))

@@ -8,9 +8,18 @@ from .. import ack
 from ..blocking import block_for_jobs, getjob_entry
 from ..federation import import_rate, need_jobs
 from ..job import ACTIVE, FLAG_BCAST_WILLQUEUE, WAIT_REPL, Job, JobState
+from ..jobext import JobExt, dead_letter_queue, retry_seconds
 from ..jobs import register_job, requeue_time, unregister_job, update_awake_time
 from ..protocol import NULL_ARRAY, Map, ReplyError, Status
-from ..queue import PAUSED_IN, PAUSED_OUT, dequeue_job, enqueue_job, fetch_job, fetch_jobs
+from ..queue import (
+    PAUSED_IN,
+    PAUSED_OUT,
+    dequeue_job,
+    enqueue_job,
+    fetch_job,
+    fetch_jobs,
+    nack_job,
+)
 from ..replication import replicate_job
 from .registry import (
     BLOCKED,
@@ -38,8 +47,16 @@ DELAY_AFTER_TTL = ("ERR The specified DELAY is greater than TTL. Job refused sin
                    "would never be delivered")
 
 
+#: MAXDELIVERIES is compared with the original's delivery counters, 16-bit in its blob.
+MAX_DELIVERIES = 65535
+#: A NACK may delay a job at most as long as a job may live.
+MAX_NACK_DELAY = MAX_TTL
+NACK_DELAY_ERROR = f"ERR NACK DELAY must be a number of seconds between 0 and {MAX_NACK_DELAY}"
+
+
 class AddJobOptions:
-    __slots__ = ("async_", "delay", "maxlen", "replicate", "retry", "timeout", "ttl")
+    __slots__ = ("async_", "backoff", "dead_letter", "delay", "max_deliveries", "maxlen",
+                 "replicate", "retry", "timeout", "ttl")
 
     def __init__(self) -> None:
         self.replicate: int | None = None
@@ -49,6 +66,10 @@ class AddJobOptions:
         self.maxlen = 0
         self.async_ = False
         self.timeout = 0
+        # Extensions (disque.jobext): 0 / None when not given.
+        self.backoff = 0
+        self.max_deliveries = 0
+        self.dead_letter: bytes | None = None
 
 
 #: ADDJOB without options (the common case) shares one options object.
@@ -89,15 +110,56 @@ def parse_addjob(argv: list[bytes]) -> AddJobOptions:
         elif opt == b"async":
             opts.async_ = True
             i += 1
+        elif opt in _EXTENSION_OPTIONS and has_value:
+            _parse_extension_option(opts, opt, argv[i + 1])
+            i += 2
         else:
             raise CommandError(SYNTAX_ERROR)
     opts.timeout = parse_timeout_ms(argv[3])
     return opts
 
 
+_EXTENSION_OPTIONS = frozenset((b"backoff", b"maxdeliveries", b"deadletter"))
+
+
+def _parse_extension_option(opts: AddJobOptions, opt: bytes, value: bytes) -> None:
+    """BACKOFF s, MAXDELIVERIES n, DEADLETTER queue (docs/EXTENSIONS.md)."""
+    if opt == b"backoff":
+        opts.backoff = parse_int(value, "ERR BACKOFF must be a number of seconds > 0", 1,
+                                 MAX_SECONDS, "ERR BACKOFF must be a number of seconds > 0 "
+                                 f"not greater than {MAX_SECONDS}")
+    elif opt == b"maxdeliveries":
+        error = f"ERR MAXDELIVERIES must be between 1 and {MAX_DELIVERIES}"
+        opts.max_deliveries = parse_int(value, error, 1, MAX_DELIVERIES, error)
+    else:
+        if not value:
+            raise CommandError("ERR DEADLETTER queue name can't be empty")
+        opts.dead_letter = value
+
+
+def job_ext_for(opts: AddJobOptions, queue: bytes, retry: int) -> JobExt | None:
+    """The extension options of a new job (None without any), checked
+    against the rest of the job once RETRY is known."""
+    if not (opts.backoff or opts.max_deliveries or opts.dead_letter is not None):
+        return None
+    if retry == 0:
+        raise CommandError("ERR BACKOFF and MAXDELIVERIES need RETRY > 0 (an at-most-once "
+                           "job is never queued again)")
+    if opts.backoff and opts.backoff < retry:
+        raise CommandError(f"ERR BACKOFF must not be smaller than RETRY ({retry} seconds), "
+                           "the first re-queue delay it grows from")
+    if opts.dead_letter is not None:
+        if not opts.max_deliveries:
+            raise CommandError("ERR DEADLETTER needs MAXDELIVERIES")
+        if opts.dead_letter == queue:
+            raise CommandError("ERR DEADLETTER queue must not be the job's own queue")
+    return JobExt(opts.backoff, opts.max_deliveries, opts.dead_letter or b"")
+
+
 @command("addjob", -4, "write denyoom")
 def addjob(state: ServerState, client: CommandClient, argv: list[bytes]) -> Any:
-    """ADDJOB queue body ms-timeout [REPLICATE n] [DELAY s] [RETRY s] [TTL s] [MAXLEN n] [ASYNC]"""
+    """ADDJOB queue body ms-timeout [REPLICATE n] [DELAY s] [RETRY s] [TTL s] [MAXLEN n] [ASYNC]
+    [BACKOFF s] [MAXDELIVERIES n] [DEADLETTER queue]"""
     opts = parse_addjob(argv)
     cluster = state.cluster
     replicate = opts.replicate if opts.replicate is not None else min(3, cluster.size)
@@ -111,6 +173,7 @@ def addjob(state: ServerState, client: CommandClient, argv: list[bytes]) -> Any:
         raise CommandError(DELAY_AFTER_TTL)
     if retry == -1:
         retry = max(1, min(MAX_RETRY_DEFAULT, ttl // 10))
+    ext = None if opts is _DEFAULT_OPTIONS else job_ext_for(opts, argv[1], retry)
 
     # External replication (no local copy) when leaving, or when memory is
     # tight and other nodes can take the copies.  A node that cannot hand
@@ -141,6 +204,7 @@ def addjob(state: ServerState, client: CommandClient, argv: list[bytes]) -> Any:
     if needed > 0:
         job = Job(state.ids.next_id(ttl, retry), q.name, argv[2], WAIT_REPL, replicate,
                   state.next_ctime(now), now + ttl * 1000, delay, retry)
+        job.ext = ext
         reply = replicate_job(state, client, job, needed, bool(extrepl), opts.timeout,
                               opts.async_)
         return BLOCKED if reply is None else reply
@@ -148,6 +212,7 @@ def addjob(state: ServerState, client: CommandClient, argv: list[bytes]) -> Any:
     job = Job(state.ids.next_id(ttl, retry), q.name, argv[2], ACTIVE, replicate,
               state.next_ctime(now), state.shared_int(now + ttl * 1000), delay, retry,
               cluster.myself_set)
+    job.ext = ext
     if delay:
         job.qtime = now + delay * 1000
     else:
@@ -281,25 +346,47 @@ def fastack(state: ServerState, client: CommandClient, argv: list[bytes]) -> Any
 # Visibility: NACK ENQUEUE DEQUEUE WORKING DELJOB
 # --------------------------------------------------------------------------
 
-def _enqueue_ids(state: ServerState, ids: list[bytes], nack: bool) -> int:
+def _enqueue_ids(state: ServerState, ids: list[bytes]) -> int:
     enqueued = 0
     for job_id in parse_job_ids(ids):
         job = state.jobs.get(job_id)
-        if job is not None and job.state == JobState.ACTIVE and enqueue_job(state, job, nack):
+        if job is not None and job.state == JobState.ACTIVE and enqueue_job(state, job):
             enqueued += 1
     return enqueued
 
 
+def _parse_nack(argv: list[bytes]) -> tuple[list[bytes], int | None]:
+    """NACK's job IDs and its DELAY (None without).
+
+    ``DELAY s`` is recognised only as the last two arguments after at least
+    one ID; anything else is checked as job IDs, so whatever the original
+    answered -BADID still gets -BADID (a bad DELAY value aside).
+    """
+    n = len(argv)
+    if n >= 4 and argv[n - 2].lower() == b"delay":
+        job_ids = parse_job_ids(argv[1:n - 2])
+        return job_ids, parse_int(argv[n - 1], NACK_DELAY_ERROR, 0, MAX_NACK_DELAY,
+                                  NACK_DELAY_ERROR)
+    return parse_job_ids(argv[1:]), None
+
+
 @command("nack", -2, "write denyoom fast")
 def nack(state: ServerState, client: CommandClient, argv: list[bytes]) -> Any:
-    """NACK id ...: requeue now, counting a negative acknowledge."""
-    return _enqueue_ids(state, argv[1:], nack=True)
+    """NACK id ... [DELAY s]: requeue now (or in ``s`` seconds, or after the
+    job's BACKOFF), counting a negative acknowledge."""
+    job_ids, delay = _parse_nack(argv)
+    nacked = 0
+    for job_id in job_ids:
+        job = state.jobs.get(job_id)
+        if job is not None and job.state == JobState.ACTIVE and nack_job(state, job, delay):
+            nacked += 1
+    return nacked
 
 
 @command("enqueue", -2, "write denyoom fast")
 def enqueue(state: ServerState, client: CommandClient, argv: list[bytes]) -> Any:
     """ENQUEUE id ...: queue jobs that are not queued."""
-    return _enqueue_ids(state, argv[1:], nack=False)
+    return _enqueue_ids(state, argv[1:])
 
 
 @command("dequeue", -2, "write fast")
@@ -341,12 +428,13 @@ def working(state: ServerState, client: CommandClient, argv: list[bytes]) -> Any
         return ReplyError("TOOLATE Half of job TTL already elapsed, you are no longer allowed "
                           "to postpone the next delivery.")
     dequeue_job(state, job)
-    if job.retry:
+    retry = retry_seconds(job)  # RETRY, or the job's current back-off
+    if retry:
         job.flags |= FLAG_BCAST_WILLQUEUE
-        job.qtime = requeue_time(state, job.retry, now)
+        job.qtime = requeue_time(state, retry, now)
         update_awake_time(state, job)
     state.cluster.broadcast_working(job)
-    return job.retry
+    return retry
 
 
 # --------------------------------------------------------------------------
@@ -356,7 +444,7 @@ def working(state: ServerState, client: CommandClient, argv: list[bytes]) -> Any
 def show_reply(job: Job, now: int) -> Map:
     """The SHOW key/value reply (also JSCAN REPLY all)."""
     qtime = job.qtime if job.state in (JobState.ACTIVE, JobState.QUEUED) and job.qtime else 0
-    return Map([
+    reply = Map([
         b"id", job.id,
         b"queue", job.queue,
         b"state", Status(JobState(job.state).label),
@@ -373,6 +461,17 @@ def show_reply(job: Job, now: int) -> Map:
         b"next-awake-within", (job.awakeme - now) if job.awakeme else None,
         b"body", job.body,
     ])
+    ext = job.ext
+    if ext is not None and ext.travels:
+        # Only jobs made with the extension options show them, after the
+        # original's fields (some clients read SHOW by position).
+        reply += [
+            b"backoff", ext.backoff,
+            b"max-deliveries", ext.max_deliveries,
+            b"dead-letter-queue", dead_letter_queue(job) if not ext.dead_from else job.queue,
+            b"dead-lettered-from", ext.dead_from or None,
+        ]
+    return reply
 
 
 @command("show", 2, "fast")

@@ -32,7 +32,7 @@ def qstat(state: ServerState, client: ClientConnection, argv: list[bytes]) -> An
     if q is None:
         return None
     now = state.clock.now_ms()
-    return Map([
+    reply = Map([
         b"name", q.name,
         b"len", len(q),
         b"age", max(0, (now - q.ctime) // 1000),
@@ -44,6 +44,11 @@ def qstat(state: ServerState, client: ClientConnection, argv: list[bytes]) -> An
         b"jobs-out", q.jobs_out,
         b"pause", pause_label(q.flags),
     ])
+    if q.dead_lettered:
+        # Extension (MAXDELIVERIES): only once this node dead-lettered jobs
+        # of the queue, so an original client's QSTAT stays the original's.
+        reply += [b"dead-lettered", q.dead_lettered]
+    return reply
 
 
 @command("qpeek", 3, "fast")

@@ -144,7 +144,8 @@ def test_monitor_queues(server: DisqueProcess) -> None:
         lines = table.strip().splitlines()
         assert lines[0].startswith(f"127.0.0.1:{server.port}") and "queues: 2" in lines[0]
         assert lines[1].split() == ["QUEUE", "LEN", "AGE", "IDLE", "BLOCKED", "IMPORT-RATE",
-                                    "IN/S", "OUT/S", "JOBS-IN", "JOBS-OUT", "PAUSE"]
+                                    "IN/S", "OUT/S", "JOBS-IN", "JOBS-OUT", "DEAD-LETTERED",
+                                    "PAUSE"]
         emails, sms = (line.split() for line in lines[2:])
         assert (emails[0], emails[1], emails[-1]) == ("emails", "3", "none")
         assert (sms[0], sms[1], sms[-1]) == ("sms", "1", "in")

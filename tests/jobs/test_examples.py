@@ -102,6 +102,25 @@ def test_worker_acks_nacks_and_dead_letters(server) -> None:
     assert all(client.show(i) is None for i in good + poison)  # originals acknowledged
 
 
+def test_worker_with_server_dead_letters(server) -> None:
+    """The node dead-letters (MAXDELIVERIES): the worker only NACKs, with a delay."""
+    nodes = f"127.0.0.1:{server.port}"
+    client = Client(nodes)
+    good = client.add_jobs("orders", [order(10.0) for _ in range(3)], max_deliveries=2)
+    poison = client.add_jobs("orders", [order(-1.0), order(-2.0)], max_deliveries=2, retry=5)
+    with Client(nodes) as consumer, Client(nodes) as heartbeats:
+        stats = worker.run(consumer, heartbeats, "orders", worker.process_order,
+                           idle_exit=2.5, server_dead_letters=True, nack_delay=1)
+    # Two deliveries each for the poison jobs, both NACKed; then moved by the node.
+    assert (stats.acked, stats.nacked, stats.dead_lettered) == (3, 4, 0)
+    assert client.qstat("orders")["dead-lettered"] == 2
+    dead = client.get_jobs("orders:dead", count=10, nohang=True, with_counters=True)
+    assert sorted(j.id for j in dead) == sorted(poison)  # the same jobs, moved
+    assert {j.nacks for j in dead} == {2}
+    assert all(client.show(i) is None for i in good)
+    client.ack(*poison)
+
+
 def test_worker_heartbeats_keep_a_slow_job_leased(server) -> None:
     nodes = f"127.0.0.1:{server.port}"
     client = Client(nodes)

@@ -94,3 +94,15 @@ def test_schema_follows_body_format() -> None:
         == "string"
     assert DisqueDataSource({}).schema().fieldNames() == [
         "queue", "id", "body", "nacks", "additional_deliveries", "node", "fetched_at"]
+
+
+def test_dead_letter_queues_option() -> None:
+    assert parse().dead_letter_queues == ()
+    config = parse(queues="a,b", deadLetterQueues="default")
+    assert config.queues == ("a", "b", "a:dead", "b:dead")  # read after the live queues
+    assert config.dead_letter_queues == ("a:dead", "b:dead")
+    assert config.live_queues == ("a", "b")
+    named = parse(queues="a", deadLetterQueues=" poison, a ,poison")
+    assert named.queues == ("a", "poison") and named.dead_letter_queues == ("poison",)
+    with pytest.raises(OptionError, match="'deadLetterQueues' must be 'default' or queue names"):
+        parse(deadLetterQueues=" , ")

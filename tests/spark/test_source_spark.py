@@ -156,3 +156,26 @@ def test_node_crash_and_aof_restart_under_a_running_query(spark, server_factory,
     # jobs of the (at most two) staged, unacknowledged batches qualify.
     duplicates = len(ids) - len(set(ids))
     assert duplicates <= 2 * 100, duplicates
+
+
+def test_dead_letter_queues_are_read_and_counted(spark, server, tmp_path: Path) -> None:
+    client = Client(f"127.0.0.1:{server.port}")
+    live = client.add_jobs("events", ["ok-1", "ok-2"])
+    poison = client.add_job("events", "poison", retry=1, max_deliveries=1)
+    assert client.get_job("events", "events:dead", nohang=True).id == live[0]
+    assert client.get_job("events", nohang=True).id == live[1]
+    assert client.get_job("events", nohang=True).id == poison
+    client.nack(live[0], live[1])  # plain jobs: back in events
+    assert client.nack(poison) == 1  # its limit: moved to events:dead by the node
+    query = (stream(spark, server, tmp_path, deadLetterQueues="default", bodyFormat="string")
+             .writeStream.format("memory").queryName("dead_letters")
+             .option("checkpointLocation", str(tmp_path / "checkpoint"))
+             .trigger(availableNow=True).start())
+    query.awaitTermination(180)
+    assert query.exception() is None
+    rows = {r.id: (r.queue, r.body) for r in spark.sql("select * from dead_letters").collect()}
+    assert rows == {live[0]: ("events", "ok-1"), live[1]: ("events", "ok-2"),
+                    poison: ("events:dead", "poison")}
+    progress = json.loads(query.lastProgress["sources"][0]["latestOffset"])
+    assert progress["deadLettered"] == 1
+    assert registered(client) == 0
