@@ -6,6 +6,8 @@ from typing import TYPE_CHECKING, Any
 
 from .. import ack
 from ..blocking import block_for_jobs, getjob_entry
+from ..completion import completion_of, wait_for
+from ..dedup import DEFAULT_WINDOW_S, MAX_KEY_BYTES, MAX_WINDOW_S, DedupEntry, body_digest
 from ..federation import import_rate, need_jobs
 from ..job import ACTIVE, FLAG_BCAST_WILLQUEUE, WAIT_REPL, Job, JobState
 from ..jobs import register_job, requeue_time, unregister_job, update_awake_time
@@ -39,7 +41,8 @@ DELAY_AFTER_TTL = ("ERR The specified DELAY is greater than TTL. Job refused sin
 
 
 class AddJobOptions:
-    __slots__ = ("async_", "delay", "maxlen", "replicate", "retry", "timeout", "ttl")
+    __slots__ = ("async_", "delay", "idmp", "idmp_window", "maxlen", "replicate", "retry",
+                 "timeout", "ttl")
 
     def __init__(self) -> None:
         self.replicate: int | None = None
@@ -49,6 +52,8 @@ class AddJobOptions:
         self.maxlen = 0
         self.async_ = False
         self.timeout = 0
+        self.idmp: bytes | None = None
+        self.idmp_window = -1
 
 
 #: ADDJOB without options (the common case) shares one options object.
@@ -91,16 +96,67 @@ def parse_addjob(argv: list[bytes]) -> AddJobOptions:
         elif opt == b"async":
             opts.async_ = True
             i += 1
+        elif opt == b"idmp" and has_value:
+            opts.idmp = parse_idmp_key(argv[i + 1])
+            i += 2
+        elif opt == b"idmp-window" and has_value:
+            opts.idmp_window = parse_int(argv[i + 1], IDMP_WINDOW_ERROR, 1, MAX_WINDOW_S,
+                                         IDMP_WINDOW_ERROR)
+            i += 2
         else:
             raise CommandError(SYNTAX_ERROR)
+    if opts.idmp_window != -1 and opts.idmp is None:
+        raise CommandError("ERR IDMP-WINDOW needs IDMP <key>")
     opts.timeout = parse_timeout_ms(argv[3])
     return opts
 
 
+# --------------------------------------------------------------------------
+# IDMP (idempotent ADDJOB, an extension: dedup.py, docs/EXTENSIONS.md)
+# --------------------------------------------------------------------------
+
+IDMP_WINDOW_ERROR = f"ERR IDMP-WINDOW must be between 1 and {MAX_WINDOW_S} seconds"
+IDMP_BUSY = ("IDMPBUSY The first ADDJOB with this IDMP key is still waiting for its "
+             "replication: retry later")
+
+
+def parse_idmp_key(raw: bytes) -> bytes:
+    if not 0 < len(raw) <= MAX_KEY_BYTES:
+        raise CommandError(f"ERR IDMP key must be 1 to {MAX_KEY_BYTES} bytes long")
+    return bytes(raw)
+
+
+def idmp_seen(entry: DedupEntry, body: bytes, state: ServerState) -> Any:
+    """The reply to a retried ADDJOB whose key is in the index."""
+    if entry.pending:
+        return ReplyError(IDMP_BUSY)
+    if entry.digest != body_digest(body):
+        state.dedup.conflicts += 1
+        return ReplyError(f"IDMPCONFLICT IDMP key already used in this queue within its "
+                          f"window for job {entry.job_id.decode()} with a different body")
+    state.dedup.hits += 1
+    return Status(entry.job_id.decode())
+
+
+def idmp_record(state: ServerState, opts: AddJobOptions, queue: bytes, body: bytes,
+                job_id: bytes, now: int, pending: bool) -> None:
+    """Index the new job's key (pending while its ADDJOB waits for copies)."""
+    assert opts.idmp is not None
+    window = opts.idmp_window if opts.idmp_window != -1 else DEFAULT_WINDOW_S
+    state.dedup.add(DedupEntry(queue, opts.idmp, job_id, body_digest(body),
+                               now + window * 1000, pending))
+
+
 @command("addjob", -4, "write denyoom")
 def addjob(state: ServerState, client: CommandClient, argv: list[bytes]) -> Any:
-    """ADDJOB queue body ms-timeout [REPLICATE n] [DELAY s] [RETRY s] [TTL s] [MAXLEN n] [ASYNC]"""
+    """ADDJOB queue body ms-timeout [REPLICATE n] [DELAY s] [RETRY s] [TTL s] [MAXLEN n] [ASYNC]
+    [IDMP key [IDMP-WINDOW s]]"""
     opts = parse_addjob(argv)
+    if opts.idmp is not None:
+        # First, so that a retry gets its ID even if the queue is now paused or full.
+        seen = state.dedup.lookup(argv[1], opts.idmp, state.clock.now_ms())
+        if seen is not None:
+            return idmp_seen(seen, argv[2], state)
     cluster = state.cluster
     replicate = opts.replicate if opts.replicate is not None else min(3, cluster.size)
     ttl = opts.ttl
@@ -143,9 +199,15 @@ def addjob(state: ServerState, client: CommandClient, argv: list[bytes]) -> Any:
     if needed > 0:
         job = Job(state.ids.next_id(ttl, retry), q.name, argv[2], WAIT_REPL, replicate,
                   state.next_ctime(now), now + ttl * 1000, delay, retry)
+        if opts.idmp is not None:
+            idmp_record(state, opts, q.name, argv[2], job.id, now, pending=True)
         reply = replicate_job(state, client, job, needed, bool(extrepl), opts.timeout,
                               opts.async_)
-        return BLOCKED if reply is None else reply
+        if reply is None:
+            return BLOCKED  # the entry is settled when the ADDJOB answers
+        if opts.idmp is not None:
+            state.dedup.settle(job.id, not isinstance(reply, ReplyError))
+        return reply
 
     job = Job(state.ids.next_id(ttl, retry), q.name, argv[2], ACTIVE, replicate,
               state.next_ctime(now), state.shared_int(now + ttl * 1000), delay, retry,
@@ -159,6 +221,8 @@ def addjob(state: ServerState, client: CommandClient, argv: list[bytes]) -> Any:
     register_job(state, job)
     if state.job_created_hooks:
         state.on_job_created(job)
+    if opts.idmp is not None:
+        idmp_record(state, opts, q.name, argv[2], job.id, now, pending=False)
     return Status(job.id.decode())
 
 
@@ -349,6 +413,22 @@ def working(state: ServerState, client: CommandClient, argv: list[bytes]) -> Any
         update_awake_time(state, job)
     state.cluster.broadcast_working(job)
     return job.retry
+
+
+# --------------------------------------------------------------------------
+# WAITJOB (an extension: completion.py, docs/EXTENSIONS.md)
+# --------------------------------------------------------------------------
+
+@command("waitjob", 3, "")
+def waitjob(state: ServerState, client: CommandClient, argv: list[bytes]) -> Any:
+    """WAITJOB id ms-timeout: block until the job is acked (+ACKED), null on timeout."""
+    (job_id,) = parse_job_ids(argv[1:2])
+    timeout = parse_timeout_ms(argv[2])
+    reply = completion_of(state, job_id)
+    if reply is not None:
+        return reply
+    wait_for(state, client, job_id, timeout)
+    return BLOCKED
 
 
 # --------------------------------------------------------------------------
