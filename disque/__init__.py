@@ -12,7 +12,7 @@ __all__ = [
     "Client", "AsyncClient", "Job", "Hello", "NodeInfo",
     "DisqueError", "ConnectionFailed", "ProtocolError", "ResponseError", "NoJob", "BadId",
     "NoRepl", "Paused", "Leaving", "MaxLen", "TooLate", "OutOfMemory", "Acked", "Loading",
-    "Misconf", "AuthError", "NoAuth",
+    "Misconf", "AuthError", "NoAuth", "IdmpConflict", "IdmpBusy",
 ]
 
 _CLIENT_NAMES = frozenset(__all__) - {"__version__"}

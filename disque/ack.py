@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from .clock import random_time_error
+from .completion import job_completed
 from .job import ACKED, QUEUED, WAIT_REPL, Job, ttl_minutes_from_id
 from .jobs import register_job, unregister_job, update_awake_time
 from .queue import dequeue_job
@@ -56,6 +57,7 @@ def acknowledge_job(state: ServerState, job: Job, gc_follows: bool = False) -> b
     state.jobs.evictable_add(job)
     if state.job_acked_hooks:
         state.on_job_acked(job)
+    job_completed(state, job.id)  # WAITJOB
     if not gc_follows:
         # Every acked copy runs the GC too, with the backoff (the original's
         # updateJobAwakeTime): if the DELJOB of the node that completes it
@@ -136,6 +138,8 @@ def fast_ack(state: ServerState, job_id: bytes) -> bool:
         cluster.broadcast_deljob(job_id, None)
         return False
     cluster.broadcast_deljob(job_id, job.delivered)
+    if job.state != ACKED:
+        job_completed(state, job.id)  # WAITJOB
     unregister_job(state, job)
     return True
 
@@ -229,5 +233,9 @@ def receive_deljob(state: ServerState, sender: ClusterNode, msg: Message) -> Non
     """DELJOB: the GC completed (or FASTACK): forget the job in any state."""
     job = state.jobs.get(msg.job_id)
     if job is not None:
+        if job.state != ACKED and state.job_waiters:
+            # The GC of an ACK elsewhere completed, or a FASTACK: WAITJOB
+            # clients learn of the ACK (acked_elsewhere answers later ones).
+            job_completed(state, job.id)
         unregister_job(state, job)
     remember_collected(state, msg.job_id)

@@ -18,7 +18,15 @@ on the next good one.  A third record kind marks a clean snapshot::
 
     *3\\r\\n$4\\r\\nMARK\\r\\n$<n>\\r\\nshutdown <unix ms>\\r\\n$8\\r\\n<crc>\\r\\n
 
-written last by ``SHUTDOWN REWRITE-AOF``.  The original's records (``*2
+written last by ``SHUTDOWN REWRITE-AOF``.  A fourth kind holds an IDMP key of
+an idempotent ADDJOB (an extension, ``dedup.py``)::
+
+    *3\r\n$4\r\nIDMP\r\n$<n>\r\n<until ms><job id><digest><qlen><queue><key>\r\n$8\r\n<crc>\r\n
+
+(little-endian u64 expiry in unix ms, the 40-byte job ID, the 16-byte body
+digest, a u32 queue length, then the queue name and the key), written when
+the key is settled (after the job's LOADJOB) and by rewrites for every live
+key; the loader keeps the keys whose window has not ended.  The original's records (``*2
 LOADJOB <blob>``, ``DELJOB <id> [<id>...]``, no checksum) load too, so an AOF
 written by the C server can be used to move a node to this implementation.
 (The C server cannot read our files: it refuses the checksum argument.)
@@ -132,6 +140,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from .dedup import DedupEntry
 from .job import (
     FLAG_BCAST_QUEUED,
     FLAG_BCAST_WILLQUEUE,
@@ -173,6 +182,7 @@ FSYNC_PERIOD_S = 1.0
 KIND_LOADJOB = 1
 KIND_DELJOB = 2
 KIND_MARK = 3
+KIND_IDMP = 4
 
 CRLF = b"\r\n"
 _LOADJOB_PREFIX = b"*3\r\n$7\r\nLOADJOB\r\n$"
@@ -223,6 +233,29 @@ def deljob_record(job_id: bytes) -> bytes:
 
 def mark_record(text: bytes) -> bytes:
     return _with_crc(b"*3\r\n$4\r\nMARK\r\n$%d\r\n" % len(text), text)
+
+
+_IDMP_HEAD = struct.Struct("<Q40s16sI")
+
+
+def idmp_record(entry: DedupEntry) -> bytes:
+    """``IDMP <payload> <crc>`` for an IDMP key (see the module docstring)."""
+    payload = b"".join((_IDMP_HEAD.pack(entry.until, entry.job_id, entry.digest,
+                                        len(entry.queue)), entry.queue, entry.key))
+    return _with_crc(b"*3\r\n$4\r\nIDMP\r\n$%d\r\n" % len(payload), payload)
+
+
+def decode_idmp(payload: bytes) -> DedupEntry:
+    """The entry in an IDMP record's payload; ValueError if malformed."""
+    try:
+        until, job_id, digest, qlen = _IDMP_HEAD.unpack_from(payload, 0)
+    except struct.error:
+        raise ValueError("IDMP record too short") from None
+    start = _IDMP_HEAD.size
+    key = payload[start + qlen:]
+    if not is_valid_job_id(job_id) or len(payload) < start + qlen or not key:
+        raise ValueError("malformed IDMP record")
+    return DedupEntry(bytes(payload[start:start + qlen]), bytes(key), job_id, digest, until)
 
 
 # --------------------------------------------------------------------------
@@ -319,7 +352,8 @@ class AofReader:
         verb = buf[elems[0][1]:elems[0][2]].upper()
         checked = False
         last_p, last_s, last_e = elems[-1]
-        if (argc == 3 and last_e - last_s == 8 and verb in (b"LOADJOB", b"DELJOB", b"MARK")
+        if (argc == 3 and last_e - last_s == 8
+                and verb in (b"LOADJOB", b"DELJOB", b"MARK", b"IDMP")
                 and (verb != b"DELJOB" or elems[1][2] - elems[1][1] != 8)):
             crc_text = buf[last_s:last_e]
             if not _HEXDIGITS.issuperset(crc_text):
@@ -340,6 +374,8 @@ class AofReader:
             return Record(KIND_DELJOB, pos, p, args, checked)
         if verb == b"MARK" and checked:
             return Record(KIND_MARK, pos, p, args, checked)
+        if verb == b"IDMP" and checked:
+            return Record(KIND_IDMP, pos, p, args, checked)
         raise _Bad(f"unknown command {verb[:32].decode('latin-1')!r}")
 
     def valid_at(self, pos: int) -> Record | None:
@@ -358,6 +394,7 @@ class AofReader:
         return rec
 
     _SYNC_PATTERNS = (b"\r\n$7\r\nLOADJOB\r\n", b"\r\n$6\r\nDELJOB\r\n", b"\r\n$4\r\nMARK\r\n",
+                      b"\r\n$4\r\nIDMP\r\n",
                       b"\r\n$7\r\nloadjob\r\n", b"\r\n$6\r\ndeljob\r\n")
 
     def find_next_valid(self, start: int) -> int | None:
@@ -492,6 +529,7 @@ class LoadResult:
     damage_description: str = ""
     clean_shutdown: bool = False
     legacy_only: bool = True     # only records of the original's format
+    idmp: dict[tuple[bytes, bytes], DedupEntry] = field(default_factory=dict)
 
 
 def read_aof(path: str, load_truncated: bool = True) -> LoadResult:
@@ -547,6 +585,14 @@ def _replay(reader: AofReader, result: LoadResult, path: str, load_truncated: bo
             for job_id in item.args:
                 jobs.pop(job_id, None)
             result.deljobs += 1
+        elif item.kind == KIND_IDMP:
+            try:
+                entry = decode_idmp(item.args[0])
+            except ValueError as err:
+                raise AofCorruptError(
+                    f"Bad IDMP key in the append only file {path!r} at byte offset "
+                    f"{item.offset}: {err}. Run 'disque-check-aof {path}'") from None
+            result.idmp[(entry.queue, entry.key)] = entry  # the last record wins
         last_kind = item.kind if item.kind != KIND_MARK else (
             KIND_MARK if item.args[0].startswith(b"shutdown") else last_kind)
     result.clean_shutdown = last_kind == KIND_MARK and result.damage is None
@@ -644,6 +690,9 @@ class Rewrite:
         self.scan_done = False
         self.batch: list[Job] = []
         self.batch_pos = 0
+        # The IDMP keys, written after the jobs (None: not started yet).
+        self.keys: list[DedupEntry] | None = None
+        self.keys_pos = 0
         self.jobs_written = 0
         self.max_step = 0.0
         self.steps = 0
@@ -718,6 +767,9 @@ class Rewrite:
             self.batch_pos = end
             if time.perf_counter() > deadline:
                 break
+        if self.scan_done and self.batch_pos >= len(self.batch) and out_bytes < REWRITE_CHUNK \
+                and time.perf_counter() <= deadline:
+            out_bytes += self._snapshot_keys(out, deadline)
         if out:
             self.write(b"".join(out))
         self.steps += 1
@@ -726,13 +778,36 @@ class Rewrite:
             self.max_step = elapsed
         if self.error is not None:
             return  # _rewrite_failed is scheduled
-        if self.scan_done and self.batch_pos >= len(self.batch):
+        if (self.scan_done and self.batch_pos >= len(self.batch) and self.keys is not None
+                and self.keys_pos >= len(self.keys)):
             self.batch = []
+            self.keys = []
             self.finishing = True
             aof._forward_to_rewrite()
             self.request_fsync()
         else:
             self._handle = self._loop.call_soon(self.step)
+
+    def _snapshot_keys(self, out: list[bytes], deadline: float) -> int:
+        """Append the records of the next live IDMP keys to ``out``; their size."""
+        dedup = self.aof.state.dedup
+        if self.keys is None:
+            self.keys = list(dedup.entries())
+        keys = self.keys
+        written = 0
+        while self.keys_pos < len(keys) and written < REWRITE_CHUNK:
+            end = min(self.keys_pos + 256, len(keys))
+            for entry in keys[self.keys_pos:end]:
+                # Replaced, expired or pending ones are not written: a pending
+                # key is logged when its ADDJOB answers (if the job was added).
+                if dedup.is_current(entry) and not entry.pending:
+                    rec = idmp_record(entry)
+                    out.append(rec)
+                    written += len(rec)
+            self.keys_pos = end
+            if time.perf_counter() > deadline:
+                break
+        return written
 
     def abort(self) -> None:
         self.aborted = True
@@ -791,6 +866,7 @@ class AppendOnlyFile:
         state.job_acked_hooks.append(self._on_acked)
         state.job_moved_hooks.append(self._on_created)  # a later LOADJOB replaces the earlier
         state.job_removed_hooks.append(self._on_removed)
+        state.dedup.on_settled.append(self._on_idmp)
         state.before_reply_hooks.append(self.before_reply)
         self.config.on_change("appendonly", self._set_appendonly)
         self.config.on_change("appendfsync", self._set_appendfsync)
@@ -812,6 +888,10 @@ class AppendOnlyFile:
     def _on_acked(self, job: Job) -> None:
         if self.status != OFF or self.rewrite is not None:
             self._acked.append(job)
+
+    def _on_idmp(self, entry: DedupEntry) -> None:
+        if self.status != OFF or self.rewrite is not None:
+            self._append(idmp_record(entry))
 
     def _on_removed(self, job: Job) -> None:
         if ((self.status != OFF or self.rewrite is not None) and job.state != JobState.WAIT_REPL
@@ -1134,6 +1214,9 @@ class AppendOnlyFile:
                     if rec is not None:
                         fh.write(rec)
                         jobs += 1
+                for entry in self.state.dedup.entries():
+                    if not entry.pending:
+                        fh.write(idmp_record(entry))
                 if mark_shutdown:
                     fh.write(mark_record(b"shutdown %d" % self.state.clock.now_ms()))
                 fh.flush()
@@ -1255,6 +1338,9 @@ class AppendOnlyFile:
                             path)
                 restore_queues = False
             counts = apply_loaded_jobs(self.state, result.jobs.values(), restore_queues)
+            now = self.state.clock.now_ms()
+            counts["idmp"] = sum(self.state.dedup.restore(entry, now)
+                                 for entry in result.idmp.values())
         finally:
             self.loading = False
             if gc_was_enabled:
@@ -1264,8 +1350,9 @@ class AppendOnlyFile:
                 gc.freeze()
                 gc.enable()
         log.info("DB loaded from append only file: %.3f seconds (%d records; %d jobs "
-                 "loaded, %d queued, %d expired skipped)", time.monotonic() - t0,
-                 result.records, counts["loaded"], counts["queued"], counts["expired"])
+                 "loaded, %d queued, %d expired skipped; %d IDMP keys)", time.monotonic() - t0,
+                 result.records, counts["loaded"], counts["queued"], counts["expired"],
+                 counts["idmp"])
 
     # -- INFO ---------------------------------------------------------------------
 

@@ -21,7 +21,7 @@ import mmap
 import os
 import sys
 
-from .aof import KIND_DELJOB, KIND_LOADJOB, KIND_MARK, AofReader, Damage, Record
+from .aof import KIND_DELJOB, KIND_IDMP, KIND_LOADJOB, KIND_MARK, AofReader, Damage, Record
 from .job import SerializationError
 from .jobext import decode_stored
 
@@ -39,7 +39,7 @@ def check(path: str, out=sys.stdout) -> tuple[list[Damage], int, AofReader | Non
     fh.close()
     reader = AofReader(mm)
     damages: list[Damage] = []
-    counts = {KIND_LOADJOB: 0, KIND_DELJOB: 0, KIND_MARK: 0}
+    counts = {KIND_LOADJOB: 0, KIND_DELJOB: 0, KIND_MARK: 0, KIND_IDMP: 0}
     jobs: set[bytes] = set()
     bad_jobs = 0
     legacy = 0
@@ -66,6 +66,8 @@ def check(path: str, out=sys.stdout) -> tuple[list[Damage], int, AofReader | Non
     print(f"{path}: {size} bytes, {sum(counts.values())} records ({counts[KIND_LOADJOB]} "
           f"LOADJOB, {counts[KIND_DELJOB]} DELJOB, {counts[KIND_MARK]} MARK; {legacy} without "
           f"checksum), {len(jobs)} jobs would load", file=out)
+    if counts[KIND_IDMP]:
+        print(f"{counts[KIND_IDMP]} IDMP key records (idempotent ADDJOB)", file=out)
     if bad_jobs:
         print(f"{bad_jobs} records hold a job that cannot be parsed", file=out)
     return damages, size, reader, mm

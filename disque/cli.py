@@ -312,11 +312,13 @@ def _monitor_args(args: Sequence[str]) -> argparse.Namespace:
 HELP = """\
 Disque commands (see the Disque README for details):
   ADDJOB queue job ms-timeout [REPLICATE n] [DELAY s] [RETRY s] [TTL s] [MAXLEN n] [ASYNC]
-         [BACKOFF s] [MAXDELIVERIES n] [DEADLETTER queue]      (extensions)
+         [BACKOFF s] [MAXDELIVERIES n] [DEADLETTER queue] [IDMP key [IDMP-WINDOW s]]
+         (the last four: extensions, docs/EXTENSIONS.md)
+  ADDJOBS queue ms-timeout [ADDJOB's options] BODIES job [job ...]   (extension)
   GETJOB [NOHANG] [TIMEOUT ms] [COUNT n] [WITHCOUNTERS] FROM queue [queue ...]
   ACKJOB id [id ...]      FASTACK id [id ...]     NACK id [id ...] [DELAY s]
   WORKING id              ENQUEUE id [id ...]     DEQUEUE id [id ...]
-  DELJOB id [id ...]      SHOW id
+  DELJOB id [id ...]      SHOW id                 WAITJOB id ms-timeout (extension)
   QLEN queue              QSTAT queue             QPEEK queue count
   QSCAN [cursor] [COUNT n] [BUSYLOOP] [MINLEN n] [MAXLEN n] [IMPORTRATE n]
   JSCAN [cursor] [COUNT n] [BUSYLOOP] [QUEUE q] [STATE s ...] [REPLY all|id]
@@ -353,11 +355,19 @@ WAIT_HINT_AFTER_S = 1.0
 
 
 def waiting_hint(args: Sequence[bytes]) -> str | None:
-    """What a GETJOB that may block waits for, in words; None for anything else.
+    """What a GETJOB (or WAITJOB) that may block waits for, in words; None for anything else.
 
     GETJOB without NOHANG blocks until a job arrives (forever without
     TIMEOUT): on an empty queue the prompt would just hang with no clue.
     """
+    if len(args) == 3 and args[0].lower() == b"waitjob":
+        job = os.fsdecode(args[1])
+        if args[2] == b"0":
+            return f"(waiting until job {job} is acknowledged; Ctrl-C stops)"
+        if args[2].isdigit():
+            return (f"(waiting until job {job} is acknowledged, for up to "
+                    f"{int(args[2])} ms; Ctrl-C stops)")
+        return None
     if not args or args[0].lower() != b"getjob":
         return None
     words = [a.lower() for a in args[1:]]

@@ -182,6 +182,8 @@ DIRECTIVES: dict[str, Directive] = {d.name: d for d in [
     Directive("aof-load-truncated", _yes_no, True, _fmt_bool),
     Directive("auto-aof-rewrite-percentage", _int_range(0, 2 ** 31 - 1), 100),
     Directive("auto-aof-rewrite-min-size", parse_memory, 64 * 1024 ** 2, format_memory),
+    Directive("idmp-max-keys", _int_range(1, 2 ** 31 - 1), 1_000_000,
+              doc="most IDMP keys (idempotent ADDJOB) a node holds; the oldest go first"),
     Directive("cluster-config-file", _string, "nodes.conf", mutable=False),
     Directive("cluster-node-timeout", _int_range(1, 2 ** 31 - 1), 15000),
 ]}

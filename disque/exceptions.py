@@ -29,6 +29,10 @@ see COMPAT.md); the full text stays in ``str(err)`` and ``err.message``::
         │                         the original C server accepts it silently)
         ├── Loading      LOADING  the node is still loading its AOF
         ├── Misconf      MISCONF  the node cannot write its AOF
+        ├── IdmpConflict IDMPCONFLICT  ADDJOB ... IDMP key: the key names another
+        │                         job with a different body (extension)
+        ├── IdmpBusy     IDMPBUSY the first ADDJOB with that IDMP key still waits
+        │                         for its copies: retry later (extension)
         └── AuthError    AUTH failed (``ERR invalid password``, ``WRONGPASS``, or a
             │            password given to a node that has none)
             └── NoAuth   NOAUTH   a password is required and none was given
@@ -41,7 +45,8 @@ from __future__ import annotations
 __all__ = [
     "DisqueError", "ConnectionFailed", "ProtocolError", "ResponseError",
     "NoJob", "BadId", "NoRepl", "Paused", "Leaving", "MaxLen", "TooLate",
-    "OutOfMemory", "Acked", "Loading", "Misconf", "AuthError", "NoAuth",
+    "OutOfMemory", "Acked", "Loading", "Misconf", "IdmpConflict", "IdmpBusy", "AuthError",
+    "NoAuth",
     "ERROR_CLASSES", "error_from_reply",
 ]
 
@@ -127,6 +132,16 @@ class Misconf(ResponseError):
     """``-MISCONF``: the node cannot persist writes (AOF errors)."""
 
 
+class IdmpConflict(ResponseError):
+    """``-IDMPCONFLICT``: the IDMP key was used in the queue, within its window,
+    for a job with a different body; nothing was added."""
+
+
+class IdmpBusy(ResponseError):
+    """``-IDMPBUSY``: the ADDJOB that first used the IDMP key still waits for
+    its copies; retry (it either answers with the job or frees the key)."""
+
+
 class AuthError(ResponseError):
     """Authentication failed or is missing."""
 
@@ -148,6 +163,8 @@ ERROR_CLASSES: dict[str, type[ResponseError]] = {
     "ACKED": Acked,
     "LOADING": Loading,
     "MISCONF": Misconf,
+    "IDMPCONFLICT": IdmpConflict,
+    "IDMPBUSY": IdmpBusy,
     "NOAUTH": NoAuth,
     "WRONGPASS": AuthError,
 }

@@ -87,6 +87,20 @@ def _jobs(state: ServerState) -> list[tuple[str, object]]:
     return [("registered_jobs", len(state.jobs))]
 
 
+def _extensions(state: ServerState) -> list[tuple[str, object]]:
+    """Counters of the extensions (docs/EXTENSIONS.md): only with ``INFO extensions``,
+    so that a client of the original sees the original's sections."""
+    dedup = state.dedup
+    return [
+        ("idmp_keys", len(dedup)),
+        ("idmp_hits", dedup.hits),
+        ("idmp_conflicts", dedup.conflicts),
+        ("idmp_expired_keys", dedup.expired),
+        ("idmp_evicted_keys", dedup.evicted),
+        ("waitjob_clients", sum(len(w) for w in state.job_waiters.values())),
+    ]
+
+
 def _queues(state: ServerState) -> list[tuple[str, object]]:
     return [("registered_queues", len(state.queues))]
 
@@ -147,6 +161,11 @@ SECTIONS: dict[str, Callable[[ServerState], list[tuple[str, object]]]] = {
     "cpu": _cpu,
 }
 
+#: Sections reported only when named (not by INFO, INFO all or INFO everything).
+EXTRA_SECTIONS: dict[str, Callable[[ServerState], list[tuple[str, object]]]] = {
+    "extensions": _extensions,
+}
+
 
 def info_text(state: ServerState, section: str | None = None) -> str:
     """INFO [section]: all sections, or one ("all"/"default"/"everything" = all)."""
@@ -154,7 +173,7 @@ def info_text(state: ServerState, section: str | None = None) -> str:
     names = list(SECTIONS) if wanted in ("all", "default", "everything") else [wanted]
     parts: list[str] = []
     for name in names:
-        build = SECTIONS.get(name)
+        build = SECTIONS.get(name) or EXTRA_SECTIONS.get(name)
         if build is None:
             continue
         lines = [f"# {name.capitalize()}"]

@@ -260,6 +260,9 @@ def unregister_job(state: ServerState, job: Job) -> None:
     if state.replicating and job.id in state.replicating:
         from .replication import replication_removed
         replication_removed(state, job)  # its ADDJOB gets -NOREPL
+    if state.job_waiters and job.state != ACKED and job.id in state.job_waiters:
+        from .completion import job_removed
+        job_removed(state, job.id)  # WAITJOB: gone without an ACK
     if state.jobs._remove(job):
         state.memory.sub(job_memory(job))
         if state.job_removed_hooks:

@@ -102,6 +102,10 @@ class BlockedAdd:
 
     def release(self, state: ServerState) -> None:
         state.replicating.pop(self.job.id, None)
+        if state.dedup.pending:
+            # The ADDJOB answers now: its IDMP key stays if the job was added
+            # (no longer wait-repl), goes with -NOREPL so a retry adds it.
+            state.dedup.settle(self.job.id, self.job.state != WAIT_REPL)
 
     def timeout_reply(self, state: ServerState) -> Any:
         _drop_partial_copies(state, self.job)

@@ -224,6 +224,8 @@ class DisqueServer:
                 self._last_queue_eviction = now
                 state.evict_idle_queues()
             need_jobs_cron(state)
+            if len(state.dedup):
+                state.dedup.expire(state.clock.now_ms())  # IDMP keys past their window
             timeout = self.config.timeout
             if timeout:
                 for client in list(state.clients.values()):

@@ -18,7 +18,9 @@ from typing import TYPE_CHECKING, Any
 
 from .clock import Clock
 from .cluster import ClusterState
+from .completion import BlockedWait, RecentAcks
 from .config import Config
+from .dedup import DedupIndex
 from .job import Job, JobIdGenerator
 from .jobs import JobRegistry
 from .memory import MemoryTracker
@@ -107,10 +109,20 @@ class ServerState:
         self.acked_unknown: dict[bytes, int] = {}
         self.acked_unknown_order: deque[tuple[int, bytes]] = deque()
         self.replication_timer: asyncio.TimerHandle | None = None
+        #: IDMP keys of idempotent ADDJOBs (dedup.py, an extension).
+        self.dedup = DedupIndex(self.memory, config.idmp_max_keys)
+        #: WAITJOB clients by job ID, and the IDs of jobs acked here lately
+        #: (completion.py, an extension).
+        self.job_waiters: dict[bytes, dict[BlockedWait, None]] = {}
+        self.recent_acks = RecentAcks()
         config.on_change("maxmemory", self._set_maxmemory)
+        config.on_change("idmp-max-keys", self._set_idmp_max_keys)
 
     def _set_maxmemory(self, value: int) -> None:
         self.memory.maxmemory = value
+
+    def _set_idmp_max_keys(self, value: int) -> None:
+        self.dedup.max_keys = value
 
     # -- time ---------------------------------------------------------------
 
@@ -215,9 +227,14 @@ class ServerState:
         if self.replicating:
             from .replication import abort_all
             abort_all(self)
+        if self.job_waiters:
+            from .completion import job_removed
+            for job_id in list(self.job_waiters):
+                job_removed(self, job_id)
         for job in list(self.jobs.all()):
             self.on_job_unregistered(job)
         self.jobs.clear()
+        self.dedup.clear()
         kept = []
         for q in list(self.queues.all()):
             if q.waiters:

@@ -23,6 +23,7 @@ from .options import (
     ConnectionConfig,
     OptionError,
     option_bool,
+    option_choice,
     option_duration_ms,
     option_int,
     option_str,
@@ -38,6 +39,9 @@ __all__ = [
 
 #: The column that carries a caller-chosen dedup key (see docs/SPARK_SINK.md).
 KEY_COLUMN = "_disque_key"
+#: The node's limits for ADDJOB ... IDMP key IDMP-WINDOW s (disque/dedup.py).
+MAX_IDMP_KEY_BYTES = 256
+MAX_IDMP_WINDOW_S = 86400
 
 #: Per-row ADDJOB options a column may carry, with the smallest value the
 #: server accepts (TTL and REPLICATE of 0 make no sense; the server refuses them).
@@ -182,6 +186,11 @@ class SinkConfig:
     retry_errors: frozenset[str] = DEFAULT_RETRY_ERRORS
     dedup_key: bool = False
     write_id: str | None = None
+    #: Send the dedup key as ADDJOB's IDMP (extension): "auto" when the node
+    #: supports it, "true" always (a node without it fails the task), "false" never.
+    idmp: str = "auto"
+    #: IDMP-WINDOW seconds (None: the node's default, 300 s).
+    idmp_window_s: int | None = None
     #: Partitions spread over the first ``spread`` of ``connection.nodes``;
     #: the others are only fallbacks (None: over all of them).
     spread: int | None = None
@@ -237,6 +246,14 @@ class SinkConfig:
         if columns.key is not None and dedup_raw is not None and not dedup:
             raise OptionError("dedupKey", f"is false but the DataFrame has a '{KEY_COLUMN}' "
                               "column; drop the column or set dedupKey to true")
+        idmp = option_choice(options, "idmp", ("auto", "true", "false"), "auto")
+        if idmp == "true" and not dedup:
+            raise OptionError("idmp", "is true but there is no dedup key: set dedupKey to "
+                              f"true or add a '{KEY_COLUMN}' column")
+        window_ms = option_duration_ms(options, "idmpWindow", None, minimum=1000)
+        if window_ms is not None and window_ms > MAX_IDMP_WINDOW_S * 1000:
+            raise OptionError("idmpWindow", f"must be at most {MAX_IDMP_WINDOW_S} s (a day), "
+                              f"got {option_str(options, 'idmpWindow')!r}")
         write_id = option_str(options, "writeId")
         if write_id is not None and ("\n" in write_id or "/" in write_id):
             raise OptionError("writeId", f"must not contain '/' or a newline, got {write_id!r}")
@@ -259,4 +276,6 @@ class SinkConfig:
             retry_errors=_retry_errors(options),
             dedup_key=dedup,
             write_id=write_id,
+            idmp=idmp,
+            idmp_window_s=window_ms // 1000 if window_ms is not None else None,
         )

@@ -53,7 +53,7 @@ from disque.client._wire import Request, text
 from disque.exceptions import AuthError, ConnectionFailed, DisqueError, Leaving
 
 from .pipeline import move_away, round_trip
-from .sink_options import JOB_OPTION_COLUMNS, RETRYABLE_ERRORS, SinkConfig
+from .sink_options import JOB_OPTION_COLUMNS, MAX_IDMP_KEY_BYTES, RETRYABLE_ERRORS, SinkConfig
 
 if TYPE_CHECKING:
     from pyspark.sql.types import StructType
@@ -159,6 +159,15 @@ class PartitionWriter:
         # Arguments after the body that are the same for every job (when no
         # per-row column overrides them), encoded once.
         self._tail = self._encode_tail(self._defaults)
+        # Whether the dedup key goes out as ADDJOB's IDMP (decided on the
+        # first batch, see idmp_enabled), and the arguments after the key.
+        self._idmp: bool | None = None if config.dedup_key and config.idmp != "false" else False
+        self._idmp_tail: tuple[bytes, ...] = (
+            (b"IDMP-WINDOW", b"%d" % config.idmp_window_s)
+            if config.idmp_window_s is not None else ())
+        # IDMPBUSY (the first ADDJOB with the key, e.g. of a speculative
+        # twin, still waits for its copies) is transient by definition.
+        self._retry_errors = config.retry_errors | {"IDMPBUSY"}
 
     # ------------------------------------------------------------- building
 
@@ -174,6 +183,46 @@ class PartitionWriter:
         if config.async_:
             tail.append(b"ASYNC")
         return tuple(tail)
+
+    def idmp_enabled(self) -> bool:
+        """Send the dedup keys as IDMP?  Decided once per partition.
+
+        ``idmp=auto`` asks the node (``COMMAND INFO WAITJOB``: the IDMP and
+        WAITJOB extensions ship together; the original answers null, and
+        its ADDJOB would refuse IDMP as a syntax error), ``true`` does not
+        ask.  The probe follows the partition's node order, like the writes.
+        """
+        if self._idmp is None:
+            if self.config.idmp == "true":
+                self._idmp = True
+            else:
+                self._idmp = self._node_has_idmp()
+                log.info("partition %d: node %s %s IDMP: %s", self.partition,
+                         self._client.address if self._client is not None else "?",
+                         "supports" if self._idmp else "does not support",
+                         "retried rows are added once" if self._idmp
+                         else "keys in bodies only (at-least-once)")
+        return self._idmp
+
+    def _node_has_idmp(self) -> bool:
+        connection = self.config.connection
+        deadline = time.monotonic() + connection.reconnect_timeout_s
+        attempt = 0
+        while True:
+            try:
+                reply = self.client().execute_command("COMMAND", "INFO", "WAITJOB")
+                return bool(reply) and reply[0] is not None
+            except ConnectionFailed as exc:
+                attempt += 1
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise DisqueWriteError(
+                        f"disque sink: no node reachable to write partition {self.partition}: "
+                        f"{exc}; still failing after {attempt} attempts (reconnectTimeout="
+                        f"{connection.reconnect_timeout_s:g} s); 0 jobs of this partition "
+                        "were added before", queue=self.config.queue, reason=str(exc),
+                        partition=self.partition, jobs_written=0) from exc
+                self.sleep(min(self._backoff(attempt), remaining))
 
     def _fail_rows(self, column: str, mask: pa.Array, what: str) -> None:
         """Raise naming the first row of this batch where ``mask`` is true."""
@@ -220,6 +269,8 @@ class PartitionWriter:
                                     f"is {low}, below the minimum of {minimum}")
                 per_row.append((name, values.to_pylist()))
 
+        idmp = (columns.key is not None or self.key_prefix is not None) and self.idmp_enabled()
+        idmp_keys: list[bytes] = []
         if columns.key is not None:
             keys = batch.column(columns.key)
             if keys.null_count:
@@ -227,13 +278,32 @@ class PartitionWriter:
             newline = pc.match_substring(keys, "\n")
             if pc.any(newline).as_py():
                 self._fail_rows(columns.key, newline, "contains a newline")
-            bodies = [key.encode("utf-8", "surrogateescape") + b"\n" + data
-                      for key, data in zip(keys.to_pylist(), bodies, strict=True)]
+            if idmp:
+                too_long = pc.greater(pc.binary_length(keys), MAX_IDMP_KEY_BYTES)
+                if pc.any(too_long).as_py():
+                    self._fail_rows(columns.key, too_long,
+                                    f"is longer than {MAX_IDMP_KEY_BYTES} bytes, the most "
+                                    "an IDMP key may have (or set idmp to false)")
+            idmp_keys = [key.encode("utf-8", "surrogateescape") for key in keys.to_pylist()]
+            bodies = [key + b"\n" + data for key, data in zip(idmp_keys, bodies, strict=True)]
         elif self.key_prefix is not None:
             prefix, first = self.key_prefix, self.rows
-            bodies = [b"%s%d\n%s" % (prefix, first + i, data) for i, data in enumerate(bodies)]
+            idmp_keys = [b"%s%d" % (prefix, first + i) for i in range(n)]
+            bodies = [key + b"\n" + data for key, data in zip(idmp_keys, bodies, strict=True)]
         self.rows += n
+        if idmp:
+            return self._with_idmp(self._plain_requests(bodies, queues, per_row), idmp_keys)
+        return self._plain_requests(bodies, queues, per_row)
 
+    def _with_idmp(self, reqs: list[Request], keys: list[bytes]) -> list[Request]:
+        """The same ADDJOBs with ``IDMP <key> [IDMP-WINDOW s]``: a retried task
+        (or a speculative twin) re-sending a row gets the first job's ID."""
+        extra = self._idmp_tail
+        return [Request((*req.args, b"IDMP", key, *extra), req.parse, req.wait)
+                for req, key in zip(reqs, keys, strict=True)]
+
+    def _plain_requests(self, bodies: list[bytes], queues: list[bytes] | None,
+                        per_row: list[tuple[str, list[int | None]]]) -> list[Request]:
         parse, wait = text, self._wait
         if not per_row:
             tail = self._tail
@@ -329,7 +399,7 @@ class PartitionWriter:
                     again.append(i)
                 elif isinstance(result, AuthError):
                     fatal = fatal or (pending[i], result)
-                elif _error_code(result) in config.retry_errors:
+                elif _error_code(result) in self._retry_errors:
                     error = result
                     again.append(i)
                     failed += 1

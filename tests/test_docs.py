@@ -114,6 +114,14 @@ BLOCKS: dict[tuple[str, str], str] = {
         "schedules of minutes; tests/faults/test_schedules.py runs every kind with --time 5",
     ("docs/FAULTS.md", "python3 -m faults.scenarios requeue-after-pause"):
         "tests/faults/test_scenarios.py runs every scenario",
+    ("docs/EXTENSIONS.md", "ADDJOB queue body ms-timeout"): "a syntax synopsis",
+    ("docs/EXTENSIONS.md", "127.0.0.1:7711> ADDJOB orders"):
+        "a CLI session; tests/server/test_idempotent_addjob.py and "
+        "tests/client/test_idmp_and_wait.py (test_cli) check these replies",
+    ("docs/EXTENSIONS.md", "WAITJOB id ms-timeout"): "a syntax synopsis",
+    ("docs/EXTENSIONS.md", "from disque import Client"):
+        "needs a worker beside the producer; tests/client/test_idmp_and_wait.py "
+        "(test_request_response_with_wait_job) runs the same pattern",
     ("docs/SPARK.md", "import spark_connector"): HERE,
     ("docs/SPARK.md", "import json"):
         "needs a query: tests/spark/test_source_spark.py reads the same expression",

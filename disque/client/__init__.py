@@ -17,6 +17,8 @@ from ..exceptions import (
     BadId,
     ConnectionFailed,
     DisqueError,
+    IdmpBusy,
+    IdmpConflict,
     Leaving,
     Loading,
     MaxLen,
@@ -41,5 +43,5 @@ __all__ = [
     "parse_address", "parse_addresses",
     "DisqueError", "ConnectionFailed", "ProtocolError", "ResponseError", "NoJob", "BadId",
     "NoRepl", "Paused", "Leaving", "MaxLen", "TooLate", "OutOfMemory", "Acked", "Loading",
-    "Misconf", "AuthError", "NoAuth",
+    "Misconf", "AuthError", "NoAuth", "IdmpConflict", "IdmpBusy",
 ]

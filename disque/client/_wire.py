@@ -411,7 +411,8 @@ def pack_commands(commands: list[tuple[bytes, ...]]) -> bytes:
 def add_job(queue: Arg, body: Arg, timeout_ms: int = 0, replicate: int | None = None,
             delay: int | None = None, retry: int | None = None, ttl: int | None = None,
             maxlen: int | None = None, async_: bool = False, backoff: int | None = None,
-            max_deliveries: int | None = None, dead_letter: Arg | None = None) -> Request:
+            max_deliveries: int | None = None, dead_letter: Arg | None = None,
+            idmp: Arg | None = None, idmp_window: int | None = None) -> Request:
     args: list[Arg] = ["ADDJOB", queue, body, int(timeout_ms)]
     for name, value in (("REPLICATE", replicate), ("DELAY", delay), ("RETRY", retry),
                         ("TTL", ttl), ("MAXLEN", maxlen), ("BACKOFF", backoff),
@@ -422,6 +423,12 @@ def add_job(queue: Arg, body: Arg, timeout_ms: int = 0, replicate: int | None = 
         args += ["DEADLETTER", dead_letter]
     if async_:
         args.append("ASYNC")
+    if idmp is not None:  # the extension: sent only when used
+        args += ["IDMP", idmp]
+        if idmp_window is not None:
+            args += ["IDMP-WINDOW", int(idmp_window)]
+    elif idmp_window is not None:
+        raise ValueError("idmp_window needs idmp (an IDMP key)")
     # Without ASYNC the node may hold the reply until the job is replicated:
     # up to timeout_ms, forever when it is 0.
     wait = 0.0 if async_ else _seconds(timeout_ms)
@@ -474,6 +481,25 @@ def nack_tail(delay: int | None) -> tuple[Arg, ...]:
     if int(delay) < 0:
         raise ValueError("delay must be >= 0 seconds")
     return ("DELAY", int(delay))
+
+
+#: WAITJOB's -NOJOB for an ID the node does not know (vs. a job removed while waited for).
+NOJOB_UNKNOWN = "NOJOB Job not known"
+
+
+def _acked(reply: Any) -> bool:
+    """WAITJOB: True when acked, False on timeout (null)."""
+    if reply is None:
+        return False
+    if reply == b"ACKED" or reply == "ACKED":
+        return True
+    raise ProtocolError(f"unexpected WAITJOB reply {reply!r}")
+
+
+def wait_job(job_id: Arg, timeout_ms: int) -> Request:
+    """WAITJOB (extension): the node holds the reply up to ``timeout_ms`` (0: forever)."""
+    return request("WAITJOB", job_id, int(timeout_ms), parse=_acked,
+                   wait=_seconds(int(timeout_ms)))
 
 
 def working(job_id: Arg) -> Request:

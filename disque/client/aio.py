@@ -23,7 +23,7 @@ from ..exceptions import (
 from . import _wire as w
 from ._base import DEFAULTS, ClientBase
 from ._cluster import Address, format_address
-from ._wire import Arg, Hello, Job, Request
+from ._wire import NOJOB_UNKNOWN, Arg, Hello, Job, Request
 from .sync import (
     CONNECT_ERRORS,
     LINK_ERRORS,
@@ -340,11 +340,12 @@ class AsyncClient(ClientBase):
                       retry: int | None = None, ttl: int | None = None,
                       maxlen: int | None = None, async_: bool = False,
                       backoff: int | None = None, max_deliveries: int | None = None,
-                      dead_letter: Arg | None = None) -> str:
+                      dead_letter: Arg | None = None, idmp: Arg | None = None,
+                      idmp_window: int | None = None) -> str:
         """ADDJOB; see :meth:`Client.add_job`."""
         return await self._execute(w.add_job(queue, body, timeout_ms, replicate, delay, retry,
                                              ttl, maxlen, async_, backoff, max_deliveries,
-                                             dead_letter))
+                                             dead_letter, idmp, idmp_window))
 
     @overload
     async def add_jobs(self, queue: Arg, bodies: Iterable[Arg], *,
@@ -458,6 +459,16 @@ class AsyncClient(ClientBase):
                            batch_size: int = DEFAULTS["batch_size"]) -> int:
         """Batched FASTACK; see :meth:`Client.fastack_many`."""
         return await self._ids_many("FASTACK", job_ids, batch_size)
+
+    async def wait_job(self, job_id: Arg, timeout_ms: int = 0) -> bool:
+        """WAITJOB (extension); see :meth:`Client.wait_job`."""
+        node = self._route_one(job_id)
+        try:
+            return await self._execute_routed(node, w.wait_job(job_id, timeout_ms))
+        except NoJob as err:
+            if node is None or not str(err).startswith(NOJOB_UNKNOWN):
+                raise
+            return await self._execute(w.wait_job(job_id, timeout_ms))
 
     async def working(self, job_id: Arg) -> int:
         """WORKING; see :meth:`Client.working`."""

@@ -25,7 +25,7 @@ from ..exceptions import (
 from . import _wire as w
 from ._base import DEFAULTS, ClientBase
 from ._cluster import Address, format_address
-from ._wire import Arg, Hello, Job, Request
+from ._wire import NOJOB_UNKNOWN, Arg, Hello, Job, Request
 
 __all__ = ["Client"]
 
@@ -430,7 +430,8 @@ class Client(ClientBase):
                 replicate: int | None = None, delay: int | None = None,
                 retry: int | None = None, ttl: int | None = None, maxlen: int | None = None,
                 async_: bool = False, backoff: int | None = None,
-                max_deliveries: int | None = None, dead_letter: Arg | None = None) -> str:
+                max_deliveries: int | None = None, dead_letter: Arg | None = None,
+                idmp: Arg | None = None, idmp_window: int | None = None) -> str:
         """ADDJOB: queue ``body`` and return the job ID.
 
         ``timeout_ms`` is how long the node may wait for replication (0 =
@@ -439,10 +440,14 @@ class Client(ClientBase):
         Extensions of this server (docs/EXTENSIONS.md): ``backoff`` caps an
         exponential re-queue delay (seconds), ``max_deliveries`` moves the
         job to ``dead_letter`` (default ``<queue>:dead``) after that many
-        deliveries.
+        deliveries; ``idmp`` is an idempotency key: a retry with the same
+        key in the same queue within ``idmp_window`` seconds (default 300)
+        returns the first job's ID instead of adding a job, and the same key
+        with another body raises ``IdmpConflict``.
         """
         return self._execute(w.add_job(queue, body, timeout_ms, replicate, delay, retry, ttl,
-                                       maxlen, async_, backoff, max_deliveries, dead_letter))
+                                       maxlen, async_, backoff, max_deliveries, dead_letter,
+                                       idmp, idmp_window))
 
     @overload
     def add_jobs(self, queue: Arg, bodies: Iterable[Arg], *,
@@ -571,6 +576,24 @@ class Client(ClientBase):
                      batch_size: int = DEFAULTS["batch_size"]) -> int:
         """FASTACK for any number of IDs, like :meth:`ack_many`."""
         return self._ids_many("FASTACK", job_ids, batch_size)
+
+    def wait_job(self, job_id: Arg, timeout_ms: int = 0) -> bool:
+        """WAITJOB (extension): wait until the job is acknowledged.
+
+        True once acked (also if it was acked before the call), False when
+        ``timeout_ms`` passes first (0 waits forever); ``NoJob`` if the node
+        does not know the job or it went away without an ACK (expired,
+        deleted).  Asked of the job's creator, which holds a copy and learns
+        of an ACK made anywhere in the cluster.
+        """
+        node = self._route_one(job_id)
+        try:
+            return self._execute_routed(node, w.wait_job(job_id, timeout_ms))
+        except NoJob as err:
+            if node is None or not str(err).startswith(NOJOB_UNKNOWN):
+                raise
+            # Its creator has no copy (replicated externally): ask ours.
+            return self._execute(w.wait_job(job_id, timeout_ms))
 
     def working(self, job_id: Arg) -> int:
         """WORKING: postpone redelivery; returns the seconds it was postponed by."""

@@ -141,7 +141,8 @@ def addjobs(state: ServerState, client: CommandClient, argv: list[bytes]) -> Any
     queue, timeout = argv[1], argv[2]
     head = [b"addjob", queue]
     tail = [timeout, *options]
-    parse_addjob([*head, b"", *tail])  # option errors refuse the whole command
+    if parse_addjob([*head, b"", *tail]).idmp is not None:  # option errors refuse it all
+        raise CommandError("ERR IDMP names one job: use ADDJOB for idempotent adds")
 
     batch = BlockedBatch(state, client, len(bodies))
     replies = batch.replies

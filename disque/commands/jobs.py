@@ -6,6 +6,8 @@ from typing import TYPE_CHECKING, Any
 
 from .. import ack
 from ..blocking import block_for_jobs, getjob_entry
+from ..completion import completion_of, wait_for
+from ..dedup import DEFAULT_WINDOW_S, MAX_KEY_BYTES, MAX_WINDOW_S, DedupEntry, body_digest
 from ..federation import import_rate, need_jobs
 from ..job import ACTIVE, FLAG_BCAST_WILLQUEUE, WAIT_REPL, Job, JobState
 from ..jobext import JobExt, dead_letter_queue, retry_seconds
@@ -55,8 +57,8 @@ NACK_DELAY_ERROR = f"ERR NACK DELAY must be a number of seconds between 0 and {M
 
 
 class AddJobOptions:
-    __slots__ = ("async_", "backoff", "dead_letter", "delay", "max_deliveries", "maxlen",
-                 "replicate", "retry", "timeout", "ttl")
+    __slots__ = ("async_", "backoff", "dead_letter", "delay", "idmp", "idmp_window",
+                 "max_deliveries", "maxlen", "replicate", "retry", "timeout", "ttl")
 
     def __init__(self) -> None:
         self.replicate: int | None = None
@@ -70,6 +72,8 @@ class AddJobOptions:
         self.backoff = 0
         self.max_deliveries = 0
         self.dead_letter: bytes | None = None
+        self.idmp: bytes | None = None
+        self.idmp_window = -1
 
 
 #: ADDJOB without options (the common case) shares one options object.
@@ -113,8 +117,17 @@ def parse_addjob(argv: list[bytes]) -> AddJobOptions:
         elif opt in _EXTENSION_OPTIONS and has_value:
             _parse_extension_option(opts, opt, argv[i + 1])
             i += 2
+        elif opt == b"idmp" and has_value:
+            opts.idmp = parse_idmp_key(argv[i + 1])
+            i += 2
+        elif opt == b"idmp-window" and has_value:
+            opts.idmp_window = parse_int(argv[i + 1], IDMP_WINDOW_ERROR, 1, MAX_WINDOW_S,
+                                         IDMP_WINDOW_ERROR)
+            i += 2
         else:
             raise CommandError(SYNTAX_ERROR)
+    if opts.idmp_window != -1 and opts.idmp is None:
+        raise CommandError("ERR IDMP-WINDOW needs IDMP <key>")
     opts.timeout = parse_timeout_ms(argv[3])
     return opts
 
@@ -154,13 +167,52 @@ def job_ext_for(opts: AddJobOptions, queue: bytes, retry: int) -> JobExt | None:
         if opts.dead_letter == queue:
             raise CommandError("ERR DEADLETTER queue must not be the job's own queue")
     return JobExt(opts.backoff, opts.max_deliveries, opts.dead_letter or b"")
+# --------------------------------------------------------------------------
+# IDMP (idempotent ADDJOB, an extension: dedup.py, docs/EXTENSIONS.md)
+# --------------------------------------------------------------------------
+
+IDMP_WINDOW_ERROR = f"ERR IDMP-WINDOW must be between 1 and {MAX_WINDOW_S} seconds"
+IDMP_BUSY = ("IDMPBUSY The first ADDJOB with this IDMP key is still waiting for its "
+             "replication: retry later")
+
+
+def parse_idmp_key(raw: bytes) -> bytes:
+    if not 0 < len(raw) <= MAX_KEY_BYTES:
+        raise CommandError(f"ERR IDMP key must be 1 to {MAX_KEY_BYTES} bytes long")
+    return bytes(raw)
+
+
+def idmp_seen(entry: DedupEntry, body: bytes, state: ServerState) -> Any:
+    """The reply to a retried ADDJOB whose key is in the index."""
+    if entry.pending:
+        return ReplyError(IDMP_BUSY)
+    if entry.digest != body_digest(body):
+        state.dedup.conflicts += 1
+        return ReplyError(f"IDMPCONFLICT IDMP key already used in this queue within its "
+                          f"window for job {entry.job_id.decode()} with a different body")
+    state.dedup.hits += 1
+    return Status(entry.job_id.decode())
+
+
+def idmp_record(state: ServerState, opts: AddJobOptions, queue: bytes, body: bytes,
+                job_id: bytes, now: int, pending: bool) -> None:
+    """Index the new job's key (pending while its ADDJOB waits for copies)."""
+    assert opts.idmp is not None
+    window = opts.idmp_window if opts.idmp_window != -1 else DEFAULT_WINDOW_S
+    state.dedup.add(DedupEntry(queue, opts.idmp, job_id, body_digest(body),
+                               now + window * 1000, pending))
 
 
 @command("addjob", -4, "write denyoom")
 def addjob(state: ServerState, client: CommandClient, argv: list[bytes]) -> Any:
     """ADDJOB queue body ms-timeout [REPLICATE n] [DELAY s] [RETRY s] [TTL s] [MAXLEN n] [ASYNC]
-    [BACKOFF s] [MAXDELIVERIES n] [DEADLETTER queue]"""
+    [BACKOFF s] [MAXDELIVERIES n] [DEADLETTER queue] [IDMP key [IDMP-WINDOW s]]"""
     opts = parse_addjob(argv)
+    if opts.idmp is not None:
+        # First, so that a retry gets its ID even if the queue is now paused or full.
+        seen = state.dedup.lookup(argv[1], opts.idmp, state.clock.now_ms())
+        if seen is not None:
+            return idmp_seen(seen, argv[2], state)
     cluster = state.cluster
     replicate = opts.replicate if opts.replicate is not None else min(3, cluster.size)
     ttl = opts.ttl
@@ -205,9 +257,15 @@ def addjob(state: ServerState, client: CommandClient, argv: list[bytes]) -> Any:
         job = Job(state.ids.next_id(ttl, retry), q.name, argv[2], WAIT_REPL, replicate,
                   state.next_ctime(now), now + ttl * 1000, delay, retry)
         job.ext = ext
+        if opts.idmp is not None:
+            idmp_record(state, opts, q.name, argv[2], job.id, now, pending=True)
         reply = replicate_job(state, client, job, needed, bool(extrepl), opts.timeout,
                               opts.async_)
-        return BLOCKED if reply is None else reply
+        if reply is None:
+            return BLOCKED  # the entry is settled when the ADDJOB answers
+        if opts.idmp is not None:
+            state.dedup.settle(job.id, not isinstance(reply, ReplyError))
+        return reply
 
     job = Job(state.ids.next_id(ttl, retry), q.name, argv[2], ACTIVE, replicate,
               state.next_ctime(now), state.shared_int(now + ttl * 1000), delay, retry,
@@ -222,6 +280,8 @@ def addjob(state: ServerState, client: CommandClient, argv: list[bytes]) -> Any:
     register_job(state, job)
     if state.job_created_hooks:
         state.on_job_created(job)
+    if opts.idmp is not None:
+        idmp_record(state, opts, q.name, argv[2], job.id, now, pending=False)
     return Status(job.id.decode())
 
 
@@ -435,6 +495,22 @@ def working(state: ServerState, client: CommandClient, argv: list[bytes]) -> Any
         update_awake_time(state, job)
     state.cluster.broadcast_working(job)
     return retry
+
+
+# --------------------------------------------------------------------------
+# WAITJOB (an extension: completion.py, docs/EXTENSIONS.md)
+# --------------------------------------------------------------------------
+
+@command("waitjob", 3, "")
+def waitjob(state: ServerState, client: CommandClient, argv: list[bytes]) -> Any:
+    """WAITJOB id ms-timeout: block until the job is acked (+ACKED), null on timeout."""
+    (job_id,) = parse_job_ids(argv[1:2])
+    timeout = parse_timeout_ms(argv[2])
+    reply = completion_of(state, job_id)
+    if reply is not None:
+        return reply
+    wait_for(state, client, job_id, timeout)
+    return BLOCKED
 
 
 # --------------------------------------------------------------------------

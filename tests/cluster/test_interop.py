@@ -8,6 +8,8 @@ nodes to a running cluster of originals, or the other way round.
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 
 from tests.support.cluster import (
@@ -120,3 +122,29 @@ def test_consumers_get_jobs_queued_on_the_other_implementation(mixed) -> None:
         pair = (holder, consumer)
         wait_for(lambda job_id=job_id, pair=pair: not any(show(n, job_id) for n in pair),
                  timeout=20, message="the ACK to reach both implementations")
+
+
+def test_extensions_in_a_mixed_cluster(mixed) -> None:
+    """WAITJOB on one of ours sees an ACK made on an original (through the
+    original's SETACK); an IDMP job replicates to originals as a plain job;
+    an original refuses IDMP as the syntax error it is for it."""
+    ours, originals = mixed
+    everybody = join_everybody(ours, originals)
+    creator = ours[0]
+    job_id = creator.client().execute_command("ADDJOB", "q", "request", 5000, "REPLICATE", 4,
+                                              "RETRY", 30, "IDMP", "k")
+    assert all(show(n, job_id) for n in everybody)
+    assert creator.client().execute_command("ADDJOB", "q", "request", 5000, "REPLICATE", 4,
+                                            "IDMP", "k") == job_id
+    results: list[object] = []
+    waiter = threading.Thread(
+        target=lambda: results.append(creator.client().execute_command("WAITJOB", job_id,
+                                                                       15_000)))
+    waiter.start()
+    wait_for(lambda: creator.client().info("extensions")["waitjob_clients"] == 1, 5,
+             message="WAITJOB blocked")
+    assert originals[1].client().execute_command("ACKJOB", job_id) == 1
+    waiter.join(15)
+    assert results == [b"ACKED"]
+    with pytest.raises(Exception, match="syntax error"):
+        originals[0].client().execute_command("ADDJOB", "q", "x", 0, "IDMP", "k")

@@ -390,8 +390,11 @@ def test_paused_queue_slows_the_write_down_until_unpaused(spark, server, disque)
 
 def test_dedup_keys_are_deterministic(spark, server, disque) -> None:
     df = spark.range(0, 30, numPartitions=2).selectExpr("cast(id as string) as body")
-    write(df, server, queue="keys", dedupKey="true", writeId="nightly-1")
-    write(df, server, queue="keys", dedupKey="true", writeId="nightly-1")  # a re-run
+    # idmp=false: the keys only (with IDMP the node drops the re-run's jobs,
+    # tests/spark/test_sink_idempotent.py).
+    write(df, server, queue="keys", dedupKey="true", writeId="nightly-1", idmp="false")
+    write(df, server, queue="keys", dedupKey="true", writeId="nightly-1",
+          idmp="false")  # a re-run
     keyed = [split_key(body) for body in drain(disque, "keys")]
     assert len(keyed) == 60
     by_key: dict[str, set[bytes]] = {}
