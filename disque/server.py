@@ -32,6 +32,7 @@ from typing import Any
 from . import __version__, _native
 from .bus_handlers import register_job_messages
 from .cluster import ClusterState, NodesFileError
+from .cluster.auth import BusAuth
 from .cluster.bus import BUS_PORT_OFFSET, ClusterBus
 from .config import Config, ConfigError
 from .connection import ClientConnection
@@ -101,9 +102,13 @@ class DisqueServer:
             state.tcp_port = self.port
             cluster.myself.port = self.port
             cluster.save()
+        auth = None
+        if config.cluster_secret:
+            auth = BusAuth(config.cluster_secret.encode("utf-8", "surrogateescape"))
+            log.info("Cluster secret set: bus messages without its signature are refused")
         bus = ClusterBus(cluster, state.clock.now_ms, lambda: config.cluster_node_timeout,
                          max_message=config.proto_max_bulk_len + BUS_MESSAGE_SLACK,
-                         before_flush=state.before_reply_hooks)
+                         before_flush=state.before_reply_hooks, auth=auth)
         state.bus = bus
         register_job_messages(bus, state)
         await bus.start(config.bind, self.port)
