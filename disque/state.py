@@ -21,6 +21,7 @@ from .cluster import ClusterState
 from .config import Config
 from .job import Job, JobIdGenerator
 from .jobs import JobRegistry
+from .latency import REPLICATION_BUCKETS_S, LatencyHistogram
 from .memory import MemoryTracker
 from .queue import QUEUE_OVERHEAD_BYTES, Queue, QueueRegistry
 
@@ -47,6 +48,14 @@ class Stats:
     evicted_jobs: int = 0
     evicted_queues: int = 0
     expired_jobs: int = 0
+    #: Jobs handed to clients by GETJOB (metrics.py; not in INFO, like the original).
+    delivered_jobs: int = 0
+    #: jobs_in / jobs_out of the queues evicted so far, so that the node's
+    #: totals (the live queues' plus these) never go down (metrics.py).
+    evicted_queues_jobs_in: int = 0
+    evicted_queues_jobs_out: int = 0
+    #: Connections to tls-port whose handshake failed (tls.py, metrics.py).
+    tls_handshake_failures: int = 0
 
 
 def _no_timer(when_ms: int) -> None:
@@ -103,6 +112,8 @@ class ServerState:
         self.acked_unknown: dict[bytes, int] = {}
         self.acked_unknown_order: deque[tuple[int, bytes]] = deque()
         self.replication_timer: asyncio.TimerHandle | None = None
+        #: ADDJOB to replication achieved, for the metrics endpoint.
+        self.replication_latency = LatencyHistogram(REPLICATION_BUCKETS_S)
         config.on_change("maxmemory", self._set_maxmemory)
 
     def _set_maxmemory(self, value: int) -> None:
@@ -187,7 +198,10 @@ class ServerState:
         cursor, candidates = self.queues.scan(
             self._queue_scan_cursor, max_visits, lambda q: q.is_evictable(now, idle_ms))
         self._queue_scan_cursor = cursor
+        stats = self.stats
         for q in candidates:
+            stats.evicted_queues_jobs_in += q.jobs_in
+            stats.evicted_queues_jobs_out += q.jobs_out
             self.queues.remove(q)
             self.memory.sub(QUEUE_OVERHEAD_BYTES + len(q.name))
             evicted += 1

@@ -32,9 +32,10 @@ from __future__ import annotations
 import hashlib
 import hmac
 import logging
-import time
 
-__all__ = ["MIN_SECRET_LENGTH", "BusAuth", "RateLimitedLog"]
+from ..log import RateLimitedLog
+
+__all__ = ["MIN_SECRET_LENGTH", "BusAuth"]
 
 log = logging.getLogger("disque.cluster")
 
@@ -47,29 +48,6 @@ _ZEROS = bytes(FIELD_END - FIELD_START)
 
 #: A shorter secret could be guessed offline from one captured message.
 MIN_SECRET_LENGTH = 16
-
-
-class RateLimitedLog:
-    """At most one warning per ``period_s``; the next one says how many were not logged."""
-
-    __slots__ = ("_logger", "_next", "_period", "_suppressed")
-
-    def __init__(self, logger: logging.Logger, period_s: float = 10.0) -> None:
-        self._logger = logger
-        self._period = period_s
-        self._next = 0.0
-        self._suppressed = 0
-
-    def warning(self, text: str) -> None:
-        now = time.monotonic()
-        if now < self._next:
-            self._suppressed += 1
-            return
-        self._next = now + self._period
-        if self._suppressed:
-            text += f" ({self._suppressed} more refused since the last report)"
-            self._suppressed = 0
-        self._logger.warning("%s", text)
 
 
 class BusAuth:
