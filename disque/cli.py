@@ -343,7 +343,7 @@ def _parser() -> argparse.ArgumentParser:
                      help="client certificate file, for tls-auth-clients (implies --tls)")
     tls.add_argument("--key", default=None, help="private key file of --cert")
     tls.add_argument("--insecure", action="store_true",
-                     help="do not check that the node's name matches its certificate")
+                     help="do not verify the node's certificate (like redis-cli)")
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--raw", dest="raw", action="store_true", default=None,
                       help="raw output, even on a terminal")
@@ -415,7 +415,7 @@ class Cli:
                                 connection_kwargs={"parser_class": CliParser},
                                 tls=options.tls, tls_ca_file=options.cacert,
                                 tls_cert_file=options.cert, tls_key_file=options.key,
-                                tls_check_hostname=not options.insecure)
+                                tls_verify=not options.insecure)
 
     def connection_error(self, exc: BaseException) -> None:
         cause = exc

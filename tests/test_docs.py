@@ -103,6 +103,16 @@ BLOCKS: dict[tuple[str, str], str] = {
     ("docs/CLIENT.md", "DisqueError"): "a diagram of the exception tree",
     ("docs/CLIENT.md", "disque [-h HOST]"): "a usage synopsis; tests/client/test_cli.py",
     ("docs/PERSISTENCE.md", "*3\\r\\n$7\\r\\nLOADJOB"): "the record format, not a command",
+    ("docs/EXTENSIONS.md", "disque-server --metrics-port 9711 &"):
+        "fixed ports; tests/server/test_metrics.py starts nodes with metrics-port and scrapes",
+    ("docs/EXTENSIONS.md", "disque-server --tls-port 7712"):
+        "needs certificates; tests/server/test_tls.py and tests/client/test_tls.py start "
+        "nodes with these directives and run the CLI with these options",
+    ("docs/EXTENSIONS.md", "from disque import Client"):
+        "needs certificates; tests/client/test_tls.py (test_client_over_tls) passes the "
+        "same arguments",
+    ("docs/EXTENSIONS.md", "# disque.conf, the same on every node"):
+        "a config line; tests/cluster/test_cluster_secret.py starts nodes with it",
     ("docs/PERSISTENCE.md", "CONFIG SET aof-enqueue-jobs-once yes"): HERE,
     ("docs/FAULTS.md", "python3 -m faults --faults partition,pause,kill --time 120"):
         "schedules of minutes; tests/faults/test_schedules.py runs every kind with --time 5",

@@ -52,6 +52,7 @@ class ClientBase:
         tls_cert_file: str | None = None,
         tls_key_file: str | None = None,
         tls_check_hostname: bool = True,
+        tls_verify: bool = True,
     ) -> None:
         if max_retries < 0 or reconnect_timeout < 0 or retry_backoff < 0:
             raise ValueError("max_retries, reconnect_timeout and retry_backoff must be >= 0")
@@ -63,8 +64,8 @@ class ClientBase:
         #: redis-py's SSLConnection options (the same names sync and asyncio).
         self._tls_options: dict[str, Any] = {
             "ssl_ca_certs": tls_ca_file, "ssl_certfile": tls_cert_file,
-            "ssl_keyfile": tls_key_file, "ssl_cert_reqs": "required",
-            "ssl_check_hostname": tls_check_hostname,
+            "ssl_keyfile": tls_key_file, "ssl_cert_reqs": "required" if tls_verify else "none",
+            "ssl_check_hostname": tls_check_hostname and tls_verify,
         } if self.tls else {}
         self.password = password
         self.socket_timeout = socket_timeout

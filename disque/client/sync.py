@@ -110,12 +110,13 @@ class Client(ClientBase):
         them and HELLO lists it as usable, move to it.
     client_name
         ``CLIENT SETNAME`` on every connection (shows in CLIENT LIST).
-    tls, tls_ca_file, tls_cert_file, tls_key_file, tls_check_hostname
+    tls, tls_ca_file, tls_cert_file, tls_key_file, tls_check_hostname, tls_verify
         TLS to the nodes' ``tls-port`` (an extension, docs/EXTENSIONS.md):
         ``tls_ca_file`` verifies the node's certificate (the system's CAs
         when None), ``tls_cert_file``/``tls_key_file`` are the client's
         certificate for ``tls-auth-clients yes``; the node's name must match
-        its certificate unless ``tls_check_hostname=False``.  Giving a file
+        its certificate unless ``tls_check_hostname=False``;
+        ``tls_verify=False`` accepts any certificate (tests only).  Giving a file
         turns TLS on.  Over TLS only the given addresses are dialled (HELLO
         lists plain ports): list every node's TLS address.
     connection_kwargs

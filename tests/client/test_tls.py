@@ -126,6 +126,9 @@ def test_cli_over_tls(server_factory, certs) -> None:
     assert wrong_ca.returncode == 1
     assert wrong_ca.stderr.startswith(f"Could not connect to Disque at 127.0.0.1:{port}: ")
     assert "certificate verify failed" in wrong_ca.stderr
+    insecure = cli("-p", port, "--insecure", "--cacert", str(certs.other_ca), "--cert",
+                   str(certs.client.cert), "--key", str(certs.client.key), "ping")
+    assert insecure.stdout == "PONG\n"  # the node is not verified, the client still is
     plain = cli("-p", port, "ping")
     assert plain.returncode == 1 and "Could not connect" in plain.stderr
     half = cli("-p", port, "--cert", str(certs.client.cert), "ping")

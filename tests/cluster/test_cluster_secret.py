@@ -17,7 +17,15 @@ import pytest
 from disque.cluster import messages as m
 from disque.cluster.auth import BusAuth
 from disque.job import Job, JobIdGenerator, serialize_job
-from tests.support.cluster import cluster_view, holders, meet, node_id, show
+from tests.support.cluster import (
+    ReferenceProcess,
+    cluster_view,
+    holders,
+    meet,
+    node_id,
+    reference_server,
+    show,
+)
 from tests.support.process import DisqueProcess, wait_for
 
 SECRET = "correct horse battery staple"
@@ -183,3 +191,31 @@ def test_the_secret_directive_is_checked(server_factory, tmp_path) -> None:
         client.execute_command("CONFIG", "SET", "cluster-secret", "x" * 20)
     assert client.execute_command("CONFIG", "GET", "cluster-secret") == [
         b"cluster-secret", SECRET.encode()]
+
+
+@pytest.mark.skipif(reference_server() is None,
+                    reason="needs the original server (DISQUE_REFERENCE_SERVER)")
+def test_an_original_node_cannot_join_a_node_with_the_secret(server_factory, tmp_path) -> None:
+    """The original ignores the reserved bytes (it takes our signed MEET), but
+    its own messages are unsigned: it never joins, and neither side crashes."""
+    ours = server_factory("--cluster-secret", SECRET, "--cluster-node-timeout", "2000")
+    original = ReferenceProcess(tmp_path / "ref", "--cluster-node-timeout", "2000").start()
+    try:
+        meet(ours, original)
+        meet(original, ours)
+        wait_for(lambda: refusals(ours), message="our node to refuse the original's messages")
+        views: list[dict] = []
+
+        def alone() -> bool:
+            views.append(cluster_view(ours))
+            return len(views[-1]) == 1
+
+        wait_for(alone, timeout=30, interval=0.1,
+                 message="the handshake with the original to be dropped")
+        assert all(info["flags"] & {"handshake", "myself"} for view in views
+                   for info in view.values()), views
+        assert ours.alive() and original.alive()
+        assert original.client().ping()
+        still_serving(ours)
+    finally:
+        original.kill()
