@@ -76,6 +76,11 @@ class BusAuth:
         self._last_out = signed
         return signed
 
+    def forget(self) -> None:
+        """Drop the last message signed (the bus calls this when a turn's
+        output is written): a big REPLJOB is not held on to afterwards."""
+        self._last_in = self._last_out = b""
+
     def verify(self, frame: bytes) -> bool:
         """Whether ``frame`` (a whole message, FrameReader checked its length) is signed."""
         if frame[FIELD_START:_TAG_START] != SCHEME:

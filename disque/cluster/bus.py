@@ -221,6 +221,8 @@ class ClusterBus:
             finally:  # a failing hook must not strand the links' output
                 for link in links:
                     link.flush()
+                if self.auth is not None:
+                    self.auth.forget()
         if self._save_pending:
             self._save_pending = False
             try:
