@@ -339,6 +339,15 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("-p", dest="port", type=int, default=7711, help="server port (7711)")
     parser.add_argument("-a", dest="password", default=None,
                         help="password (also $DISQUE_PASSWORD)")
+    tls = parser.add_argument_group("TLS (a node's tls-port; like redis-cli)")
+    tls.add_argument("--tls", action="store_true", help="connect with TLS")
+    tls.add_argument("--cacert", default=None,
+                     help="CA certificate file to verify the node (implies --tls)")
+    tls.add_argument("--cert", default=None,
+                     help="client certificate file, for tls-auth-clients (implies --tls)")
+    tls.add_argument("--key", default=None, help="private key file of --cert")
+    tls.add_argument("--insecure", action="store_true",
+                     help="do not verify the node's certificate (like redis-cli)")
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--raw", dest="raw", action="store_true", default=None,
                       help="raw output, even on a terminal")
@@ -415,7 +424,10 @@ class Cli:
         self.client = CliClient(self.address, password=password, socket_timeout=None,
                                 connect_timeout=5.0, max_retries=1, reconnect_timeout=0,
                                 randomize=False,
-                                connection_kwargs={"parser_class": CliParser})
+                                connection_kwargs={"parser_class": CliParser},
+                                tls=options.tls, tls_ca_file=options.cacert,
+                                tls_cert_file=options.cert, tls_key_file=options.key,
+                                tls_verify=not options.insecure)
 
     def connection_error(self, exc: BaseException) -> None:
         cause = exc
@@ -598,7 +610,10 @@ def _setup_readline() -> Any:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``disque`` script; returns the exit status."""
-    options = _parser().parse_args(list(sys.argv[1:] if argv is None else argv))
+    parser = _parser()
+    options = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
+    if (options.cert is None) != (options.key is None):
+        parser.error("--cert and --key go together (a client certificate and its key)")
     out = sys.stdout.buffer
     cli = Cli(options, out, sys.stderr)
     args = [os.fsencode(a) for a in options.command]

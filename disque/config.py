@@ -20,6 +20,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from .cluster.auth import MIN_SECRET_LENGTH
+
 __all__ = ["Config", "ConfigError", "DIRECTIVES", "parse_memory", "format_memory"]
 
 
@@ -99,6 +101,15 @@ def _bind(text: str) -> list[str]:
     if not addresses:
         raise ValueError("at least one address is required")
     return addresses
+
+
+def _secret(text: str) -> str:
+    # "" is off; anything else is an HMAC key (cluster/auth.py), which a
+    # short value would make guessable offline from one captured message.
+    if text and len(text.encode("utf-8", "surrogateescape")) < MIN_SECRET_LENGTH:
+        raise ValueError(f"the cluster secret must be at least {MIN_SECRET_LENGTH} "
+                         "characters long")
+    return text
 
 
 def _memory_nonzero(text: str) -> int:
@@ -186,6 +197,21 @@ DIRECTIVES: dict[str, Directive] = {d.name: d for d in [
               doc="most IDMP keys (idempotent ADDJOB) a node holds; the oldest go first"),
     Directive("cluster-config-file", _string, "nodes.conf", mutable=False),
     Directive("cluster-node-timeout", _int_range(1, 2 ** 31 - 1), 15000),
+    # Extensions (docs/EXTENSIONS.md): all off by default.
+    Directive("cluster-secret", _secret, "", mutable=False,
+              doc="HMAC key signing every cluster bus message; every node needs the same"),
+    Directive("metrics-port", _int_range(0, 65535), 0, mutable=False,
+              doc="Prometheus endpoint (HTTP GET /metrics); 0 = off"),
+    Directive("metrics-bind", _bind, ["127.0.0.1"], _fmt_bind, mutable=False,
+              doc="addresses the metrics endpoint listens on"),
+    Directive("tls-port", _int_range(0, 65535), 0, mutable=False,
+              doc="TLS client port, beside the plain one; 0 = off"),
+    Directive("tls-cert-file", _string, "", mutable=False, doc="the node's certificate (PEM)"),
+    Directive("tls-key-file", _string, "", mutable=False, doc="its private key (PEM)"),
+    Directive("tls-ca-cert-file", _string, "", mutable=False,
+              doc="CA certificates that client certificates must chain to (PEM)"),
+    Directive("tls-auth-clients", _choice("yes", "no", "optional"), "yes", mutable=False,
+              doc="require (yes), ignore (no) or check if sent (optional) client certificates"),
 ]}
 
 

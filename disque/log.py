@@ -46,3 +46,26 @@ def setup_logging(level: str, logfile: str) -> None:
 
 def set_level(level: str) -> None:
     logging.getLogger("disque").setLevel(LEVELS[level])
+
+
+class RateLimitedLog:
+    """At most one warning per ``period_s``; the next one says how many were not logged."""
+
+    __slots__ = ("_logger", "_next", "_period", "_suppressed")
+
+    def __init__(self, logger: logging.Logger, period_s: float = 10.0) -> None:
+        self._logger = logger
+        self._period = period_s
+        self._next = 0.0
+        self._suppressed = 0
+
+    def warning(self, text: str) -> None:
+        now = time.monotonic()
+        if now < self._next:
+            self._suppressed += 1
+            return
+        self._next = now + self._period
+        if self._suppressed:
+            text += f" ({self._suppressed} more since the last report, not logged)"
+            self._suppressed = 0
+        self._logger.warning("%s", text)

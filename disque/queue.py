@@ -296,6 +296,7 @@ def fetch_jobs(state: ServerState, q: Queue, count: int) -> list[Job]:
         pop = queued.pop
         taken = [pop(0) for _ in range(count)]
     q.jobs_out += count
+    state.stats.delivered_jobs += count
     q.atime = state.clock.now_ms()
     state.memory.sub(QUEUE_ENTRY_BYTES * count)
     evictable_add = state.jobs.evictable_add

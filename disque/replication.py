@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -81,7 +82,8 @@ NOREPL_REMOVED = ("NOREPL job removed (expired?) before the requested replicatio
 class BlockedAdd:
     """A client waiting for its job's copies (blocking.Blocked)."""
 
-    __slots__ = ("client", "extrepl", "job", "last_added", "last_sent", "needed", "timer")
+    __slots__ = ("client", "extrepl", "job", "last_added", "last_sent", "needed", "started",
+                 "timer")
 
     #: The connection may run the ADDJOBs pipelined after this one meanwhile
     #: (connection.ReplySlot): replicating them one at a time would cost a
@@ -99,6 +101,8 @@ class BlockedAdd:
         self.last_added = now
         #: When REPLJOB last went to the unconfirmed nodes (ms).
         self.last_sent = now
+        #: For the replication latency histogram (finer than the ms clock).
+        self.started = time.perf_counter()
 
     def release(self, state: ServerState) -> None:
         state.replicating.pop(self.job.id, None)
@@ -258,6 +262,7 @@ def _send_enqueue(state: ServerState, node_id: str, job: Job) -> None:
 
 def _replication_achieved(state: ServerState, blocked: BlockedAdd) -> None:
     job = blocked.job
+    state.replication_latency.observe(time.perf_counter() - blocked.started)
     if blocked.extrepl:
         # No local copy: one of the copies queues it, ours goes.
         _send_enqueue(state, random.choice(sorted(job.confirmed)), job)

@@ -24,6 +24,7 @@ import logging
 import os
 import signal
 import socket
+import ssl
 import sys
 import time
 from collections.abc import Callable
@@ -32,6 +33,7 @@ from typing import Any
 from . import __version__, _native
 from .bus_handlers import register_job_messages
 from .cluster import ClusterState, NodesFileError
+from .cluster.auth import BusAuth
 from .cluster.bus import BUS_PORT_OFFSET, ClusterBus
 from .config import Config, ConfigError
 from .connection import ClientConnection
@@ -40,6 +42,7 @@ from .gcpolicy import CollectorPolicy
 from .jobs import MAX_JOBS_PER_RUN, process_due_jobs
 from .log import set_level, setup_logging
 from .state import ServerState
+from .tls import TLSError, TLSListener, server_context
 
 __all__ = ["DisqueServer", "main"]
 
@@ -71,6 +74,8 @@ class DisqueServer:
         self._stopping = False
         self.shutdown_hooks: list[Callable[[str], None]] = []
         self.port = config.port
+        self._metrics: Any = None  # metrics.MetricsServer, with metrics-port
+        self._tls: TLSListener | None = None  # with tls-port
 
     # -- start --------------------------------------------------------------
 
@@ -94,20 +99,37 @@ class DisqueServer:
         state.schedule_changed = self._schedule_changed
         state.shutdown_requested = self._shutdown_requested
         self.state = state
+        tls_context = None
+        if config.tls_port:
+            try:  # before the AOF loads: a bad TLS setup fails at once
+                tls_context = server_context(config)
+            except TLSError as err:
+                raise SystemExit(f"TLS: {err}") from None
         from .aof import setup_persistence
         setup_persistence(self, state)  # loads the AOF before listening
 
         await self._listen(config, state)
+        if tls_context is not None:
+            self._listen_tls(config, state, tls_context)
         if config.port == 0:
             state.tcp_port = self.port
             cluster.myself.port = self.port
             cluster.save()
+        auth = None
+        if config.cluster_secret:
+            auth = BusAuth(config.cluster_secret.encode("utf-8", "surrogateescape"))
+            log.info("Cluster secret set: bus messages without its signature are refused")
         bus = ClusterBus(cluster, state.clock.now_ms, lambda: config.cluster_node_timeout,
                          max_message=config.proto_max_bulk_len + BUS_MESSAGE_SLACK,
-                         before_flush=state.before_reply_hooks)
+                         before_flush=state.before_reply_hooks, auth=auth)
         state.bus = bus
         register_job_messages(bus, state)
         await bus.start(config.bind, self.port)
+        if config.metrics_port:
+            # Imported here: prometheus-client is only loaded by nodes that serve it.
+            from .metrics import MetricsServer
+            self._metrics = MetricsServer(state)
+            await self._metrics.start(config.metrics_bind, config.metrics_port)
         self._cron_deadline = loop.time()
         self._schedule_cron()
         log.info("Disque %s (python, core: %s) started, pid %d, node %s", __version__,
@@ -156,6 +178,19 @@ class DisqueServer:
             if not port:  # the other addresses listen on the port the first one got
                 port = server.sockets[0].getsockname()[1]
         return servers
+
+    def _listen_tls(self, config: Config, state: ServerState, context: ssl.SSLContext) -> None:
+        """The TLS client listeners (tls.py), on tls-port beside the plain port."""
+        self._tls = TLSListener(state, context)
+        try:
+            self._tls.start(config.bind, config.tls_port, config.tcp_backlog)
+        except TLSError as err:
+            raise SystemExit(str(err)) from None
+        # Not "Ready to accept connections": tools wait for that line, last.
+        log.info("TLS: accepting connections on %s (client certificates: %s)",
+                 ", ".join(f"{a}:{config.tls_port}" for a in config.bind),
+                 {"yes": "required", "optional": "checked if sent",
+                  "no": "not asked"}[config.tls_auth_clients])
 
     def _change_dir(self, path: str) -> None:
         os.chdir(path)
@@ -259,6 +294,10 @@ class DisqueServer:
         self._stopping = True
         for server in self._servers:
             server.close()
+        if self._metrics is not None:
+            self._metrics.stop()
+        if self._tls is not None:
+            self._tls.stop()
         if self._job_timer is not None:
             self._job_timer.cancel()
         if self._cron_handle is not None:

@@ -23,6 +23,7 @@ from .config import Config
 from .dedup import DedupIndex
 from .job import Job, JobIdGenerator
 from .jobs import JobRegistry
+from .latency import REPLICATION_BUCKETS_S, LatencyHistogram
 from .memory import MemoryTracker
 from .queue import QUEUE_OVERHEAD_BYTES, Queue, QueueRegistry
 
@@ -51,6 +52,14 @@ class Stats:
     expired_jobs: int = 0
     #: Jobs this node moved to a dead-letter queue (MAXDELIVERIES, disque.deadletter).
     dead_lettered_jobs: int = 0
+    #: Jobs handed to clients by GETJOB (metrics.py; not in INFO, like the original).
+    delivered_jobs: int = 0
+    #: jobs_in / jobs_out of the queues evicted so far, so that the node's
+    #: totals (the live queues' plus these) never go down (metrics.py).
+    evicted_queues_jobs_in: int = 0
+    evicted_queues_jobs_out: int = 0
+    #: Connections to tls-port whose handshake failed (tls.py, metrics.py).
+    tls_handshake_failures: int = 0
 
 
 def _no_timer(when_ms: int) -> None:
@@ -115,6 +124,8 @@ class ServerState:
         #: (completion.py, an extension).
         self.job_waiters: dict[bytes, dict[BlockedWait, None]] = {}
         self.recent_acks = RecentAcks()
+        #: ADDJOB to replication achieved, for the metrics endpoint.
+        self.replication_latency = LatencyHistogram(REPLICATION_BUCKETS_S)
         config.on_change("maxmemory", self._set_maxmemory)
         config.on_change("idmp-max-keys", self._set_idmp_max_keys)
 
@@ -207,7 +218,10 @@ class ServerState:
         cursor, candidates = self.queues.scan(
             self._queue_scan_cursor, max_visits, lambda q: q.is_evictable(now, idle_ms))
         self._queue_scan_cursor = cursor
+        stats = self.stats
         for q in candidates:
+            stats.evicted_queues_jobs_in += q.jobs_in
+            stats.evicted_queues_jobs_out += q.jobs_out
             self.queues.remove(q)
             self.memory.sub(QUEUE_OVERHEAD_BYTES + len(q.name))
             evicted += 1

@@ -38,7 +38,8 @@ tcp-keepalive tcp-backlog maxclients maxmemory maxmemory-policy
 proto-max-bulk-len client-query-buffer-limit appendonly appendfilename
 appendfsync aof-enqueue-jobs-once aof-load-truncated
 auto-aof-rewrite-percentage auto-aof-rewrite-min-size cluster-config-file
-cluster-node-timeout
+cluster-node-timeout cluster-secret metrics-port metrics-bind tls-port
+tls-cert-file tls-key-file tls-ca-cert-file tls-auth-clients
 "
 
 # DISQUE_* variables that are settings of this script (or of the disque CLI),

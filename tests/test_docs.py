@@ -109,6 +109,16 @@ BLOCKS: dict[tuple[str, str], str] = {
     ("docs/EXTENSIONS.md", '127.0.0.1:7711> ADDJOB orders "..." 0 RETRY 5 MAXDELIVERIES 3'):
         "a CLI session with placeholders; tests/server/test_backoff_deadletter_server.py "
         "(test_dead_letter_end_to_end_on_a_real_server) runs these commands",
+    ("docs/EXTENSIONS.md", "disque-server --metrics-port 9711 &"):
+        "fixed ports; tests/server/test_metrics.py starts nodes with metrics-port and scrapes",
+    ("docs/EXTENSIONS.md", "disque-server --tls-port 7712"):
+        "needs certificates; tests/server/test_tls.py and tests/client/test_tls.py start "
+        "nodes with these directives and run the CLI with these options",
+    ("docs/EXTENSIONS.md", "from disque import Client  # over TLS"):
+        "needs certificates; tests/client/test_tls.py (test_client_over_tls) passes the "
+        "same arguments",
+    ("docs/EXTENSIONS.md", "# disque.conf, the same on every node"):
+        "a config line; tests/cluster/test_cluster_secret.py starts nodes with it",
     ("docs/PERSISTENCE.md", "CONFIG SET aof-enqueue-jobs-once yes"): HERE,
     ("docs/FAULTS.md", "python3 -m faults --faults partition,pause,kill --time 120"):
         "schedules of minutes; tests/faults/test_schedules.py runs every kind with --time 5",

@@ -47,9 +47,26 @@ class ClientBase:
         client_name: str | None = None,
         connection_kwargs: Mapping[str, Any] | None = None,
         rng: random.Random | None = None,
+        tls: bool = False,
+        tls_ca_file: str | None = None,
+        tls_cert_file: str | None = None,
+        tls_key_file: str | None = None,
+        tls_check_hostname: bool = True,
+        tls_verify: bool = True,
     ) -> None:
         if max_retries < 0 or reconnect_timeout < 0 or retry_backoff < 0:
             raise ValueError("max_retries, reconnect_timeout and retry_backoff must be >= 0")
+        if (tls_cert_file is None) != (tls_key_file is None):
+            raise ValueError("tls_cert_file and tls_key_file go together (a client certificate "
+                             "and its key)")
+        #: TLS (a node's tls-port): on when asked, or when any TLS file is given.
+        self.tls = bool(tls or tls_ca_file or tls_cert_file)
+        #: redis-py's SSLConnection options (the same names sync and asyncio).
+        self._tls_options: dict[str, Any] = {
+            "ssl_ca_certs": tls_ca_file, "ssl_certfile": tls_cert_file,
+            "ssl_keyfile": tls_key_file, "ssl_cert_reqs": "required" if tls_verify else "none",
+            "ssl_check_hostname": tls_check_hostname and tls_verify,
+        } if self.tls else {}
         self.password = password
         self.socket_timeout = socket_timeout
         self.connect_timeout = connect_timeout
@@ -59,7 +76,10 @@ class ClientBase:
         self.retry_backoff_max = max(retry_backoff, retry_backoff_max)
         self.client_name = client_name
         self.connection_kwargs = dict(connection_kwargs or {})
-        self._table = NodeTable(parse_addresses(addresses), randomize, rng)
+        # HELLO lists the nodes' plain ports: over TLS only the addresses
+        # given here (TLS ports) are dialled; HELLO still gives the priorities.
+        self._table = NodeTable(parse_addresses(addresses), randomize, rng,
+                                seeds_only=self.tls)
         self._affinity = Affinity(affinity_window, affinity_threshold) if affinity else None
         self._router = JobRouter(self._table) if route_by_job_id else None
         self._address: Address | None = None

@@ -84,8 +84,10 @@ class NodeTable:
     """Seeds plus what HELLO told us, and the order to try nodes in."""
 
     def __init__(self, seeds: Sequence[Address], randomize: bool = True,
-                 rng: random.Random | None = None) -> None:
+                 rng: random.Random | None = None, seeds_only: bool = False) -> None:
         self.seeds = list(seeds)
+        #: Dial only the seeds (TLS: HELLO's addresses are plain-text ports).
+        self.seeds_only = seeds_only
         self.randomize = randomize
         self.rng = rng or random.Random()
         #: node ID -> its HELLO entry (the union of every HELLO seen, newest wins).
@@ -125,7 +127,7 @@ class NodeTable:
             if nid == node_id:
                 return address
         node = self.nodes.get(node_id)
-        if node is None or not node.host or node.port <= 0:
+        if node is None or not node.host or node.port <= 0 or self.seeds_only:
             return None
         return node.host, node.port
 

@@ -72,7 +72,7 @@ class AsyncClient(ClientBase):
             conn, self._conn = self._conn, None
             self._address = self._node_id = None
             if conn is not None:
-                await _disconnect(conn)
+                await _disconnect(conn, wait=self.tls)
             for node_id in list(self._routes):
                 await self._close_route(node_id)
 
@@ -116,11 +116,14 @@ class AsyncClient(ClientBase):
             await asyncio.sleep(min(next(delays), remaining))
 
     async def _open(self, address: Address) -> tuple[redis.asyncio.Connection, Hello]:
-        options = {**w.connection_options(asynchronous=True), **self.connection_kwargs}
-        conn = redis.asyncio.Connection(host=address[0], port=address[1],
-                                        socket_timeout=self.socket_timeout,
-                                        socket_connect_timeout=self.connect_timeout,
-                                        socket_keepalive=True, **options)
+        options = {**w.connection_options(asynchronous=True), **self._tls_options,
+                   **self.connection_kwargs}
+        connection_class = (redis.asyncio.SSLConnection if self.tls
+                            else redis.asyncio.Connection)
+        conn = connection_class(host=address[0], port=address[1],
+                                socket_timeout=self.socket_timeout,
+                                socket_connect_timeout=self.connect_timeout,
+                                socket_keepalive=True, **options)
         try:
             await conn.connect()
             if self.password is not None:
@@ -266,7 +269,7 @@ class AsyncClient(ClientBase):
     async def _close_route(self, node_id: str) -> None:
         conn = self._routes.pop(node_id, None)
         if conn is not None:
-            await _disconnect(conn)
+            await _disconnect(conn, wait=self.tls)
 
     async def _route_failed(self, node_id: str) -> None:
         await self._close_route(node_id)
@@ -604,8 +607,10 @@ class AsyncClient(ClientBase):
         await self._execute(w.config_set(name, value))
 
 
-async def _disconnect(conn: redis.asyncio.Connection) -> None:
+async def _disconnect(conn: redis.asyncio.Connection, wait: bool = False) -> None:
+    """Close ``conn``; ``wait`` for the transport to be closed (TLS: its
+    shutdown runs on after close(), and a loop ending first leaks the socket)."""
     try:
-        await conn.disconnect(nowait=True)
+        await conn.disconnect(nowait=not wait)
     except Exception:  # closing a broken connection: nothing more to do
         pass

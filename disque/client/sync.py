@@ -110,6 +110,15 @@ class Client(ClientBase):
         them and HELLO lists it as usable, move to it.
     client_name
         ``CLIENT SETNAME`` on every connection (shows in CLIENT LIST).
+    tls, tls_ca_file, tls_cert_file, tls_key_file, tls_check_hostname, tls_verify
+        TLS to the nodes' ``tls-port`` (an extension, docs/EXTENSIONS.md):
+        ``tls_ca_file`` verifies the node's certificate (the system's CAs
+        when None), ``tls_cert_file``/``tls_key_file`` are the client's
+        certificate for ``tls-auth-clients yes``; the node's name must match
+        its certificate unless ``tls_check_hostname=False``;
+        ``tls_verify=False`` accepts any certificate (tests only).  Giving a file
+        turns TLS on.  Over TLS only the given addresses are dialled (HELLO
+        lists plain ports): list every node's TLS address.
     connection_kwargs
         Extra keyword arguments for ``redis.Connection`` (advanced).
     rng
@@ -192,8 +201,10 @@ class Client(ClientBase):
 
     def _open(self, address: Address) -> tuple[redis.Connection, Hello]:
         """A new connection to ``address``, authenticated, with its HELLO."""
-        options = {**w.connection_options(asynchronous=False), **self.connection_kwargs}
-        conn = redis.Connection(host=address[0], port=address[1],
+        options = {**w.connection_options(asynchronous=False), **self._tls_options,
+                   **self.connection_kwargs}
+        connection_class = redis.SSLConnection if self.tls else redis.Connection
+        conn = connection_class(host=address[0], port=address[1],
                                 socket_timeout=self.socket_timeout,
                                 socket_connect_timeout=self.connect_timeout,
                                 socket_keepalive=True, **options)

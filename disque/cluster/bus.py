@@ -25,6 +25,7 @@ from collections import Counter
 from collections.abc import Callable
 
 from . import messages
+from .auth import BusAuth
 from .link import BusLink
 from .membership import Membership
 from .messages import Message
@@ -45,8 +46,11 @@ class ClusterBus:
     def __init__(self, cluster: ClusterState, now_ms: Callable[[], int],
                  node_timeout: Callable[[], int],
                  max_message: int = messages.DEFAULT_MAX_MESSAGE,
-                 before_flush: list[Callable[[], None]] | None = None) -> None:
+                 before_flush: list[Callable[[], None]] | None = None,
+                 auth: BusAuth | None = None) -> None:
         self.cluster = cluster
+        #: The cluster secret (auth.py): signs what links send, checks what they read.
+        self.auth = auth
         self.now_ms = now_ms
         self.node_timeout = node_timeout
         self.max_message = max_message
@@ -165,6 +169,11 @@ class ClusterBus:
                 and not node.flags & _NO_JOB_MESSAGES)
 
     def receive(self, link: BusLink, frame: bytes) -> None:
+        auth = self.auth
+        if auth is not None and not auth.verify(frame):
+            auth.refuse(frame, link.peer_ip, messages.type_name(frame))
+            link.close()
+            return
         msg = messages.decode(frame)
         if msg is None:
             self.stats_dropped += 1
@@ -212,6 +221,8 @@ class ClusterBus:
             finally:  # a failing hook must not strand the links' output
                 for link in links:
                     link.flush()
+                if self.auth is not None:
+                    self.auth.forget()
         if self._save_pending:
             self._save_pending = False
             try:

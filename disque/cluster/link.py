@@ -95,6 +95,8 @@ class BusLink(asyncio.Protocol):
     def send(self, message: bytes) -> None:
         if self.closed:
             return
+        if self.bus.auth is not None:  # the cluster secret (auth.py)
+            message = self.bus.auth.sign(message)
         self.bus.stats_sent += 1
         out = self._out
         out.append(message)

@@ -40,7 +40,7 @@ from typing import NamedTuple
 
 __all__ = [
     "FrameError", "FrameReader", "GossipEntry", "Message", "decode", "flags_from_wire",
-    "flags_to_wire", "is_node_id",
+    "flags_to_wire", "is_node_id", "type_name",
 ]
 
 SIGNATURE = b"DbuZ"
@@ -303,6 +303,12 @@ def _body_length_ok(msg_type: int, count: int, frame: bytes) -> bool:
     if msg_type in JOBS_TYPES or msg_type in QUEUE_TYPES:
         return size >= 8 and size == 8 + _TWO_U32.unpack_from(frame, HEADER_SIZE)[1]
     return False
+
+
+def type_name(frame: bytes) -> str:
+    """The type of a whole frame, for logs, without decoding it."""
+    msg_type = int.from_bytes(frame[12:14], "big")
+    return TYPE_NAMES[msg_type].upper() if msg_type < len(TYPE_NAMES) else f"type {msg_type}"
 
 
 def _text(raw: bytes) -> str:

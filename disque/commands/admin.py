@@ -3,6 +3,7 @@ DEBUG COMMAND CLIENT TIME SHUTDOWN."""
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import time
 from typing import TYPE_CHECKING, Any
@@ -46,9 +47,13 @@ def _check_password(state: ServerState, client: ClientConnection, user: bytes | 
     expected = state.config.requirepass
     if not expected:
         raise CommandError("ERR Client sent AUTH, but no password is set")
-    # CONFIG SET keeps client bytes as surrogate-escaped text: compare bytes.
+    # Constant time: compare_digest takes as long whatever the first differing
+    # byte, and comparing digests rather than the passwords hides the length
+    # too (compare_digest returns early on a length mismatch).  CONFIG SET
+    # keeps client bytes as surrogate-escaped text: compare bytes.
     if (user is not None and user != b"default") or not hmac.compare_digest(
-            password, expected.encode("utf-8", "surrogateescape")):
+            hashlib.sha256(password).digest(),
+            hashlib.sha256(expected.encode("utf-8", "surrogateescape")).digest()):
         client.authenticated = False
         raise CommandError("ERR invalid password")
     client.authenticated = True

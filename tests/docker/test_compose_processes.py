@@ -25,7 +25,8 @@ from tests.docker.test_docker_files import (
     load_compose,
 )
 from tests.support.cluster import bus_free_port
-from tests.support.process import raw_command, wait_for
+from tests.support.metrics import scrape, value
+from tests.support.process import free_port, raw_command, wait_for
 
 
 def reachable(port: int) -> int:
@@ -44,6 +45,9 @@ def test_compose_topology_as_processes_runs_the_example_pipelines(tmp_path: Path
     pytest.importorskip("pyspark", reason="the spark service's jobs need the 'spark' extra")
     services = load_compose()["services"]
     ports = {name: bus_free_port() for name in NODES}
+    # The compose file gives every node the same metrics port (one per
+    # container); processes on one host each need their own.
+    metrics_ports = {name: free_port() for name in NODES}
     started: list[Node] = []
     try:
         for name in NODES:  # compose's order: each one after the nodes it depends on
@@ -60,7 +64,10 @@ def test_compose_topology_as_processes_runs_the_example_pipelines(tmp_path: Path
                                        DISQUE_PORT=str(ports[peer])),
                     capture_output=True, text=True, timeout=30)
                 assert check.stdout.strip() == "PONG", f"{name} depends on {peer}: {check}"
+            assert environment["DISQUE_METRICS_PORT"]  # what prometheus.yml scrapes
             environment.update(DISQUE_CONFIG_FILE="none", DISQUE_BIND="127.0.0.1",
+                               DISQUE_METRICS_PORT=str(metrics_ports[name]),
+                               DISQUE_METRICS_BIND="127.0.0.1",
                                DISQUE_PORT=str(ports[name]),
                                DISQUE_DATA_DIR=str(tmp_path / name))
             node = Node(tmp_path / f"{name}.log", (), entrypoint_env(**environment))
@@ -90,6 +97,11 @@ def test_compose_topology_as_processes_runs_the_example_pipelines(tmp_path: Path
         wait_for(lambda: all(qlen_and_registered(p, queue) == (0, 0) for p in ports.values()),
                  30, message=lambda: str({p: qlen_and_registered(p, queue)
                                           for p in ports.values()}))
+        # What Prometheus scrapes: every job went in a queue and out to a consumer.
+        scrapes = [scrape(port) for port in metrics_ports.values()]
+        assert sum(value(s, "disque_jobs_enqueued_total") for s in scrapes) >= written
+        assert sum(value(s, "disque_jobs_delivered_total") for s in scrapes) >= written
+        assert all(value(s, "disque_cluster_reachable_nodes") == 2 for s in scrapes)
     finally:
         for node in started:
             node.kill()
