@@ -86,6 +86,9 @@ class ClientBase:
         self._node_id: str | None = None
         #: Address to try last at the next connect (it just failed or left).
         self._avoid: Address | None = None
+        #: Nodes (IDs) that answered ADDJOBS with "unknown command": original
+        #: nodes, which get pipelined ADDJOBs instead.
+        self._no_bulk_add: set[str | None] = set()
         self._init_connection_state()
 
     def _init_connection_state(self) -> None:

@@ -451,6 +451,38 @@ def add_job_builder(queue: Arg, **options: Any) -> Callable[[Arg], Request]:
     return build
 
 
+#: Bodies per ADDJOBS (the node's own limit, disque.commands.bulk.MAX_BODIES).
+MAX_BULK_BODIES = 10_000
+
+
+def add_jobs_builder(queue: Arg, **options: Any) -> Callable[[Sequence[Arg]], Request] | None:
+    """ADDJOBS requests (the bulk ADDJOB of this server, docs/EXTENSIONS.md)
+    for chunks of bodies with the same queue and options; None when the
+    options cannot be shared by many jobs (an IDMP key names one job)."""
+    if options.get("idmp") is not None:
+        return None
+    template = add_job(queue, b"", **options)
+    head = (b"ADDJOBS", template.args[1], *template.args[3:], b"BODIES")
+    wait = template.wait
+
+    def build(bodies: Sequence[Arg]) -> Request:
+        return Request((*head, *map(encode_arg, bodies)), _bulk_ids, wait)
+
+    return build
+
+
+def _bulk_ids(reply: Any) -> list[Any]:
+    """ADDJOBS' array: an ID (str) or the error of that body, in order."""
+    if not isinstance(reply, list):
+        raise ProtocolError(f"expected an array, got {reply!r}")
+    return [r if isinstance(r, DisqueError) else text(r) for r in reply]
+
+
+def is_unknown_command(error: BaseException) -> bool:
+    """The node does not have the command (an original node, for ADDJOBS)."""
+    return isinstance(error, DisqueError) and str(error).startswith("ERR unknown command")
+
+
 def get_jobs(queues: Sequence[Arg], count: int = 1, timeout_ms: int | None = None,
              nohang: bool = False, with_counters: bool = False) -> Request:
     if not queues:

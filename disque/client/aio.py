@@ -6,7 +6,7 @@ import asyncio
 import logging
 import math
 import time
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from typing import Any, Literal, overload
 
 import redis.asyncio
@@ -363,17 +363,33 @@ class AsyncClient(ClientBase):
     async def add_jobs(self, queue: Arg, bodies: Iterable[Arg], *,
                        return_exceptions: bool = False,
                        batch_size: int = DEFAULTS["batch_size"], **options: Any) -> list[Any]:
-        """Pipelined ADDJOBs; see :meth:`Client.add_jobs`."""
+        """ADDJOBS, or pipelined ADDJOBs; see :meth:`Client.add_jobs`."""
         out: list[Any] = []
         build = w.add_job_builder(queue, **options)
-        for chunk in chunks(bodies, batch_size):
-            results = await self._execute_many([build(body) for body in chunk])
+        bulk = w.add_jobs_builder(queue, **options)
+        size = min(batch_size, w.MAX_BULK_BODIES) if bulk is not None else batch_size
+        for chunk in chunks(bodies, size):
+            results = await self._add_chunk(chunk, bulk, build)
             out.extend(results)
             if not return_exceptions:
                 for result in results:
                     if isinstance(result, DisqueError):
                         raise result
         return out
+
+    async def _add_chunk(self, chunk: list[Arg],
+                         bulk: Callable[[Sequence[Arg]], w.Request] | None,
+                         build: Callable[[Arg], w.Request]) -> list[Any]:
+        """One ADDJOBS for ``chunk`` where the node has it, else pipelined ADDJOBs."""
+        if bulk is not None and self._node_id not in self._no_bulk_add:
+            try:
+                results: list[Any] = await self._execute(bulk(chunk))
+                return results
+            except DisqueError as err:
+                if not w.is_unknown_command(err):
+                    return [err] * len(chunk)  # each ADDJOB would have got it
+                self._no_bulk_add.add(self._node_id)
+        return await self._execute_many([build(body) for body in chunk])
 
     async def get_jobs(self, *queues: Arg, count: int = 1, timeout_ms: int | None = None,
                        nohang: bool = False, with_counters: bool = False) -> list[Job]:

@@ -6,7 +6,7 @@ import itertools
 import logging
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, Literal, overload
 
 import redis
@@ -472,9 +472,12 @@ class Client(ClientBase):
 
     def add_jobs(self, queue: Arg, bodies: Iterable[Arg], *, return_exceptions: bool = False,
                  batch_size: int = DEFAULTS["batch_size"], **options: Any) -> list[Any]:
-        """Add many jobs with pipelined ADDJOBs (``batch_size`` per round trip).
+        """Add many jobs to ``queue``: one ADDJOBS per ``batch_size`` bodies
+        (at most 10,000) where the node has this bulk extension, pipelined
+        ADDJOBs (``batch_size`` per round trip) on an original node.
 
-        ``options`` are those of :meth:`add_job`.  Returns the job IDs in
+        ``options`` are those of :meth:`add_job` (with ``idmp``, which names
+        one job, pipelined ADDJOBs are always used).  Returns the job IDs in
         order.  On an error reply, without ``return_exceptions`` the first
         error is raised once the batch containing it was sent (jobs of that
         batch may have been added; later batches are not sent); with it,
@@ -482,14 +485,29 @@ class Client(ClientBase):
         """
         out: list[Any] = []
         build = w.add_job_builder(queue, **options)
-        for chunk in chunks(bodies, batch_size):
-            results = self._execute_many([build(body) for body in chunk])
+        bulk = w.add_jobs_builder(queue, **options)
+        size = min(batch_size, w.MAX_BULK_BODIES) if bulk is not None else batch_size
+        for chunk in chunks(bodies, size):
+            results = self._add_chunk(chunk, bulk, build)
             out.extend(results)
             if not return_exceptions:
                 for result in results:
                     if isinstance(result, DisqueError):
                         raise result
         return out
+
+    def _add_chunk(self, chunk: list[Arg], bulk: Callable[[Sequence[Arg]], w.Request] | None,
+                   build: Callable[[Arg], w.Request]) -> list[Any]:
+        """One ADDJOBS for ``chunk`` where the node has it, else pipelined ADDJOBs."""
+        if bulk is not None and self._node_id not in self._no_bulk_add:
+            try:
+                results: list[Any] = self._execute(bulk(chunk))
+                return results
+            except DisqueError as err:
+                if not w.is_unknown_command(err):
+                    return [err] * len(chunk)  # each ADDJOB would have got it
+                self._no_bulk_add.add(self._node_id)
+        return self._execute_many([build(body) for body in chunk])
 
     def get_jobs(self, *queues: Arg, count: int = 1, timeout_ms: int | None = None,
                  nohang: bool = False, with_counters: bool = False) -> list[Job]:
