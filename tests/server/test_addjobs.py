@@ -39,6 +39,15 @@ def test_options_apply_to_every_job(r: redis.Redis) -> None:
     assert r.execute_command("QLEN", "q") == 0  # delayed, like ADDJOB DELAY 3
 
 
+def test_extension_options_apply_to_every_job(r: redis.Redis) -> None:
+    ids = r.execute_command("ADDJOBS", "q", 0, "RETRY", 5, "BACKOFF", 60, "MAXDELIVERIES", 3,
+                            "BODIES", "a", "b")
+    for job_id in ids:
+        info = show(r, job_id)
+        assert (info[b"backoff"], info[b"max-deliveries"]) == (60, 3)
+        assert info[b"dead-letter-queue"] == b"q:dead"
+
+
 def test_bodies_may_look_like_options(r: redis.Redis) -> None:
     ids = r.execute_command("ADDJOBS", "q", 0, "BODIES", "BODIES", "REPLICATE", "", "ASYNC")
     got = r.execute_command("GETJOB", "COUNT", 10, "FROM", "q")
@@ -70,6 +79,8 @@ def test_bad_input_refuses_the_whole_command(r: redis.Redis) -> None:
         ("ADDJOBS", "q", 0, "DELAY", "bodies", "a"): "syntax error",  # DELAY lacks a value
         ("ADDJOBS", "q", 0, "NOSUCH", "BODIES", "a"): "syntax error",
         ("ADDJOBS", "q", 0, "DELAY", 10, "TTL", 5, "BODIES", "a"): "DELAY is greater than TTL",
+        ("ADDJOBS", "q", 0, "IDMP", "k", "BODIES", "a", "b"): "IDMP names one job",
+        ("ADDJOBS", "q", 0, "BACKOFF", 0, "BODIES", "a"): "BACKOFF must be",
     }
     for args, message in cases.items():
         with pytest.raises(redis.exceptions.ResponseError, match=message):
