@@ -266,16 +266,18 @@ def serialize_job(job: Job, bus_now_ms: int | None = None) -> bytes:
     """The job in the original's serialized blob form (see above).
 
     With ``bus_now_ms``, the form sent on the cluster bus: the expiry as the
-    seconds left (+1, so a copy never outlives nothing) rather than an
-    absolute time, since the nodes' clocks differ; and without the DELIVERED
-    flag, which is this node's business.
+    seconds left, rounded up (at least 1), rather than an absolute time,
+    since the nodes' clocks differ; and without the DELIVERED flag, which is
+    this node's business.  The original sends the whole seconds left + 1:
+    a job sent in the millisecond it was made then gave copies one second
+    more than its TTL (SHOW: 601 for TTL 600).
     """
     queue = job.queue or b""
     flags = job.flags
     if bus_now_ms is None:
         etime_s = job.etime // 1000
     else:
-        etime_s = max(0, job.etime - bus_now_ms) // 1000 + 1
+        etime_s = max(1, -((bus_now_ms - job.etime) // 1000))  # ceil(left / 1000)
         flags &= ~FLAG_DELIVERED
     parts = [
         _FIXED.pack(job.id, (int(job.state) & 0x0F) | (min(job.gc_retry, 15) << 4),

@@ -37,7 +37,7 @@ port bind dir logfile loglevel daemonize pidfile requirepass hz timeout
 tcp-keepalive tcp-backlog maxclients maxmemory maxmemory-policy
 proto-max-bulk-len client-query-buffer-limit appendonly appendfilename
 appendfsync aof-enqueue-jobs-once aof-load-truncated
-auto-aof-rewrite-percentage auto-aof-rewrite-min-size cluster-config-file
+auto-aof-rewrite-percentage auto-aof-rewrite-min-size idmp-max-keys cluster-config-file
 cluster-node-timeout cluster-secret metrics-port metrics-bind tls-port
 tls-cert-file tls-key-file tls-ca-cert-file tls-auth-clients
 "
