@@ -48,6 +48,10 @@ Scenarios:
     against one node, for ours and, when ``DISQUE_REFERENCE_SERVER`` is
     set, the original; ratios are cluster / lone node of the same
     implementation (``benchmarks/cluster.py``).
+``bulk``
+    jobs/s of ``ADDJOBS`` (100 bodies per command) against pipelined
+    ``ADDJOB`` (``-P 100``) on ours and, with ``DISQUE_REFERENCE_SERVER``, on
+    the original (``benchmarks/bulk_add.py``).
 ``spark-source`` / ``spark-sink``
     run ``benchmarks.spark_source`` / ``benchmarks.spark_sink`` in a
     subprocess (``--smoke`` becomes the source's ``--smoke`` and the sink's
@@ -94,7 +98,7 @@ from tests.support.process import DisqueProcess, raw_command
 
 CLIENTS = 50
 PIPELINE = 16
-SCENARIOS = ("server", "cycle", "memory", "soak", "floor", "cluster", "spark-source",
+SCENARIOS = ("server", "cycle", "memory", "soak", "floor", "cluster", "bulk", "spark-source",
              "spark-sink", "spark-source-cluster", "spark-sink-cluster")
 FLOOR_NODE = Path(__file__).resolve().parent / "floor_node.py"
 
@@ -621,6 +625,12 @@ def scenario_cluster(args: argparse.Namespace, root: Path) -> dict[str, Any]:
     return run(args, root, request_counts(args))
 
 
+def scenario_bulk(args: argparse.Namespace, root: Path) -> dict[str, Any]:
+    from benchmarks.bulk_add import scenario_bulk as run
+
+    return run(args, root)
+
+
 RUNNERS: dict[str, Callable[[argparse.Namespace, Path], dict[str, Any]]] = {
     "server": scenario_server,
     "cycle": scenario_cycle,
@@ -628,6 +638,7 @@ RUNNERS: dict[str, Callable[[argparse.Namespace, Path], dict[str, Any]]] = {
     "soak": scenario_soak,
     "floor": scenario_floor,
     "cluster": scenario_cluster,
+    "bulk": scenario_bulk,
     "spark-source": delegate("benchmarks.spark_source"),
     "spark-sink": delegate("benchmarks.spark_sink"),
     "spark-source-cluster": delegate("benchmarks.spark_source", "--cluster"),
@@ -651,7 +662,7 @@ def main(argv: list[str] | None = None) -> int:
         args.rounds = 2 if args.scenario == "soak" else 1  # soak: growth needs two rounds
     elif args.rounds is None:
         args.rounds = 10 if args.scenario == "soak" else 3
-    if args.scenario in ("server", "cycle", "memory", "floor", "cluster"):
+    if args.scenario in ("server", "cycle", "memory", "floor", "cluster", "bulk"):
         missing = missing_tools()
         if missing:
             print(f"missing {', '.join(missing)}: install the Debian packages redis-server "

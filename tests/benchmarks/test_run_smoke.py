@@ -68,6 +68,15 @@ def test_cycle_smoke_drains_both_queues(tmp_path: Path) -> None:
     assert "jobs/s" in stdout
 
 
+def test_bulk_smoke_reports_jobs_per_second(tmp_path: Path) -> None:
+    result, stdout = run_smoke(tmp_path, "bulk")
+    runs = {row["run"]: row for row in result["rows"]}
+    assert {"ours ADDJOBS x100", "ours ADDJOB -P 100"} <= set(runs)
+    for row in runs.values():
+        assert row["jobs_per_s"] > 0, row
+    assert "jobs/s" in stdout
+
+
 def test_memory_smoke_reports_bytes_per_job(tmp_path: Path) -> None:
     result, stdout = run_smoke(tmp_path, "memory")
     assert result["jobs"] == 20_000 and result["body_bytes"] == 100
