@@ -9,7 +9,7 @@ One lone node per run, ``redis-benchmark`` with 50 clients:
   ``ADDJOB q body 0`` with ``-P 100``, the fastest way to add jobs to it.
 
 Figures are jobs per second; the ratio is ours (bulk) / the original's
-pipelined ADDJOB of the same round (issue 18's target: >= 0.8x).  Every run
+pipelined ADDJOB of the same round (the target: >= 0.8x).  Every run
 is checked: the node must hold one job per body sent.
 """
 

@@ -45,6 +45,7 @@ COMPILED_MODULES: tuple[str, ...] = (
     "disque.connection",
     "disque.commands.registry",
     "disque.commands.jobs",
+    "disque.commands.bulk",
     "disque.job",
     "disque.jobext",
     "disque.jobs",

@@ -113,7 +113,7 @@ class BlockedBatch:
 def _element(reply: Any) -> Any:
     """ADDJOB's reply as an array element: the ID as a bulk string."""
     if isinstance(reply, Status):
-        return str(reply).encode()
+        return reply.encode()
     return reply
 
 
@@ -147,15 +147,19 @@ def addjobs(state: ServerState, client: CommandClient, argv: list[bytes]) -> Any
     batch = BlockedBatch(state, client, len(bodies))
     replies = batch.replies
     memory = state.memory
+    argv = [*head, b"", *tail]
+    member = _Member(batch, 0)
     for index, body in enumerate(bodies):
         if index and memory.level() >= 2 and free_memory_if_needed(state) >= 3:
             replies[index] = OOM
             continue
-        member = _Member(batch, index)
-        reply = addjob(state, member, [*head, body, *tail])
+        argv[2] = body  # ADDJOB keeps the body, never the argument list
+        member.index = index
+        reply = addjob(state, member, argv)
         if reply is BLOCKED:
             batch.members.append(member)
             batch.remaining += 1
+            member = _Member(batch, index + 1)  # that one waits: the next needs its own
             continue
         if index == 0 and isinstance(reply, ReplyError) and \
                 reply.message.startswith(_WHOLE_COMMAND_ERRORS):
