@@ -10,7 +10,6 @@ below are the secret's doing, not a badly forged message.
 from __future__ import annotations
 
 import socket
-import time
 
 import pytest
 
@@ -26,7 +25,7 @@ from tests.support.cluster import (
     reference_server,
     show,
 )
-from tests.support.process import DisqueProcess, wait_for
+from tests.support.process import DisqueProcess, closed_by_peer, wait_for
 
 SECRET = "correct horse battery staple"
 STRANGER = "ab" * 20
@@ -35,19 +34,6 @@ STRANGER = "ab" * 20
 def bus(node: DisqueProcess) -> socket.socket:
     return socket.create_connection(("127.0.0.1", node.port + 10000), timeout=10)
 
-
-def closed_by_peer(sock: socket.socket, timeout: float = 10) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        sock.settimeout(max(0.01, deadline - time.monotonic()))
-        try:
-            if sock.recv(65536) == b"":
-                return True
-        except TimeoutError:
-            return False
-        except ConnectionResetError:
-            return True
-    return False
 
 
 def forged_repljob(target: DisqueProcess, impersonated: str) -> tuple[bytes, bytes]:

@@ -10,7 +10,7 @@ import time
 import pytest
 
 from disque.cluster import messages as m
-from tests.support.process import DisqueProcess, wait_for
+from tests.support.process import DisqueProcess, closed_by_peer, wait_for
 
 STRANGER = "ab" * 20
 JOB_ID = b"D-dcb833cf-8YL1NT17e9+wsA/09NqxscQI-05a1"
@@ -26,20 +26,6 @@ def bus(node: DisqueProcess) -> socket.socket:
     sock = socket.create_connection(("127.0.0.1", node.port + 10000), timeout=10)
     return sock
 
-
-def closed_by_peer(sock: socket.socket, timeout: float) -> bool:
-    """Whether the node closes ``sock`` within ``timeout`` (reading whatever it sends)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        sock.settimeout(max(0.01, deadline - time.monotonic()))
-        try:
-            if sock.recv(65536) == b"":
-                return True
-        except TimeoutError:
-            return False
-        except ConnectionResetError:
-            return True
-    return False
 
 
 def read_messages(sock: socket.socket, count: int) -> list[m.Message]:

@@ -152,6 +152,21 @@ class DisqueProcess:
         return self.start(timeout, port=port)
 
 
+def closed_by_peer(sock: socket.socket, timeout: float = 10.0) -> bool:
+    """Whether the node closes ``sock`` within ``timeout`` (reading whatever it sends)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        sock.settimeout(max(0.01, deadline - time.monotonic()))
+        try:
+            if sock.recv(65536) == b"":
+                return True
+        except TimeoutError:
+            return False
+        except ConnectionResetError:
+            return True
+    return False
+
+
 def raw_command(port: int, *args: object, timeout: float = 10.0) -> object:
     """Send one command over a fresh socket and return the parsed reply as is.
 
