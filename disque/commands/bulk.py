@@ -29,7 +29,7 @@ from ..blocking import NO_REPLY, Blocked, Waiter, park, unblock
 from ..memory import free_memory_if_needed
 from ..protocol import ReplyError, Status
 from .jobs import addjob, parse_addjob
-from .registry import BLOCKED, OOM, CommandClient, CommandError, command, parse_timeout_ms
+from .registry import BLOCKED, OOM, CommandClient, CommandError, command
 
 if TYPE_CHECKING:
     import asyncio
@@ -137,7 +137,6 @@ def addjobs(state: ServerState, client: CommandClient, argv: list[bytes]) -> Any
         raise CommandError("ERR syntax error: ADDJOBS needs BODIES followed by at least one body")
     if len(bodies) > MAX_BODIES:
         raise CommandError(f"ERR too many bodies: ADDJOBS takes at most {MAX_BODIES}")
-    parse_timeout_ms(argv[2])
     queue, timeout = argv[1], argv[2]
     head = [b"addjob", queue]
     tail = [timeout, *options]
