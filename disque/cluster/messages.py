@@ -182,22 +182,30 @@ def fail_message(sender_id: str, port: int, flags: int, failing_id: str) -> byte
     return header(FAIL, sender_id, port, flags, 40) + failing_id.encode("ascii")
 
 
-#: Headers of job-ID messages (all the same length), by what varies in them:
-#: GOTJOB, QUEUED ... are sent by the thousand with the same header.
-_JOB_ID_HEADERS: dict[tuple[int, str, int, int, int], bytes] = {}
+#: Headers from offset 8 (all but the signature and totlen) of the
+#: messages sent per job (GOTJOB, QUEUED, REPLJOB ...), by what varies in
+#: them: thousands a second go out with the same one.
+_HEADER_RESTS: dict[tuple[int, str, int, int, int], bytes] = {}
+#: The first 8 bytes of every job-ID message (they all have one length).
+_JOB_ID_PREFIX = SIGNATURE + _TOTLEN.pack(HEADER_SIZE + 44)
+
+
+def _header_rest(msg_type: int, sender_id: str, port: int, flags: int, mflags: int) -> bytes:
+    key = (msg_type, sender_id, port, flags, mflags)
+    rest = _HEADER_RESTS.get(key)
+    if rest is None:
+        if len(_HEADER_RESTS) >= 1024:  # our ID or port changed many times
+            _HEADER_RESTS.clear()
+        rest = _HEADER_RESTS[key] = header(msg_type, sender_id, port, flags, 0,
+                                           mflags=mflags)[8:]
+    return rest
 
 
 def job_id_message(msg_type: int, sender_id: str, port: int, flags: int, job_id: bytes,
                    aux: int, mflags: int = 0) -> bytes:
     """Messages about one job: 40-byte job ID + aux u32."""
-    key = (msg_type, sender_id, port, flags, mflags)
-    head = _JOB_ID_HEADERS.get(key)
-    if head is None:
-        if len(_JOB_ID_HEADERS) >= 1024:  # our ID or port changed many times
-            _JOB_ID_HEADERS.clear()
-        head = _JOB_ID_HEADERS[key] = header(msg_type, sender_id, port, flags, 44,
-                                             mflags=mflags)
-    return head + job_id + _AUX.pack(aux & 0xFFFFFFFF)
+    return b"".join((_JOB_ID_PREFIX, _header_rest(msg_type, sender_id, port, flags, mflags),
+                     job_id, _AUX.pack(aux & 0xFFFFFFFF)))
 
 
 def queue_message(msg_type: int, sender_id: str, port: int, flags: int, queue: bytes,
@@ -215,21 +223,9 @@ def jobs_message(msg_type: int, sender_id: str, port: int, flags: int, blobs: li
     options of the jobs (disque.jobext), which the original ignores.
     """
     data = b"".join(blobs) + trailer if trailer else b"".join(blobs)
-    key = (msg_type, sender_id, port, flags, mflags)
-    rest = _JOBS_HEADERS.get(key)
-    if rest is None:
-        if len(_JOBS_HEADERS) >= 1024:  # our ID or port changed many times
-            _JOBS_HEADERS.clear()
-        # All but the signature and totlen, which vary with the jobs' size.
-        rest = _JOBS_HEADERS[key] = header(msg_type, sender_id, port, flags, 0,
-                                           mflags=mflags)[8:]
-    return b"".join((SIGNATURE, _TOTLEN.pack(HEADER_SIZE + 8 + len(data)), rest,
+    return b"".join((SIGNATURE, _TOTLEN.pack(HEADER_SIZE + 8 + len(data)),
+                     _header_rest(msg_type, sender_id, port, flags, mflags),
                      _TWO_U32.pack(len(blobs), len(data)), data))
-
-
-#: Headers of job messages (REPLJOB, YOURJOBS) from offset 8, by what varies
-#: in them (as _JOB_ID_HEADERS): one REPLJOB goes out per replicated job.
-_JOBS_HEADERS: dict[tuple[int, str, int, int, int], bytes] = {}
 
 
 # --------------------------------------------------------------------------
