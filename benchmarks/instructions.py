@@ -16,7 +16,7 @@ side of them is.
 Usage (from the repository root)::
 
     python3 -m benchmarks.instructions [--pipeline 16] [--small 4000] [--large 20000] \\
-        [--node floor] ADDJOB q body 0
+        [--node floor] [--profile PATH] ADDJOB q body 0
 
 ``--cluster 3`` joins the measured node to two plain nodes first (the
 commands go to the measured node; with ``--measure peer`` they go to a plain
@@ -49,10 +49,16 @@ TOTAL = re.compile(rb"Collected : (\d+)")
 
 
 def count_instructions(root: Path, command: list[str], requests: int, pipeline: int,
-                       node: str, cluster: int = 1, measure: str = "creator") -> int:
-    """Instructions of one node process that served ``requests`` of ``command``, start to exit."""
+                       node: str, cluster: int = 1, measure: str = "creator",
+                       profile: str = "/dev/null") -> int:
+    """Instructions of one node process that served ``requests`` of ``command``, start to exit.
+
+    ``profile`` is where callgrind writes its per-function profile
+    (``callgrind_annotate`` reads it; compiled modules show their functions
+    as ``CPyDef_<module>___<function>``).
+    """
     script = [str(FLOOR_NODE)] if node == "floor" else ["-m", "disque.server"]
-    program = ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null",
+    program = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={profile}",
                sys.executable, *script]
     server = DisqueProcess(root / f"{node}-{requests}", *NODE_ARGS,
                            program=program).start(timeout=120)
@@ -84,13 +90,15 @@ def count_instructions(root: Path, command: list[str], requests: int, pipeline: 
 
 
 def measure(command: list[str], small: int, large: int, pipeline: int,
-            node: str = "disque", cluster: int = 1, side: str = "creator") -> dict[str, Any]:
+            node: str = "disque", cluster: int = 1, side: str = "creator",
+            profile: str | None = None) -> dict[str, Any]:
     if large <= small:
         raise ValueError("--large must be greater than --small")
     root = Path(tempfile.mkdtemp(prefix="bench-instructions-"))
     try:
         low = count_instructions(root, command, small, pipeline, node, cluster, side)
-        high = count_instructions(root, command, large, pipeline, node, cluster, side)
+        high = count_instructions(root, command, large, pipeline, node, cluster, side,
+                                  profile or "/dev/null")
     finally:
         shutil.rmtree(root, ignore_errors=True)
     return {"command": command, "node": node, "cluster": cluster, "measured": side,
@@ -112,6 +120,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--measure", choices=("creator", "peer"), default="creator",
                         help="with --cluster: the node the commands go to, or a peer")
     parser.add_argument("--json", metavar="PATH", help="also write the result as JSON")
+    parser.add_argument("--profile", metavar="PATH",
+                        help="keep callgrind's profile of the --large run here "
+                             "(read it with callgrind_annotate PATH)")
     args = parser.parse_args(argv)
     missing = [tool for tool in ("valgrind", "redis-benchmark") if shutil.which(tool) is None]
     if missing:
@@ -121,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.cluster < 1 or (args.cluster > 1 and args.node == "floor"):
         parser.error("--cluster needs N >= 1, and a disque node")
     result = measure(args.command, args.small, args.large, args.pipeline, args.node,
-                     args.cluster, args.measure)
+                     args.cluster, args.measure, args.profile)
     where = f", {args.measure} of {args.cluster} nodes" if args.cluster > 1 else ""
     print(f"{args.node} node{where}, {' '.join(args.command)} -P {args.pipeline}: "
           f"{result['per_command']:,.0f} instructions per command "

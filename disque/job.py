@@ -219,7 +219,7 @@ def encode_ttl_minutes(ttl: int, retry: int) -> int:
 
 
 _ID_PATTERN = rb"D-[0-9a-f]{8}-[A-Za-z0-9+/]{24}-[0-9a-f]{4}"
-_is_job_id = re.compile(_ID_PATTERN).fullmatch
+_is_job_id: Final = re.compile(_ID_PATTERN).fullmatch
 _are_job_ids = re.compile(rb"%s(?: %s)*" % (_ID_PATTERN, _ID_PATTERN)).fullmatch
 
 
@@ -256,9 +256,11 @@ def ttl_minutes_from_id(job_id: bytes) -> int:
 #   u32 retry | u16 nacks | u16 additional deliveries          (68 bytes)
 #   u32 len + queue | u32 len + body | u32 count + count * 40-byte node IDs
 
-_FIXED = struct.Struct("<40sBBHIQIIHH")
+# Final: compiled, a Final module name is a C static rather than a lookup
+# in the module's dict (serialize/deserialize run once per replicated job).
+_FIXED: Final = struct.Struct("<40sBBHIQIIHH")
 _FIXED_SIZE: Final = 68
-_U32 = struct.Struct("<I")
+_U32: Final = struct.Struct("<I")
 _ACKED: Final = 3  # JobState.ACKED, as a plain int
 
 
@@ -305,6 +307,10 @@ def deserialize_job(blob: bytes, offset: int = 0) -> tuple[Job, int]:
     cost it a third of its time.
     """
     size = len(blob)
+    length: int
+    qlen: int
+    blen: int
+    count: int
     try:
         (length,) = _U32.unpack_from(blob, offset)
         end = offset + 4 + length
@@ -346,10 +352,10 @@ def deserialize_job(blob: bytes, offset: int = 0) -> tuple[Job, int]:
     return job, end
 
 
-_STATES = tuple(sorted(JobState))
+_STATES: Final = tuple(sorted(JobState))
 #: Node sets -> their serialized form (count, then the IDs sorted), the
 #: other direction of _NODE_LISTS.
-_NODE_BLOBS: dict[frozenset[str], bytes] = {}
+_NODE_BLOBS: Final[dict[frozenset[str], bytes]] = {}
 
 
 def _node_list_blob(nodes: frozenset[str]) -> bytes:
@@ -365,8 +371,8 @@ def _node_list_blob(nodes: frozenset[str]) -> bytes:
 #: Node lists seen in job blobs -> their frozenset.  A cluster has few
 #: distinct lists (every job of REPLICATE 3 on 3 nodes carries the same
 #: one), and building the set costs more than the rest of the blob.
-_NODE_LISTS: dict[bytes, frozenset[str]] = {}
-_NODE_LISTS_MAX = 4096
+_NODE_LISTS: Final[dict[bytes, frozenset[str]]] = {}
+_NODE_LISTS_MAX: Final = 4096
 
 
 def _node_list(raw: bytes) -> frozenset[str]:

@@ -140,8 +140,13 @@ def _repljob(state: ServerState, job: Job, noreply: bool) -> bytes:
 def _add_targets(state: ServerState, job: Job, count: int) -> int:
     """Add up to ``count`` new reachable, linked nodes to the job's node list."""
     delivered = job.delivered
-    candidates = [n.id for n in state.cluster.reachable_nodes()
-                  if n.link is not None and n.id not in delivered]
+    cluster = state.cluster
+    targets, with_myself = cluster.replication_targets(state.clock.now_ms())
+    if delivered is cluster.myself_set and len(targets) <= count:
+        # A new job copied to every other node: the set all such jobs share.
+        job.delivered = with_myself
+        return len(targets)
+    candidates = [node_id for node_id in targets if node_id not in delivered]
     # A random pick among more candidates than needed; all of them otherwise.
     chosen = random.sample(candidates, count) if len(candidates) > count else candidates
     if chosen:

@@ -23,7 +23,8 @@ Against a sniffer the bus needs a private network or an encrypted tunnel
 
 Cost: one HMAC per message sent and received, about 2 us for a job-ID
 message (GOTJOB, QUEUED ...) and 0.6 us per KB of job body; a message
-broadcast to several links is signed once.  Only nodes with the secret run
+broadcast to several links is signed once, and messages a link merges
+(``messages.coalesce``) are signed once merged.  Only nodes with the secret run
 any of this: with it off, the send and receive paths do not change.
 """
 
@@ -53,33 +54,34 @@ MIN_SECRET_LENGTH = 16
 class BusAuth:
     """Signs outgoing bus messages and verifies incoming ones with the cluster secret."""
 
-    __slots__ = ("_base", "_key", "_last_in", "_last_out", "_log", "refused")
+    __slots__ = ("_base", "_key", "_log", "_signed", "refused")
 
     def __init__(self, secret: bytes) -> None:
         self._key = secret
         # The key's inner and outer pads, computed once; each check copies them.
         self._base = hmac.new(secret, digestmod=hashlib.sha256)
-        # The last message signed: a broadcast hands the same object to each link.
-        self._last_in = b""
-        self._last_out = b""
+        # Messages signed this turn, by identity -> (message, signed): a
+        # broadcast hands the same object to each link.  The message is
+        # kept in the value so that its id() is not reused meanwhile.
+        self._signed: dict[int, tuple[bytes, bytes]] = {}
         self._log = RateLimitedLog(log)
         #: Messages refused since start (INFO / metrics).
         self.refused = 0
 
     def sign(self, message: bytes) -> bytes:
         """``message`` (encoded with its reserved bytes zero) with the tag in them."""
-        if message is self._last_in:
-            return self._last_out
+        done = self._signed.get(id(message))
+        if done is not None and done[0] is message:
+            return done[1]
         tag = hmac.digest(self._key, message, "sha256")
         signed = b"".join((message[:FIELD_START], SCHEME, tag, message[FIELD_END:]))
-        self._last_in = message
-        self._last_out = signed
+        self._signed[id(message)] = (message, signed)
         return signed
 
     def forget(self) -> None:
-        """Drop the last message signed (the bus calls this when a turn's
-        output is written): a big REPLJOB is not held on to afterwards."""
-        self._last_in = self._last_out = b""
+        """Drop the messages signed (the bus calls this when a turn's output
+        is written): a big REPLJOB is not held on to afterwards."""
+        self._signed.clear()
 
     def verify(self, frame: bytes) -> bool:
         """Whether ``frame`` (a whole message, FrameReader checked its length) is signed."""

@@ -72,6 +72,10 @@ class ClusterBus:
         self.stats_dropped = 0
         self.stats_bad_links = 0
         self.stats_sent_bytes = 0
+        #: Messages that left inside a batch rather than alone (merged by
+        #: messages.coalesce), and batched job-ID messages received.
+        self.stats_merged = 0
+        self.stats_batches_received = 0
         cluster.save_later = self._save_later
 
     # -- lifecycle ------------------------------------------------------------
@@ -181,7 +185,9 @@ class ClusterBus:
         self.stats_received[msg.type] += 1
         try:
             if msg.type in _MEMBERSHIP_TYPES:
-                self.membership.process(link, msg)
+                node = self.membership.process(link, msg)
+                if node is not None and msg.type in messages.GOSSIP_TYPES:
+                    node.caps = msg.caps
                 return
             sender = self.cluster.nodes.get(msg.sender)
             if sender is None or sender.flags & _NO_JOB_MESSAGES:
@@ -190,10 +196,26 @@ class ClusterBus:
             if handler is None:
                 self.stats_dropped += 1
                 return
-            handler(sender, msg)
+            if msg.numjobs > 1 and msg.type in messages.JOB_ID_TYPES:
+                self._receive_batch(handler, sender, msg)
+            else:
+                handler(sender, msg)
         except Exception:  # a bug: drop this message, keep the link and the node
             log.exception("Error processing cluster bus message %s from %s",
                           messages.TYPE_NAMES[msg.type], msg.sender)
+
+    def _receive_batch(self, handler: Handler,
+                       sender: ClusterNode, msg: Message) -> None:
+        """A batched job-ID message (CAP_BATCH): each entry as its own message,
+        counted as such; a failing one does not drop the ones after it."""
+        self.stats_received[msg.type] += msg.numjobs - 1
+        self.stats_batches_received += 1
+        for entry in messages.split_job_ids(msg):
+            try:
+                handler(sender, entry)
+            except Exception:
+                log.exception("Error processing cluster bus message %s from %s",
+                              messages.TYPE_NAMES[msg.type], msg.sender)
 
     # -- sending ----------------------------------------------------------------
 

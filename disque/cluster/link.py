@@ -6,7 +6,9 @@ link, on which we only answer PING/MEET with PONG (as the original).
 
 Reads are parsed in bulk (every whole message of a read, by
 ``messages.FrameReader``); writes wait until the end of the event-loop turn
-and leave in one ``write`` per link (the bus's flush), like client replies.
+and leave in one ``write`` per link (the bus's flush), like client replies;
+to a peer that takes batched messages (``messages.CAP_BATCH``, only our
+nodes) neighbouring GOTJOBs, QUEUEDs, REPLJOBs ... are merged first.
 A link that breaks the framing, stalls in the middle of a message or piles
 up more unread output than :data:`OUTPUT_LIMIT` is closed; the cron
 reconnects outbound links.
@@ -18,7 +20,7 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING, cast
 
-from .messages import FrameError, FrameReader
+from .messages import CAP_BATCH, FrameError, FrameReader, coalesce
 
 if TYPE_CHECKING:
     from .bus import ClusterBus
@@ -95,8 +97,6 @@ class BusLink(asyncio.Protocol):
     def send(self, message: bytes) -> None:
         if self.closed:
             return
-        if self.bus.auth is not None:  # the cluster secret (auth.py)
-            message = self.bus.auth.sign(message)
         self.bus.stats_sent += 1
         out = self._out
         out.append(message)
@@ -108,8 +108,16 @@ class BusLink(asyncio.Protocol):
         if self.closed or not self._out or self.transport is None:
             self._out.clear()
             return
-        data = b"".join(self._out) if len(self._out) > 1 else self._out[0]
-        self._out = []
+        out, self._out = self._out, []
+        node = self.node
+        if len(out) > 1 and node is not None and node.caps & CAP_BATCH:
+            sent = len(out)
+            out = coalesce(out)
+            self.bus.stats_merged += sent - len(out)
+        auth = self.bus.auth
+        if auth is not None:  # the cluster secret (auth.py): signed as they leave
+            out = [auth.sign(message) for message in out]
+        data = b"".join(out) if len(out) > 1 else out[0]
         self.bus.stats_sent_bytes += len(data)
         self.transport.write(data)
         if self.transport.get_write_buffer_size() > OUTPUT_LIMIT:

@@ -13,6 +13,19 @@ Header, 144 bytes, big-endian::
     102 reserved[34]      136 port u16 (the sender's *client* port)
     138 flags u16         140 state u8 (0)        141 mflags[3]
 
+mflags[1] is ours (the original sends 0 there and never reads it): bit
+:data:`CAP_BATCH` says the sender takes *batched* messages, which only our
+nodes send, and only to a node whose messages carried that bit:
+
+* a job-ID message with ``count`` = k > 1 and k entries of 44 bytes;
+* a REPLJOB with more than one job (the original drops those: it expects
+  numjobs 1).
+
+A cluster under load sends thousands of GOTJOB/QUEUED/REPLJOB a second to
+each peer, and a receiver pays more per message than per entry (framing,
+header, dispatch): :func:`coalesce` merges neighbouring ones when a link
+writes its turn's output.
+
 Bodies, by type (totlen must match exactly, or the message is dropped):
 
 * PING, PONG, MEET: ``count`` gossip entries of 104 bytes each:
@@ -36,11 +49,11 @@ from __future__ import annotations
 import re
 import struct
 from collections.abc import Callable, Iterable
-from typing import NamedTuple
+from typing import Final, NamedTuple
 
 __all__ = [
-    "FrameError", "FrameReader", "GossipEntry", "Message", "decode", "flags_from_wire",
-    "flags_to_wire", "is_node_id", "type_name",
+    "FrameError", "FrameReader", "GossipEntry", "Message", "coalesce", "decode",
+    "flags_from_wire", "flags_to_wire", "is_node_id", "split_job_ids", "type_name",
 ]
 
 SIGNATURE = b"DbuZ"
@@ -54,9 +67,10 @@ _AUX = struct.Struct(">I")
 _TWO_U32 = struct.Struct(">II")
 _TOTLEN = struct.Struct(">I")
 #: The header fields a receiver reads (version, type, count, sender, port,
-#: flags, mflags[0]), skipping the rest: unpacking the unused 80 bytes of
-#: myip and reserved made two bytes objects per message for nothing.
-_DECODED_HEADER = struct.Struct(">8xH2xHH40s80xHHxB2x")
+#: flags, mflags[0], mflags[1]), skipping the rest: unpacking the unused 80
+#: bytes of myip and reserved made two bytes objects per message for nothing.
+_DECODED_HEADER = struct.Struct(">8xH2xHH40s80xHHxBBx")
+_COUNT = struct.Struct(">H")
 assert _DECODED_HEADER.size == HEADER_SIZE
 
 # Message types.
@@ -65,15 +79,26 @@ PING, PONG, MEET, FAIL, REPLJOB, GOTJOB, ENQUEUE, QUEUED, SETACK, WILLQUEUE, \
 TYPE_NAMES = ("ping", "pong", "meet", "fail", "repljob", "gotjob", "enqueue", "queued",
               "setack", "willqueue", "gotack", "deljob", "needjobs", "yourjobs", "working",
               "pause")
-GOSSIP_TYPES = frozenset((PING, PONG, MEET))
-JOB_ID_TYPES = frozenset((GOTJOB, ENQUEUE, QUEUED, SETACK, WILLQUEUE, GOTACK, DELJOB, WORKING))
-JOBS_TYPES = frozenset((REPLJOB, YOURJOBS))
-QUEUE_TYPES = frozenset((NEEDJOBS, PAUSE))
+GOSSIP_TYPES: Final = frozenset((PING, PONG, MEET))
+JOB_ID_TYPES: Final = frozenset((GOTJOB, ENQUEUE, QUEUED, SETACK, WILLQUEUE, GOTACK, DELJOB,
+                                 WORKING))
+JOBS_TYPES: Final = frozenset((REPLJOB, YOURJOBS))
+QUEUE_TYPES: Final = frozenset((NEEDJOBS, PAUSE))
 
 # mflags[0] bits.
 MFLAG_NOREPLY = 1
 MFLAG_INCR_NACKS = 2
 MFLAG_INCR_DELIV = 4
+
+# mflags[1] bits (ours, see above), set in every message we send.
+CAP_BATCH = 1
+#: Entries one batched message carries at most: 4096 job-ID entries are
+#: 180 KB, well under SMALL_MESSAGE.
+MAX_BATCH = 4096
+#: Bytes of messages merged into one at most, and the largest REPLJOB that
+#: is merged at all: a batch stays a small message (SMALL_MESSAGE).
+_MAX_MERGED = 256 * 1024
+_MAX_MERGED_REPLJOB = 64 * 1024
 
 # Node flag bits, in the header (the sender's own flags) and in gossip entries.
 WIRE_FLAGS = {"fail?": 1, "fail": 2, "myself": 4, "handshake": 8, "noaddr": 16,
@@ -124,13 +149,13 @@ class Message:
     received, thousands a second, and compiled it is a C struct.
     """
 
-    __slots__ = ("aux", "flags", "gossip", "job_id", "mflags", "node_id", "numjobs",
+    __slots__ = ("aux", "caps", "flags", "gossip", "job_id", "mflags", "node_id", "numjobs",
                  "payload", "port", "queue", "sender", "type")
 
     def __init__(self, msg_type: int, sender: str, port: int, flags: int, mflags: int,
                  gossip: tuple[GossipEntry, ...] = (), node_id: str = "",
                  job_id: bytes = b"", aux: int = 0, queue: bytes = b"", numjobs: int = 0,
-                 payload: bytes = b"") -> None:
+                 payload: bytes = b"", caps: int = 0) -> None:
         self.type = msg_type
         self.sender = sender
         self.port = port        # the sender's client port
@@ -141,8 +166,9 @@ class Message:
         self.job_id = job_id    # job-ID messages
         self.aux = aux          # job-ID and queue messages
         self.queue = queue      # queue messages
-        self.numjobs = numjobs  # job messages
-        self.payload = payload  # job messages: the serialized jobs
+        self.numjobs = numjobs  # job messages; batched job-ID messages: entries
+        self.payload = payload  # job messages: the serialized jobs; batched: the entries
+        self.caps = caps        # mflags[1]: what the sender takes (CAP_BATCH)
 
     def __repr__(self) -> str:
         return (f"Message({TYPE_NAMES[self.type]} from {self.sender} port={self.port} "
@@ -161,7 +187,7 @@ def header(msg_type: int, sender_id: str, port: int, flags: int, body_len: int,
            count: int = 0, mflags: int = 0) -> bytes:
     return HEADER.pack(SIGNATURE, HEADER_SIZE + body_len, VERSION, 0, msg_type, count,
                        sender_id.encode("ascii"), b"", b"", port, flags, 0,
-                       bytes((mflags, 0, 0)))
+                       bytes((mflags, CAP_BATCH, 0)))
 
 
 def gossip_entry(entry: GossipEntry) -> bytes:
@@ -228,6 +254,76 @@ def jobs_message(msg_type: int, sender_id: str, port: int, flags: int, blobs: li
                      _TWO_U32.pack(len(blobs), len(data)), data))
 
 
+def _batch_key(frame: bytes) -> bytes:
+    """The header a message may merge under (bytes 8-144: type, sender,
+    flags, mflags), or b"" for one that is sent as it is.
+
+    Byte by byte rather than sliced or unpacked: a link runs this on every
+    message it sends to our nodes (compiled, an index is a C array read).
+    """
+    size = len(frame)
+    if frame[12] or frame[14] or frame[15]:  # type > 255, or a count: not ours to merge
+        return b""
+    if size == HEADER_SIZE + 44:
+        return frame[8:HEADER_SIZE] if frame[13] in JOB_ID_TYPES else b""
+    if (frame[13] == REPLJOB and HEADER_SIZE + 12 <= size <= _MAX_MERGED_REPLJOB
+            and frame[147] == 1 and not (frame[144] or frame[145] or frame[146])):
+        # One job and nothing after its blob (the blob's length is its first
+        # 4 bytes, little-endian): an extension trailer (jobext) describes
+        # the jobs of its own message, so that message stays whole.
+        blob = frame[152] | frame[153] << 8 | frame[154] << 16 | frame[155] << 24
+        if size == HEADER_SIZE + 12 + blob:
+            return frame[8:HEADER_SIZE]
+    return b""
+
+
+def _merged(run: list[bytes], key: bytes) -> bytes:
+    """One message for a run of messages with the same header ``key``."""
+    if len(run) == 1:
+        return run[0]
+    if key[5] == REPLJOB:  # key[5] is byte 13 of the frame: the type's low byte
+        data = b"".join([frame[HEADER_SIZE + 8:] for frame in run])
+        return b"".join((SIGNATURE, _TOTLEN.pack(HEADER_SIZE + 8 + len(data)), key,
+                         _TWO_U32.pack(len(run), len(data)), data))
+    # Job-ID messages: ``count`` (bytes 14-16) says how many entries follow.
+    return b"".join([SIGNATURE, _TOTLEN.pack(HEADER_SIZE + 44 * len(run)), key[:6],
+                     _COUNT.pack(len(run)), key[8:],
+                     *[frame[HEADER_SIZE:] for frame in run]])
+
+
+def coalesce(frames: list[bytes]) -> list[bytes]:
+    """``frames`` for a peer that takes batched messages (CAP_BATCH).
+
+    Runs of neighbouring job-ID messages with the same header (type, flags,
+    mflags) become one message with ``count`` entries; runs of single-job
+    REPLJOBs with the same header become one REPLJOB.  Only neighbours
+    merge, so the peer handles everything in the order it was sent.
+    """
+    out: list[bytes] = []
+    run: list[bytes] = []
+    run_key = b""
+    run_bytes = 0
+    for frame in frames:
+        key = _batch_key(frame)
+        if key and key == run_key and len(run) < MAX_BATCH and run_bytes < _MAX_MERGED:
+            run.append(frame)
+            run_bytes += len(frame) - HEADER_SIZE  # what it adds to the merged message
+            continue
+        if run:
+            out.append(_merged(run, run_key))
+        if key:
+            run = [frame]
+            run_key = key
+            run_bytes = len(frame) - HEADER_SIZE
+        else:
+            run = []
+            run_key = b""
+            out.append(frame)
+    if run:
+        out.append(_merged(run, run_key))
+    return out
+
+
 # --------------------------------------------------------------------------
 # Decoding
 # --------------------------------------------------------------------------
@@ -291,7 +387,7 @@ class FrameReader:
 def _body_length_ok(msg_type: int, count: int, frame: bytes) -> bool:
     size = len(frame) - HEADER_SIZE
     if msg_type in JOB_ID_TYPES:
-        return size == 44
+        return size == 44 if count <= 1 else size == 44 * count  # batched (CAP_BATCH)
     if msg_type in GOSSIP_TYPES:
         return size == count * GOSSIP.size
     if msg_type == FAIL:
@@ -336,7 +432,8 @@ def decode(frame: bytes) -> Message | None:
     Dropped: another protocol version, an unknown type, a body whose length
     does not match its type, a sender that is not a node ID.
     """
-    version, msg_type, count, sender, port, flags, mflags = _DECODED_HEADER.unpack_from(frame)
+    (version, msg_type, count, sender, port, flags, mflags,
+     caps) = _DECODED_HEADER.unpack_from(frame)
     if version != VERSION or msg_type >= len(TYPE_NAMES):
         return None
     if not _body_length_ok(msg_type, count, frame):
@@ -348,12 +445,16 @@ def decode(frame: bytes) -> Message | None:
             return None
     body = HEADER_SIZE
     if msg_type in JOB_ID_TYPES:  # the most frequent: GOTJOB, QUEUED, SETACK ...
+        if count > 1:  # batched: see split_job_ids
+            return Message(msg_type, sender_id, port, flags, mflags, numjobs=count,
+                           payload=frame[body:], caps=caps)
         return Message(msg_type, sender_id, port, flags, mflags,
-                       job_id=frame[body:body + 40], aux=_AUX.unpack_from(frame, body + 40)[0])
+                       job_id=frame[body:body + 40], aux=_AUX.unpack_from(frame, body + 40)[0],
+                       caps=caps)
     if msg_type in JOBS_TYPES:
         numjobs = _TWO_U32.unpack_from(frame, body)[0]
         return Message(msg_type, sender_id, port, flags, mflags, numjobs=numjobs,
-                       payload=frame[body + 8:])
+                       payload=frame[body + 8:], caps=caps)
     if msg_type in GOSSIP_TYPES:
         entries = []
         for i in range(count):
@@ -361,8 +462,19 @@ def decode(frame: bytes) -> Message | None:
              _u2) = GOSSIP.unpack_from(frame, body + i * GOSSIP.size)
             entries.append(GossipEntry(_text(node_id), ping_sent, pong_received, _text(ip),
                                        gport, gflags))
-        return Message(msg_type, sender_id, port, flags, mflags, gossip=tuple(entries))
+        return Message(msg_type, sender_id, port, flags, mflags, gossip=tuple(entries),
+                       caps=caps)
     if msg_type == FAIL:
         return Message(msg_type, sender_id, port, flags, mflags, node_id=_text(frame[body:]))
     aux = _TWO_U32.unpack_from(frame, body)[0]
-    return Message(msg_type, sender_id, port, flags, mflags, aux=aux, queue=frame[body + 8:])
+    return Message(msg_type, sender_id, port, flags, mflags, aux=aux, queue=frame[body + 8:],
+                   caps=caps)
+
+
+def split_job_ids(msg: Message) -> list[Message]:
+    """The entries of a batched job-ID message, each as the message it stands for."""
+    payload = msg.payload
+    return [Message(msg.type, msg.sender, msg.port, msg.flags, msg.mflags,
+                    job_id=payload[i:i + 40], aux=_AUX.unpack_from(payload, i + 40)[0],
+                    caps=msg.caps)
+            for i in range(0, len(payload), 44)]

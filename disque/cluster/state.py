@@ -65,6 +65,9 @@ class ClusterNode:
     #: Other nodes that reported this one failing: reporter ID -> when (ms).
     fail_reports: dict[str, int] = field(default_factory=dict)
     fail_time: int = 0
+    #: What the node's last PING/PONG/MEET said it takes (mflags[1]:
+    #: messages.CAP_BATCH); 0 for the original, and until we hear from it.
+    caps: int = 0
 
     @property
     def priority(self) -> int:
@@ -95,6 +98,9 @@ class ClusterState:
         self.messages_dropped = 0
         # {myself}: the node set of every job made here, shared by all of them.
         self.myself_set: frozenset[str] = frozenset((myself.id,))
+        # replication_targets' answer, and the ms it was computed in.
+        self._targets: tuple[list[str], frozenset[str]] = ([], self.myself_set)
+        self._targets_ms = -1
         # Node IDs FORGET banned from gossip re-adds: ID -> until when (ms).
         self.banned: dict[str, int] = {}
         # Every node FORGET removed (the ACK GC stops waiting for them).
@@ -145,6 +151,7 @@ class ClusterState:
             self.myself_set = frozenset((self.myself.id,))
             self.nodes[self.myself.id] = self.myself
         self.myself.flags = {FLAG_MYSELF}
+        self._targets_ms = -1  # the other nodes are gone, maybe our ID too
         self.save()
 
     # -- membership ---------------------------------------------------------
@@ -179,6 +186,22 @@ class ClusterState:
         """
         bad = _UNREACHABLE
         return [n for n in self.nodes.values() if n.flags.isdisjoint(bad)]
+
+    def replication_targets(self, now_ms: int) -> tuple[list[str], frozenset[str]]:
+        """The IDs of the reachable, linked nodes a job may be copied to, and
+        them with us: the node set of a job copied to all of them.
+
+        Computed once per millisecond: a burst of ADDJOBs would otherwise
+        rebuild the same list and set for every job.  A node failing within
+        that millisecond may still be picked, as it may be when it fails
+        just after being picked: its copy goes missing and the job waits
+        for another node.
+        """
+        if now_ms != self._targets_ms:
+            ids = [n.id for n in self.reachable_nodes() if n.link is not None]
+            self._targets = (ids, self.myself_set | frozenset(ids))
+            self._targets_ms = now_ms
+        return self._targets
 
     @property
     def reachable_count(self) -> int:

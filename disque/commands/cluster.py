@@ -73,6 +73,9 @@ def _info(state: ServerState, client: ClientConnection, args: list[bytes], n: in
         ("cluster_size", cl.size),
         ("cluster_stats_messages_sent", bus.stats_sent),
         ("cluster_stats_messages_received", bus.messages_received),
+        # Ours: batching between our nodes (messages.CAP_BATCH).
+        ("cluster_stats_messages_merged", bus.stats_merged),
+        ("cluster_stats_batches_received", bus.stats_batches_received),
         ("cluster_leaving", "yes" if cl.leaving else "no"),
     ]
     return "".join(f"{k}:{v}\r\n" for k, v in fields)

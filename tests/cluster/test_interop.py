@@ -15,6 +15,7 @@ import pytest
 from tests.support.cluster import (
     TEST_NODE_TIMEOUT_MS,
     ReferenceProcess,
+    cluster_info,
     flags_of,
     meet,
     node_id,
@@ -148,3 +149,24 @@ def test_extensions_in_a_mixed_cluster(mixed) -> None:
     assert results == [b"ACKED"]
     with pytest.raises(Exception, match="syntax error"):
         originals[0].client().execute_command("ADDJOB", "q", "x", 0, "IDMP", "k")
+
+
+def test_bursts_to_an_original_are_never_batched(mixed) -> None:
+    """Our node merges neighbouring bus messages only for peers that said
+    they take batches (messages.CAP_BATCH): the original drops a REPLJOB of
+    more than one job, so every job of a pipelined burst replicating to it
+    would time out (-NOREPL) if one reached it."""
+    ours, originals = mixed
+    a, ref = ours[0], originals[0]
+    meet(a, ref)
+    wait_joined([a, ref])
+    for creator in (a, ref):
+        pipe = creator.client().pipeline(transaction=False)
+        for i in range(300):
+            pipe.execute_command("ADDJOB", "burst", f"job-{i}", 5000, "REPLICATE", 2)
+        replies = pipe.execute(raise_on_error=False)
+        assert all(isinstance(r, bytes) and r.startswith(b"D-") for r in replies), [
+            r for r in replies if not isinstance(r, bytes)][:3]
+        for job_id in replies[::29]:
+            assert show(a, job_id) and show(ref, job_id)
+    assert cluster_info(a)["cluster_stats_messages_merged"] == "0"

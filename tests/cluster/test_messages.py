@@ -27,7 +27,8 @@ def test_header_layout() -> None:
     assert frame[56:136] == bytes(80)                          # myip + reserved
     assert struct.unpack(">H", frame[136:138])[0] == 7711      # client port
     assert struct.unpack(">H", frame[138:140])[0] == 4 | 128   # MYSELF | LEAVING
-    assert frame[140] == 0 and frame[141:144] == b"\x01\x00\x00"
+    # mflags[0] NOREPLY; mflags[1] CAP_BATCH (ours: the original sends 0, reads nothing)
+    assert frame[140] == 0 and frame[141:144] == b"\x01\x01\x00"
     assert frame[144:184] == JOB_ID and struct.unpack(">I", frame[184:188])[0] == 3
 
 
@@ -156,3 +157,70 @@ def test_senders_and_gossip_ids_must_be_node_ids() -> None:
         frame = frame[:16] + bad.encode() + frame[56:]
         assert m.decode(frame) is None, bad
     assert m.is_node_id(SENDER) and not m.is_node_id(SENDER.upper())
+
+
+# -- batching between our nodes (CAP_BATCH) ------------------------------------
+
+def _ids(n: int) -> list[bytes]:
+    return [JOB_ID[:-4] + b"%04x" % i for i in range(n)]
+
+
+def test_neighbouring_job_id_messages_merge_into_one_with_a_count() -> None:
+    frames = [m.job_id_message(m.GOTJOB, SENDER, 7711, 4, job_id, i)
+              for i, job_id in enumerate(_ids(3))]
+    (merged,) = m.coalesce(frames)
+    assert len(merged) == 144 + 3 * 44
+    assert struct.unpack(">I", merged[4:8])[0] == len(merged)
+    assert struct.unpack(">H", merged[14:16])[0] == 3          # count: the entries
+    assert merged[16:144] == frames[0][16:144]                 # the same header otherwise
+    msg = m.decode(merged)
+    assert msg is not None and msg.type == m.GOTJOB and msg.numjobs == 3
+    assert msg.caps == m.CAP_BATCH
+    entries = m.split_job_ids(msg)
+    assert [(e.job_id, e.aux, e.sender, e.type) for e in entries] == [
+        (job_id, i, SENDER, m.GOTJOB) for i, job_id in enumerate(_ids(3))]
+
+
+def test_only_neighbours_with_the_same_header_merge_and_order_is_kept() -> None:
+    a, b, c, d = _ids(4)
+    got = [m.job_id_message(m.GOTJOB, SENDER, 1, 4, job_id, 0) for job_id in (a, b)]
+    queued = m.job_id_message(m.QUEUED, SENDER, 1, 4, c, 0)
+    nacked = m.job_id_message(m.QUEUED, SENDER, 1, 4, d, 0, mflags=m.MFLAG_INCR_NACKS)
+    ping = m.gossip_message(m.PING, SENDER, 1, 4, [])
+    last = m.job_id_message(m.GOTJOB, SENDER, 1, 4, d, 0)
+    out = m.coalesce([*got, queued, nacked, ping, last])
+    decoded = [m.decode(frame) for frame in out]
+    assert [(msg.type, msg.numjobs, msg.mflags) for msg in decoded] == [
+        (m.GOTJOB, 2, 0), (m.QUEUED, 0, 0), (m.QUEUED, 0, m.MFLAG_INCR_NACKS), (m.PING, 0, 0),
+        (m.GOTJOB, 0, 0)]
+    assert out[1] is queued and out[3] is ping  # alone: sent as they were
+
+
+def test_single_job_repljobs_merge_into_one_repljob() -> None:
+    blobs = [struct.pack("<I", 5) + b"job-%d" % i for i in range(3)]
+    frames = [m.jobs_message(m.REPLJOB, SENDER, 1, 4, [blob]) for blob in blobs]
+    noreply = m.jobs_message(m.REPLJOB, SENDER, 1, 4, [blobs[0]], m.MFLAG_NOREPLY)
+    with_trailer = m.jobs_message(m.REPLJOB, SENDER, 1, 4, [blobs[1]], trailer=b"DQXT...")
+    out = m.coalesce([*frames, noreply, with_trailer])
+    assert len(out) == 3
+    msg = m.decode(out[0])
+    assert msg is not None and msg.type == m.REPLJOB and msg.numjobs == 3
+    assert msg.payload == b"".join(blobs)
+    assert out[1] is noreply and out[2] is with_trailer  # a trailer describes its own jobs
+
+
+def test_batches_are_bounded() -> None:
+    frames = [m.job_id_message(m.DELJOB, SENDER, 1, 4, JOB_ID, 0)] * (m.MAX_BATCH + 1)
+    out = m.coalesce(frames)
+    assert [m.decode(frame).numjobs for frame in out] == [m.MAX_BATCH, 0]
+    big = [m.jobs_message(m.REPLJOB, SENDER, 1, 4, [struct.pack("<I", 40_000) + bytes(40_000)])
+           for _ in range(10)]
+    assert all(len(frame) <= 1024 * 1024 for frame in m.coalesce(big))
+    assert len(m.coalesce(big)) > 1
+
+
+def test_a_batched_message_with_the_wrong_length_is_dropped() -> None:
+    (merged,) = m.coalesce([m.job_id_message(m.GOTJOB, SENDER, 1, 4, j, 0) for j in _ids(3)])
+    assert m.decode(merged[:-44]) is None  # count 3, two entries
+    # The original's job-ID messages (count 0) are unchanged.
+    assert m.decode(m.job_id_message(m.GOTJOB, SENDER, 1, 4, JOB_ID, 0)).numjobs == 0
