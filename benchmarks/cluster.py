@@ -13,17 +13,26 @@ figure is divided by the same implementation's lone-node figure of the same
 round (the issue's target for ours: >= 0.6x unpipelined, >= 0.4x with -P 16),
 and every run is checked: the first node must hold one job per request
 (redis-benchmark counts ``-NOREPL`` answers as successes).
+
+Then, on the same nodes, the produce/get/ack cycle: one redis-py client (the
+same code for both implementations) adds ``--cycle-jobs`` jobs in pipelines
+of 100 ADDJOBs, then takes them with ``GETJOB NOHANG COUNT 100`` and
+acknowledges each batch with one ACKJOB, all on the first node; jobs/s over
+the whole cycle.  On three nodes every job is replicated and every ACK
+collected cluster-wide; the run is checked: every node's job table must be
+empty within 30 s of the last ACKJOB.
 """
 
 from __future__ import annotations
 
 import argparse
+import time
 from pathlib import Path
 from typing import Any
 
 from benchmarks.redis_tools import benchmark_command, run_benchmark
 from tests.support.cluster import ReferenceProcess, join, reference_server, wait_joined
-from tests.support.process import DisqueProcess, raw_command
+from tests.support.process import DisqueProcess, raw_command, wait_for
 
 CLUSTER_TESTS: list[tuple[str, list[str]]] = [
     ("ADDJOB q body 0 (REPLICATE 3)", ["ADDJOB", "q", "body", "0"]),
@@ -73,6 +82,38 @@ def run_tests(nodes: list[DisqueProcess], tests: list[tuple[str, list[str]]],
     return results
 
 
+CYCLE_BATCH = 100
+
+
+def cycle(nodes: list[DisqueProcess], jobs: int) -> dict[str, Any]:
+    """Produce, get and ack ``jobs`` jobs through the first node (redis-py pipelines)."""
+    import redis
+
+    r = redis.Redis(host="127.0.0.1", port=nodes[0].port, protocol=2)
+    try:
+        start = time.perf_counter()
+        for first in range(0, jobs, CYCLE_BATCH):
+            pipe = r.pipeline(transaction=False)
+            for _ in range(min(CYCLE_BATCH, jobs - first)):
+                pipe.execute_command("ADDJOB", "cycle", b"x" * 100, 0)
+            pipe.execute()
+        produced = time.perf_counter()
+        done = 0
+        while done < jobs:
+            got = r.execute_command("GETJOB", "NOHANG", "COUNT", CYCLE_BATCH, "FROM", "cycle")
+            if not got:
+                raise RuntimeError(f"queue empty after {done} of {jobs} jobs")
+            r.execute_command("ACKJOB", *[job[1] for job in got])
+            done += len(got)
+        end = time.perf_counter()
+    finally:
+        r.close()
+    wait_for(lambda: all(registered_jobs(n.port) == 0 for n in nodes), timeout=30,
+             message="the ACKs to remove every job from every node")
+    return {"jobs": jobs, "produce_s": produced - start, "consume_s": end - produced,
+            "jobs_per_s": jobs / (end - start)}
+
+
 def scenario_cluster(args: argparse.Namespace, root: Path,
                      request_counts: dict[int, int]) -> dict[str, Any]:
     impls = ["ours"] + (["original"] if reference_server() else [])
@@ -90,6 +131,12 @@ def scenario_cluster(args: argparse.Namespace, root: Path,
             try:
                 tests = CLUSTER_TESTS if size > 1 else [("single", SINGLE)]
                 this[f"{impl}/{size}"] = run_tests(nodes, tests, request_counts)
+                for node in nodes:  # FLUSHALL is local: every node's copies
+                    raw_command(node.port, "DEBUG", "FLUSHALL")
+                wait_for(lambda nodes=nodes: all(registered_jobs(n.port) == 0
+                                                 for n in nodes), timeout=30,
+                         message="DEBUG FLUSHALL to empty every node")
+                this[f"{impl}/{size}"]["cycle"] = cycle(nodes, args.cycle_jobs)
             finally:
                 for node in nodes:
                     node.kill()
@@ -109,6 +156,15 @@ def scenario_cluster(args: argparse.Namespace, root: Path,
                 table.append({"impl": impl, "test": f"3 nodes: {label}", "pipeline": pipeline,
                               "rps": median(figures), "ratio": median(ratios),
                               "ratios": [round(x, 3) for x in ratios]})
+    for impl in impls:
+        singles = [r[f"{impl}/1"]["cycle"]["jobs_per_s"] for r in rounds]
+        figures = [r[f"{impl}/3"]["cycle"]["jobs_per_s"] for r in rounds]
+        ratios = [c / s for c, s in zip(figures, singles, strict=True)]
+        table.append({"impl": impl, "test": "produce/get/ack cycle, one node (jobs/s)",
+                      "pipeline": CYCLE_BATCH, "rps": median(singles), "ratio": 1.0})
+        table.append({"impl": impl, "test": "produce/get/ack cycle, 3 nodes (jobs/s)",
+                      "pipeline": CYCLE_BATCH, "rps": median(figures), "ratio": median(ratios),
+                      "ratios": [round(x, 3) for x in ratios]})
     print()
     print(f"cluster: redis-benchmark, 50 clients, medians of {args.rounds} round(s); "
           "ratio = 3-node figure / the same implementation's one-node figure, same round")

@@ -622,6 +622,7 @@ def delegate(module: str, *extra: str) -> Callable[[argparse.Namespace, Path], d
 def scenario_cluster(args: argparse.Namespace, root: Path) -> dict[str, Any]:
     from benchmarks.cluster import scenario_cluster as run
 
+    args.cycle_jobs = 2_000 if args.smoke else 20_000
     return run(args, root, request_counts(args))
 
 

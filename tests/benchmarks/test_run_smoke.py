@@ -128,9 +128,14 @@ def test_cluster_smoke_compares_three_nodes_with_one(tmp_path: Path) -> None:
     assert "ours" in impls  # and "original" when DISQUE_REFERENCE_SERVER is set
     for impl in impls:
         rows = [row for row in table if row["impl"] == impl]
-        assert len(rows) == 8  # (one node + 3 cluster tests) x (unpipelined, -P 16)
+        # (one node + 3 cluster tests) x (unpipelined, -P 16), and the cycle
+        # on one node and on three
+        assert len(rows) == 10
         assert all(row["rps"] > 0 and row["ratio"] > 0 for row in rows), rows
     assert "3 nodes: ADDJOB q body 0 (REPLICATE 3)" in stdout
+    assert "produce/get/ack cycle, 3 nodes" in stdout
+    rnd = result["rounds"][0]
+    assert rnd["ours/3"]["cycle"]["jobs"] == 2_000
 
 
 def test_membership_timing_runs(tmp_path: Path) -> None:
