@@ -6,7 +6,8 @@ answered: replies read before the drop are thrown away. For ADDJOB that adds
 a second copy of jobs the sink already got an ID for. The sink needs "these
 were answered, those were not", so it runs its own round trip here, on the
 client's connection (so node choice, AUTH, HELLO and failover stay the
-client's).
+client's).  It also sends what the sink encoded itself from Arrow columns
+(:mod:`.resp`), so no Python object per command is made.
 
 This uses the client's private connection API (``_lock``, ``_connection``,
 ``_drop``, ``_table``): the client has no public call that reports a partial

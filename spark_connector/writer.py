@@ -11,11 +11,16 @@ Per partition (:class:`PartitionWriter`): one connection, to the node
 ``partition % reachable nodes`` first (the others are fallbacks), so the
 partitions of a write spread over the cluster's nodes, found through HELLO
 on the driver (:meth:`SinkConfig.over_cluster`).  Input arrives as Arrow
-record batches (``DataSourceArrowWriter``): no Row object per job; columns
-are turned into Python lists once per batch.  ADDJOBs go out pipelined,
-``batchSize`` per round trip (:mod:`.pipeline`: a dropped connection keeps
-the jobs already answered with an ID); jobs refused with a transient error
-(``retryErrors``) are re-sent with exponential backoff, and a partition
+record batches (``DataSourceArrowWriter``): no Row object per job, and the
+commands are built from the columns by Arrow kernels (:mod:`.resp`), no
+Python object per row either.  Rows are grouped by queue and per-row option
+values; each round trip carries ``batchSize`` rows, one ``ADDJOBS`` per
+group (pipelined ADDJOBs on an original node, which answers ADDJOBS with
+"unknown command"; one ADDJOB ... IDMP per row when dedup keys go out as
+IDMP).  :mod:`.pipeline` keeps the replies read before a dropped
+connection, so only unanswered commands are re-sent; jobs refused with a
+transient error (``retryErrors``), per body in the ADDJOBS reply or for a
+whole command, are re-sent with exponential backoff, and a partition
 gives up after ``maxRetries`` attempts in a row without progress, with an
 error naming the queue and the server's reason.  A node that cannot be
 reached (``CONNECTION``) is tried again for ``reconnectTimeout`` instead,
@@ -623,7 +628,7 @@ class PartitionWriter:
     def _sort(self, out: _Outcome, part: Part, results: list[Any]) -> list[int]:
         """Count the jobs added; return the rows of ``part`` to send again."""
         queue = part.group.queue
-        if _ALL_IDS >= set(map(type, results)):  # the common case, at C speed (no row loop)
+        if set(map(type, results)) <= _ALL_IDS:  # the common case, at C speed (no row loop)
             self.written[queue] += len(results)
             return []
         again = []
