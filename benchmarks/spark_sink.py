@@ -6,11 +6,16 @@ Throughput (default)::
 
 starts one real node and a local Spark session, builds one DataFrame of
 ``--rows`` small rows (``body = "job-<id>"``), writes it to the ``noop``
-sink and then to ``format("disque")`` in the same run, and prints both
-rates and their ratio.  For context it also measures the node's own
-ceiling: the same number of pipelined, pre-encoded ADDJOBs sent from raw
-sockets (one per partition, no Spark), so the sink's cost can be told
-apart from the node's.
+sink and then, in ``--rounds`` rounds, to ``format("disque")`` and to the
+node's own ceilings: the jobs/s the node takes from raw sockets (one per
+partition, no Spark, commands encoded in advance, one round trip of
+``batchSize`` jobs in flight per socket as in the sink) as ``ADDJOBS`` (the
+bulk ceiling the sink is measured against, target >= 0.8x) and as pipelined
+``ADDJOB``s (the ceiling of an original node's protocol, for context).  The
+order of the three rotates every round; the node is flushed before each
+step.  It also counts the commands the node ran per sink write (ADDJOBS:
+about rows / batchSize) and the sink's rate into a null node that does no
+work (the sink's own cost).
 
 Crash duplicates::
 
@@ -50,11 +55,12 @@ SINK_CLIENT = re.compile(r"name=spark-disque-sink-p(\d+)-(\d+) ")
 
 
 def null_node(listener: socket.socket) -> None:
-    """Just enough of a Disque node to take ADDJOBs without doing anything.
+    """Just enough of a Disque node to take ADDJOB(S) without doing anything.
 
-    Answers HELLO/CLIENT/AUTH/PING and gives every ADDJOB the same made-up
-    ID.  Writing to it measures what the sink itself costs (Spark -> Arrow
-    -> ADDJOB commands -> socket) once the node is not the bottleneck.
+    Answers HELLO/CLIENT/AUTH/PING and gives every job the same made-up
+    ID (an array of them for ADDJOBS).  Writing to it measures what the sink
+    itself costs (Spark -> Arrow -> commands -> socket) once the node is not
+    the bottleneck.
     """
     port = listener.getsockname()[1]
     node_id = "0" * 40
@@ -62,6 +68,10 @@ def null_node(listener: socket.socket) -> None:
     hello = (b"*3\r\n:1\r\n$40\r\n%s\r\n*4\r\n$40\r\n%s\r\n$%d\r\n%s\r\n:%d\r\n:1\r\n"
              % (node_id.encode(), node_id.encode(), len(addr), addr, port))
     job_id = b"$40\r\nD-00000000-000000000000000000000000-0000\r\n"
+
+    def ids(command: list[bytes]) -> bytes:
+        bodies = len(command) - [a.upper() for a in command].index(b"BODIES") - 1
+        return b"*%d\r\n%s" % (bodies, job_id * bodies)
 
     def serve(conn: socket.socket) -> None:
         reader = hiredis.Reader()
@@ -74,7 +84,8 @@ def null_node(listener: socket.socket) -> None:
                 out = []
                 while (command := reader.gets()) is not False:
                     name = command[0].upper()
-                    out.append(job_id if name == b"ADDJOB" else hello if name == b"HELLO"
+                    out.append(job_id if name == b"ADDJOB" else ids(command)
+                               if name == b"ADDJOBS" else hello if name == b"HELLO"
                                else b"+OK\r\n")
                 conn.sendall(b"".join(out))
 
@@ -95,41 +106,90 @@ def timed(action) -> float:
     return time.perf_counter() - t0
 
 
-def node_ceiling(port: int, rows: int, clients: int, pipeline: int = 1000) -> float:
-    """ADDJOB/s the node takes from raw sockets: the bound any client shares."""
-    per_client = rows // clients
+def ceiling_payloads(rows: int, clients: int, batch: int,
+                     bulk: bool) -> list[list[tuple[bytes, int]]]:
+    """Per socket, the round trips of a raw producer, encoded in advance.
 
-    def worker(index: int) -> None:
+    ``bulk``: one ``ADDJOBS ceiling 5000 BODIES`` of ``batch`` bodies per
+    round trip (what the sink sends); else ``batch`` pipelined ``ADDJOB``s
+    (what it sent before, and still sends to an original node).  Each round
+    trip is ``(payload, replies to read)``.
+    """
+    per_client = rows // clients
+    out = []
+    for index in range(clients):
+        trips = []
+        for done in range(0, per_client, batch):
+            bodies = [f"job-{index * per_client + done + i}"
+                      for i in range(min(batch, per_client - done))]
+            if bulk:
+                trips.append((encode("ADDJOBS", "ceiling", 5000, "BODIES", *bodies), 1))
+            else:
+                trips.append((b"".join(encode("ADDJOB", "ceiling", body, 5000)
+                                       for body in bodies), len(bodies)))
+        out.append(trips)
+    return out
+
+
+def node_ceiling(port: int, rows: int, clients: int, batch: int, bulk: bool) -> float:
+    """Jobs/s the node takes from ``clients`` raw sockets, one round trip of
+    ``batch`` jobs in flight on each (as the sink's partitions do), with the
+    commands encoded before the clock starts: the bound any client shares."""
+    payloads = ceiling_payloads(rows, clients, batch, bulk)
+    failures: list[object] = []
+
+    def worker(trips: list[tuple[bytes, int]]) -> None:
         client = RawClient(port)
         try:
-            done = 0
-            while done < per_client:
-                n = min(pipeline, per_client - done)
-                payload = b"".join(
-                    encode("ADDJOB", "ceiling", f"job-{index * per_client + done + i}", 5000)
-                    for i in range(n))
-                for reply in client.call_many(payload, n):
-                    if not isinstance(reply, bytes):
-                        raise RuntimeError(f"ADDJOB failed: {reply!r}")
-                done += n
+            for payload, count in trips:
+                replies = client.call_many(payload, count)
+                ids = replies[0] if bulk else replies
+                if not all(isinstance(reply, bytes) for reply in ids):
+                    failures.append(ids)
+                    return
         finally:
             client.close()
 
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(clients)]
+    threads = [threading.Thread(target=worker, args=(trips,)) for trips in payloads]
     t0 = time.perf_counter()
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
-    return per_client * clients / (time.perf_counter() - t0)
+    seconds = time.perf_counter() - t0
+    if failures:
+        raise RuntimeError(f"the ceiling's jobs were refused: {failures[0]!r:.200}")
+    return rows // clients * clients / seconds
+
+
+def flush(port: int) -> None:
+    """An empty node before each measurement: no step pays for another's jobs."""
+    client = RawClient(port)
+    try:
+        if client.call("DEBUG", "FLUSHALL") != b"OK":
+            raise RuntimeError("DEBUG FLUSHALL failed")
+    finally:
+        client.close()
+
+
+def commands_processed(port: int) -> int:
+    client = RawClient(port)
+    try:
+        text = client.call("INFO", "stats").decode()
+    finally:
+        client.close()
+    return int(re.search(r"total_commands_processed:(\d+)", text).group(1))
 
 
 def throughput(args: argparse.Namespace, node: DisqueProcess) -> None:
+    from benchmarks.run import median, print_table
     from disque.client import Client
 
     spark = spark_session(args.master)
     address = f"127.0.0.1:{node.port}"
     client = Client(address)
+    rounds: list[dict[str, float]] = []
+    commands: list[int] = []
     try:
         df = (spark.range(0, args.rows, numPartitions=args.partitions)
               .selectExpr("concat('job-', cast(id as string)) as body"))
@@ -141,16 +201,38 @@ def throughput(args: argparse.Namespace, node: DisqueProcess) -> None:
             (frame.write.format("disque").mode("append").option("nodes", nodes)
              .option("queue", queue).option("batchSize", str(args.batch_size)).save())
 
+        def sink() -> float:
+            before = commands_processed(node.port)
+            seconds = timed(lambda: to_disque("bench"))
+            commands.append(commands_processed(node.port) - before)
+            queued = client.qlen("bench")
+            if queued != args.rows:
+                raise RuntimeError(f"expected {args.rows} jobs in the queue, found {queued}")
+            return args.rows / seconds
+
+        steps = {
+            "sink": sink,
+            "ADDJOBS ceiling": lambda: node_ceiling(node.port, args.ceiling_rows,
+                                                    args.partitions, args.batch_size, True),
+            "ADDJOB ceiling": lambda: node_ceiling(node.port, args.ceiling_rows,
+                                                   args.partitions, args.batch_size, False),
+        }
         # Warm up: JVM code paths, Python workers, the data source lookup.
         warm = df.limit(2000)
         warm.write.format("noop").mode("overwrite").save()
         to_disque("warmup", warm.repartition(args.partitions))
         noop_s = timed(to_noop)
-        disque_s = timed(lambda: to_disque("bench"))
-        queued = client.qlen("bench")
-        if queued != args.rows:
-            raise RuntimeError(f"expected {args.rows} jobs in the queue, found {queued}")
-        ceiling = node_ceiling(node.port, args.ceiling_rows, args.partitions)
+        names = list(steps)
+        for rnd in range(args.rounds):
+            shift = rnd % len(names)  # alternate the order: no step always goes first
+            this: dict[str, float] = {}
+            for name in names[shift:] + names[:shift]:
+                flush(node.port)
+                this[name] = steps[name]()
+            rounds.append(this)
+            print(f"round {rnd + 1}/{args.rounds}: " + ", ".join(
+                f"{name} {rate:.0f}/s" for name, rate in this.items()), flush=True)
+        flush(node.port)
 
         listener = socket.create_server(("127.0.0.1", 0))
         fake = multiprocessing.get_context("fork").Process(target=null_node, args=(listener,),
@@ -166,19 +248,27 @@ def throughput(args: argparse.Namespace, node: DisqueProcess) -> None:
         client.close()
         spark.stop()
 
-    noop_rate, disque_rate = args.rows / noop_s, args.rows / disque_s
+    print()
     print(f"{args.rows} rows of ~{len('job-') + len(str(args.rows - 1))} bytes, "
           f"{args.partitions} partitions, master {args.master}, batchSize {args.batch_size}, "
-          f"{os.cpu_count()} CPUs")
-    print(f"{'sink':<28}{'seconds':>9}{'rows/s':>12}")
-    print(f"{'noop':<28}{noop_s:>9.2f}{noop_rate:>12.0f}")
-    print(f"{'disque':<28}{disque_s:>9.2f}{disque_rate:>12.0f}")
-    print(f"{'disque, null node':<28}{null_s:>9.2f}{args.rows / null_s:>12.0f}")
-    print(f"disque / noop: {disque_rate / noop_rate:.3f}x (target >= 0.3x); "
-          f"with a node that does no work: {noop_s / null_s:.3f}x")
-    print(f"node ceiling (raw pipelined ADDJOB, {args.partitions} sockets, "
-          f"{args.ceiling_rows} jobs): {ceiling:.0f} jobs/s; "
-          f"the sink reaches {disque_rate / ceiling:.0%} of it")
+          f"{os.cpu_count()} CPUs; ceilings: {args.ceiling_rows} jobs from "
+          f"{args.partitions} raw sockets, one round trip of {args.batch_size} jobs in flight "
+          f"each, commands encoded in advance; {args.rounds} rounds, order rotated")
+    rows = []
+    for name in names:
+        figures = [r[name] for r in rounds]
+        ratios = [r["sink"] / r[name] for r in rounds]
+        rows.append([name, round(median(figures)), " ".join(f"{x:.0f}" for x in figures),
+                     "-" if name == "sink" else f"{median(ratios):.3f}x",
+                     "" if name == "sink" else " ".join(f"{x:.3f}" for x in ratios)])
+    print_table(["run", "median jobs/s", "per round", "sink / this", "per round"], rows)
+    print(f"commands the node ran per sink write: {commands} "
+          f"({args.rows / median([float(c) for c in commands]):.0f} rows per command)")
+    bulk_ratio = median([r["sink"] / r["ADDJOBS ceiling"] for r in rounds])
+    print(f"the sink reaches {bulk_ratio:.3f}x the node's ADDJOBS ceiling (target >= 0.8x)")
+    print(f"{'noop':<28}{noop_s:>9.2f} s{args.rows / noop_s:>12.0f} rows/s")
+    print(f"{'disque, null node':<28}{null_s:>9.2f} s{args.rows / null_s:>12.0f} rows/s "
+          "(the sink's own cost)")
 
 
 def kill_test(args: argparse.Namespace, node: DisqueProcess) -> None:
@@ -231,13 +321,14 @@ def main() -> None:
     parser.add_argument("--partitions", type=int, default=2)
     parser.add_argument("--master", default="local[2]")
     parser.add_argument("--batch-size", type=int, default=1000, help="the sink's batchSize")
-    parser.add_argument("--ceiling-rows", type=int, default=200_000,
-                        help="ADDJOBs for the raw node ceiling")
+    parser.add_argument("--ceiling-rows", type=int, default=400_000,
+                        help="jobs for each raw node ceiling")
     parser.add_argument("--kill", action="store_true", help="measure crash duplicates instead")
     parser.add_argument("--cluster", action="store_true",
                         help="instead: write to a 3-node cluster against 1 node, same run "
                              "(benchmarks/spark_cluster.py; --rows default 60000)")
-    parser.add_argument("--rounds", type=int, default=3, help="--cluster: rounds per target")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="rounds (sink, ADDJOBS and ADDJOB ceilings; --cluster: per target)")
     args = parser.parse_args()
     if args.cluster:
         from benchmarks.spark_cluster import compare_sink

@@ -19,9 +19,9 @@ import pytest
 from pyspark.sql.types import StringType, StructField, StructType
 
 from disque.client import Client
-from disque.client._wire import request
+from disque.client._wire import pack_commands
 from spark_connector.options import SourceConfig
-from spark_connector.pipeline import round_trip
+from spark_connector.pipeline import exchange
 from spark_connector.reader import DisqueStreamReader, FetchPartition, fetch_or_replay
 from spark_connector.schema import source_schema
 from spark_connector.sink_options import SinkConfig
@@ -235,20 +235,21 @@ def test_sink_moves_to_another_node_when_its_node_is_killed(cluster) -> None:
     assert sorted(seen) == sorted(expected)
 
 
-def test_a_dropped_pipeline_keeps_the_jobs_already_answered(server) -> None:
+def test_a_dropped_pipeline_keeps_the_replies_already_read(server) -> None:
     # QUIT makes the node answer what came before it, then close the link:
-    # a pipeline cut after its third reply.
+    # a pipeline of ADDJOBS, QUIT, ADDJOBS cut after its second reply.
     client = Client(addr(server))
-    reqs = ([request("ADDJOB", "cut", f"j{i}", 0) for i in range(3)] + [request("QUIT")]
-            + [request("ADDJOB", "cut", f"j{i}", 0) for i in range(3, 6)])
-    results, lost = round_trip(client, reqs)
-    assert lost is not None and "after 4 of 7 replies" in str(lost)
-    assert len(results) == 4 and all(r.startswith(b"D-") for r in results[:3])
-    # The writer re-sends only the unanswered requests.
-    again, lost = round_trip(client, reqs[4:])
-    assert lost is None and len(again) == 3
+    payload = pack_commands([(b"ADDJOBS", b"cut", b"0", b"BODIES", b"j0", b"j1", b"j2"),
+                             (b"QUIT",),
+                             (b"ADDJOBS", b"cut", b"0", b"BODIES", b"j3", b"j4")])
+    replies, asked, lost = exchange(client, lambda _node: (payload, 3), 0.0)
+    assert lost is not None and "after 2 of 3 replies" in str(lost) and asked == 3
+    assert len(replies[0]) == 3 and all(r.startswith(b"D-") for r in replies[0])
+    # The link was dropped: the next exchange connects again.
+    again, _, lost = exchange(client, lambda _node: (payload[payload.index(b"*6"):], 1), 0.0)
+    assert lost is None and len(again[0]) == 2
     assert sorted(j.body for j in client.get_jobs("cut", count=10, nohang=True)) == [
-        f"j{i}".encode() for i in range(6)]
+        f"j{i}".encode() for i in range(5)]
 
 
 # --------------------------------------------------------------------------
