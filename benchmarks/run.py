@@ -52,6 +52,12 @@ Scenarios:
     jobs/s of ``ADDJOBS`` (100 bodies per command) against pipelined
     ``ADDJOB`` (``-P 100``) on ours and, with ``DISQUE_REFERENCE_SERVER``, on
     the original (``benchmarks/bulk_add.py``).
+``original``
+    one of our nodes against the original (``DISQUE_REFERENCE_SERVER``), the
+    issue's targets side by side: ADDJOB and GETJOB NOHANG with
+    ``redis-benchmark``, the batched produce/get/ack cycle (our client
+    against redis-py on the original), memory per job
+    (``benchmarks/versus_original.py``).
 ``spark-source`` / ``spark-sink``
     run ``benchmarks.spark_source`` / ``benchmarks.spark_sink`` in a
     subprocess (``--smoke`` becomes the source's ``--smoke`` and the sink's
@@ -98,7 +104,8 @@ from tests.support.process import DisqueProcess, raw_command
 
 CLIENTS = 50
 PIPELINE = 16
-SCENARIOS = ("server", "cycle", "memory", "soak", "floor", "cluster", "bulk", "spark-source",
+SCENARIOS = ("server", "cycle", "memory", "soak", "floor", "cluster", "bulk", "original",
+             "spark-source",
              "spark-sink", "spark-source-cluster", "spark-sink-cluster")
 FLOOR_NODE = Path(__file__).resolve().parent / "floor_node.py"
 
@@ -626,6 +633,12 @@ def scenario_cluster(args: argparse.Namespace, root: Path) -> dict[str, Any]:
     return run(args, root, request_counts(args))
 
 
+def scenario_original(args: argparse.Namespace, root: Path) -> dict[str, Any]:
+    from benchmarks.versus_original import scenario_original as run
+
+    return run(args, root, request_counts(args))
+
+
 def scenario_bulk(args: argparse.Namespace, root: Path) -> dict[str, Any]:
     from benchmarks.bulk_add import scenario_bulk as run
 
@@ -640,6 +653,7 @@ RUNNERS: dict[str, Callable[[argparse.Namespace, Path], dict[str, Any]]] = {
     "floor": scenario_floor,
     "cluster": scenario_cluster,
     "bulk": scenario_bulk,
+    "original": scenario_original,
     "spark-source": delegate("benchmarks.spark_source"),
     "spark-sink": delegate("benchmarks.spark_sink"),
     "spark-source-cluster": delegate("benchmarks.spark_source", "--cluster"),
@@ -663,7 +677,7 @@ def main(argv: list[str] | None = None) -> int:
         args.rounds = 2 if args.scenario == "soak" else 1  # soak: growth needs two rounds
     elif args.rounds is None:
         args.rounds = 10 if args.scenario == "soak" else 3
-    if args.scenario in ("server", "cycle", "memory", "floor", "cluster", "bulk"):
+    if args.scenario in ("server", "cycle", "memory", "floor", "cluster", "bulk", "original"):
         missing = missing_tools()
         if missing:
             print(f"missing {', '.join(missing)}: install the Debian packages redis-server "

@@ -15,6 +15,8 @@ from typing import Any
 
 import pytest
 
+from tests.support.cluster import reference_server
+
 ROOT = Path(__file__).resolve().parents[2]
 
 MISSING = [tool for tool in ("redis-server", "redis-benchmark") if shutil.which(tool) is None]
@@ -151,3 +153,17 @@ def test_federation_latency_runs() -> None:
                            "3"], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert "got a job queued on another node in median" in proc.stdout
+
+
+@pytest.mark.skipif(reference_server() is None,
+                    reason="needs the original server: set DISQUE_REFERENCE_SERVER")
+def test_original_smoke_reports_every_target_against_the_original(tmp_path: Path) -> None:
+    result, stdout = run_smoke(tmp_path, "original")
+    figures = {row["figure"]: row for row in result["table"]}
+    assert set(figures) == {"ADDJOB P1", "ADDJOB P16", "GETJOB NOHANG P1",
+                            "GETJOB NOHANG P16", "cycle", "memory B/job", "RSS B/job"}
+    for row in figures.values():
+        assert row["ours"] > 0 and row["original"] > 0
+        assert row["ratio"] == pytest.approx(row["ours"] / row["original"])
+    assert figures["memory B/job"]["higher_is_better"] is False
+    assert "ours vs the original" in stdout and "per round" in stdout

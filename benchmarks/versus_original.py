@@ -1,0 +1,131 @@
+"""The ``original`` scenario: one of our nodes against the original Disque, same run.
+
+The targets of the speed issue (#18) are ratios to the original, measured
+side by side.  Each round starts a fresh lone node of each implementation
+(``appendonly no``), in alternating order, and runs against it:
+
+* ``redis-benchmark``, 50 clients, unpipelined and ``-P 16``:
+  ``ADDJOB q body 0`` and ``GETJOB NOHANG FROM q`` (the queue is pre-filled,
+  not timed, with more jobs than the run pops; QLEN is checked > 0 after);
+* the batched produce/get/ack cycle (100 000 jobs of 100 bytes): on ours
+  with our client (``add_jobs`` in batches of 100, which sends ADDJOBS;
+  ``get_jobs(count=100, nohang=True)``; ``ack_many``), on the original with
+  redis-py pipelines of 100 ADDJOBs, ``GETJOB NOHANG COUNT 100`` and one
+  ACKJOB per batch: the fastest way each can be driven from Python;
+* memory per job: 1 000 000 jobs of 100 distinct bytes added with
+  ``redis-benchmark -P 16``, ``used_memory`` (and RSS) after minus before,
+  per job.
+
+Every figure of ours is divided by the original's of the same round; the
+tables show medians and the per-round ratios.  Targets (ours / original):
+ADDJOB >= 0.8x unpipelined and >= 0.5x with -P 16, GETJOB NOHANG >= 1.0x
+both, the cycle >= 1.0x, memory per job <= 1.0x.  Needs
+``DISQUE_REFERENCE_SERVER``.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from benchmarks.cluster import cycle, start_nodes
+from benchmarks.redis_tools import benchmark_command, run_benchmark
+from tests.support.cluster import reference_server
+from tests.support.process import raw_command
+
+ADDJOB = ["ADDJOB", "q", "body", "0"]
+GETJOB = ["GETJOB", "NOHANG", "FROM", "q"]
+#: 100 bytes; redis-benchmark -r replaces __rand_int__ with a 12-digit number.
+MEMORY_BODY = "__rand_int__" + "x" * 88
+
+
+def _redis_benchmarks(port: int, requests: dict[int, int]) -> dict[str, float]:
+    from benchmarks.run import PIPELINE, prefill
+
+    prefill(port, ADDJOB, sum(requests.values()) + 1000)
+    out: dict[str, float] = {}
+    for pipeline, count in requests.items():
+        for name, command in (("ADDJOB", ADDJOB), ("GETJOB NOHANG", GETJOB)):
+            result = run_benchmark(benchmark_command(port, command, requests=count,
+                                                     pipeline=pipeline))
+            out[f"{name} P{pipeline}"] = float(result["rps"])
+    left = raw_command(port, "QLEN", "q")
+    if not isinstance(left, int) or left <= 0:
+        raise RuntimeError(f"GETJOB NOHANG: the queue ran dry ({left!r} left)")
+    assert PIPELINE in requests
+    return out
+
+
+def _round(impl: str, root: Path, tag: str, requests: dict[int, int], cycle_jobs: int,
+           memory_jobs: int) -> dict[str, float]:
+    from benchmarks.run import disque_cycle, memory_fill
+
+    (node,) = start_nodes(root, impl, 1, f"{tag}-bench")
+    try:
+        out = _redis_benchmarks(node.port, requests)
+        raw_command(node.port, "DEBUG", "FLUSHALL")
+        if impl == "ours":
+            out["cycle"] = disque_cycle(node.port, cycle_jobs, batched=True)["jobs_per_s"]
+        else:
+            out["cycle"] = cycle([node], cycle_jobs)["jobs_per_s"]
+    finally:
+        node.kill()
+    (node,) = start_nodes(root, impl, 1, f"{tag}-memory")  # a fresh heap for the memory
+    try:
+        filled = memory_fill(node.port, node.pid, ["ADDJOB", "mq", MEMORY_BODY, "0"],
+                             memory_jobs, ["QLEN", "mq"])
+        out["memory B/job"] = filled["used_per_job"]
+        out["RSS B/job"] = filled["rss_per_job"]
+    finally:
+        node.kill()
+    return out
+
+
+#: (figure, target ratio, whether higher is better)
+TARGETS = [("ADDJOB P1", 0.8, True), ("ADDJOB P16", 0.5, True),
+           ("GETJOB NOHANG P1", 1.0, True), ("GETJOB NOHANG P16", 1.0, True),
+           ("cycle", 1.0, True), ("memory B/job", 1.0, False), ("RSS B/job", None, False)]
+
+
+def scenario_original(args: argparse.Namespace, root: Path,
+                      requests: dict[int, int]) -> dict[str, Any]:
+    if reference_server() is None:
+        raise SystemExit("the original scenario needs DISQUE_REFERENCE_SERVER (the original "
+                         "disque-server binary)")
+    from benchmarks.run import median, print_table
+
+    cycle_jobs = 2_000 if args.smoke else 100_000
+    memory_jobs = 20_000 if args.smoke else 1_000_000
+    impls = ["ours", "original"]
+    rounds: list[dict[str, Any]] = []
+    for rnd in range(args.rounds):
+        order = impls if rnd % 2 == 0 else impls[::-1]
+        this: dict[str, Any] = {"order": order}
+        for impl in order:
+            print(f"round {rnd + 1}/{args.rounds}: {impl} ...", flush=True)
+            this[impl] = _round(impl, root, f"r{rnd}-{impl}", requests, cycle_jobs,
+                                memory_jobs)
+        rounds.append(this)
+
+    table: list[dict[str, Any]] = []
+    for figure, target, higher in TARGETS:
+        ours = [r["ours"][figure] for r in rounds]
+        theirs = [r["original"][figure] for r in rounds]
+        ratios = [a / b for a, b in zip(ours, theirs, strict=True)]
+        ratio = median(ratios)
+        met = None if target is None else (ratio >= target if higher else ratio <= target)
+        table.append({"figure": figure, "ours": median(ours), "original": median(theirs),
+                      "ratio": ratio, "ratios": [round(x, 3) for x in ratios],
+                      "target": target, "higher_is_better": higher, "met": met})
+    print()
+    print(f"ours vs the original: medians of {args.rounds} round(s); ratio = ours / original "
+          "of the same round (rps, jobs/s; bytes per job for memory)")
+    print_table(["figure", "ours", "original", "ratio", "per round", "target", "met"],
+                [[t["figure"], t["ours"], t["original"], t["ratio"],
+                  " ".join(f"{x:.2f}" for x in t["ratios"]),
+                  "-" if t["target"] is None else
+                  f"{'>=' if t['higher_is_better'] else '<='} {t['target']}",
+                  "-" if t["met"] is None else ("yes" if t["met"] else "no")] for t in table])
+    return {"requests": {str(k): v for k, v in requests.items()}, "cycle_jobs": cycle_jobs,
+            "memory_jobs": memory_jobs, "table": table, "rounds": rounds}
