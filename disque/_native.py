@@ -56,6 +56,8 @@ COMPILED_MODULES: tuple[str, ...] = (
     "disque.memory",
     "disque.clock",
     "disque.blocking",
+    # Every ACK records its job for WAITJOB (RecentAcks), used or not.
+    "disque.completion",
     # The bus's per-job path: a peer spends its time here (REPLJOB in,
     # GOTJOB out), and the creator half of its time.
     "disque.cluster.messages",
