@@ -505,7 +505,8 @@ class AsyncClient(ClientBase):
         for batch in chunks(job_ids, PIPELINE_COMMANDS * 32):
             results: list[Any] = [None] * len(batch)
             for node, at in self._route(batch).items():
-                replies = await self._execute_many_routed(node, [w.working(batch[i]) for i in at])
+                reqs = w.working_requests([batch[i] for i in at])
+                replies = await self._execute_many_routed(node, reqs)
                 for i, result in zip(at, replies, strict=True):
                     results[i] = result
             out.extend(results)
