@@ -29,8 +29,8 @@ starts one real node (``appendonly no``) and one local Spark session
    the executors reading the rows, ``walCommit``/``commitOffsets`` the
    checkpoint), and what Spark spends outside triggers (query start-up,
    and the final ACK-only ``latestOffset``, which has no progress); per
-   run also the node's CPU time and command count (WORKING heartbeats are
-   one command per job) and the busy CPU of the whole machine;
+   run also the node's CPU time and command count (WORKING heartbeats go
+   a thousand per WORKINGS) and the busy CPU of the whole machine;
 4. measures ceilings without Spark against the same node: the client's
    GETJOB loop alone (``spark_connector.fetch.fetch_table``) followed by
    ``ack_many``, and the source's driver path alone (a
@@ -516,7 +516,8 @@ def print_report(args: argparse.Namespace, result: dict[str, Any]) -> None:
         print(f"  {run['name']}: median of rows/s {run['repeats']}")
     print("node cpu: the node's CPU time / wall time; 2 cores: busy CPU time of the whole "
           "machine / (wall x cores);\nnode cmds: commands the node processed during the run "
-          "(GETJOB COUNT n and ACKJOB of n IDs are one each,\nWORKING is one per job).")
+          "(GETJOB COUNT n, ACKJOB and WORKINGS of n IDs are one each;\n"
+          "against an original node WORKING is one per job).")
     print("QLEN, reg: the queue's QLEN and INFO jobs registered_jobs after the run (0, 0 = "
           "drained and every job acknowledged).\n'vs rate': against rate-micro-batch with "
           "rowsPerBatch = maxJobsPerTrigger.  rate rows are made in the JVM (2 columns, no "

@@ -52,7 +52,8 @@ class LeaseKeeper:
     ``discover`` is called on every tick before renewing, to pick up jobs
     staged by someone else (executor fetch mode) while Spark runs the batch.
 
-    ``working`` is the pipelined WORKING call (``Client.working_many``); it is
+    ``working`` is the bulk WORKING call (``Client.working_many``: WORKINGS,
+    or pipelined WORKINGs on an original node); it is
     only ever called from the keeper's own thread, so the caller can give the
     keeper a client of its own and never contend with the fetching thread.
     """
