@@ -14,12 +14,15 @@ Delivery contract (docs/SPARK.md explains it for users):
 * Staged jobs that are not acknowledged yet are kept leased with WORKING
   heartbeats (:mod:`.leases`).
 * ``fetchAhead`` (driver fetch mode, on by default): while Spark runs batch
-  n, one background thread acknowledges batch n-1 (committed) and fetches
-  and stages batch n+1, so the next ``latestOffset`` returns at once.  The
-  rules above hold unchanged: batch n+1 is staged (and leased) before its
-  offset is returned, exactly as a batch staged just before a crash, which
-  a restarted query reuses.  It is done only when batch n was full (a
-  backlog), so a trickling queue still gets batches as large as they can be.
+  n, one background thread acknowledges batch n-1 (committed) and then
+  fetches and stages batch n+1, so the next ``latestOffset`` returns at
+  once.  The rules above hold unchanged: batch n+1 is staged (and leased)
+  before its offset is returned, exactly as a batch staged just before a
+  crash, which a restarted query reuses.  It is done only when batch n was
+  full (a backlog), so a trickling queue still gets batches as large as
+  they can be.  No GETJOB is ever sent before the ACKs of the committed
+  batches are done: the node may have queued their jobs again (see
+  ``_fetch_ahead``), and would deliver them twice.
 
 Where the methods run (pyspark 4.3): ``initialOffset``, ``latestOffset``,
 ``partitions`` and ``commit`` in one long-lived Python process on the
@@ -385,8 +388,7 @@ class _DriverSide:
         self._last_latest_at = now
         if self._overlap:
             # Committed: acknowledged in the background (after the batch
-            # being staged ahead, if any) while this thread fetches the
-            # next batch and Spark runs it.
+            # being staged ahead, if any) while Spark runs the next batch.
             self._in_background(self.ack_through, start)
             self._wait_ahead()
         else:
@@ -397,9 +399,13 @@ class _DriverSide:
             # Spark's offset log: reuse it, it holds leased jobs.
             self._stage_ahead(staged_after[0], limit)
             return staged_after[0]
+        # Nothing staged ahead: the ACKs must reach the node before the next
+        # GETJOB, or it could deliver again the jobs of an acknowledged batch
+        # that the node queued again meanwhile (see _fetch_ahead).
+        acked = self._take_acked()
         budget = self.available_now_budget
         if budget is not None and budget <= 0:
-            return self._closing_batch(start) if self._take_acked() else start
+            return self._closing_batch(start) if acked else start
         max_jobs, min_jobs = self._limits(limit)
         if budget is not None:
             max_jobs = budget if max_jobs is None else min(max_jobs, budget)
@@ -415,7 +421,7 @@ class _DriverSide:
             log.warning("no Disque node reachable, no new batch this time: %s", exc)
             return start
         if not staged:
-            if self._take_acked() and self.available_now_budget is not None:
+            if acked and self.available_now_budget is not None:
                 return self._closing_batch(start)
             return start
         self.last_batch_at = time.monotonic()
@@ -460,8 +466,9 @@ class _DriverSide:
         design) or without a batch size (``Trigger.Once`` reads everything).
         And only when the batch will be acknowledged before its first
         WORKING is due: a batch staged ahead lives about two triggers
-        longer, and a heartbeat for each of its jobs costs the node and
-        the driver about three times what fetching it ahead saves.
+        longer, and a heartbeat costs the node about what fetching the job
+        did (~4 us each, even sent as WORKINGS), more than starting the
+        fetch early saves on a machine whose cores are busy.
         """
         if not self._overlap or self._trigger_s is None:
             return
@@ -476,15 +483,24 @@ class _DriverSide:
         self._ahead = self._in_background(self._fetch_ahead, seq + 1, max_jobs)
 
     def _fetch_ahead(self, seq: int, max_jobs: int) -> bool:
-        """Background thread: stage batch ``seq`` now; ``latest`` returns it later."""
+        """Background thread: stage batch ``seq`` now; ``latest`` returns it later.
+
+        It runs after the ACK of every committed batch (same thread, in
+        order), and first renews the leases of batch ``seq - 1``, which Spark
+        runs meanwhile: a job that waited in its queue longer than its RETRY
+        is queued again by the node right after GETJOB delivered it (the
+        original's rule: RETRY counts from when the job was queued), and
+        this GETJOB would deliver it a second time.  WORKING takes it back.
+        """
         budget = self.available_now_budget
         if budget is not None:
             if budget <= 0:
                 return False
             max_jobs = min(max_jobs, budget)
         try:
+            self.keeper.renew_due(now_for=seq - 1)
             staged = self._fetch_and_stage(seq, max_jobs, block=False)
-        except ConnectionFailed as exc:
+        except (ConnectionFailed, DisqueError) as exc:
             log.warning("no Disque node reachable, batch %d is fetched when asked: %s",
                         seq, exc)
             return False
