@@ -10,7 +10,8 @@ starts one real node (``appendonly no``) and one local Spark session
 
 1. for every source configuration (``--config``, repeatable; by default
    driver fetch with maxJobsPerTrigger 20000 and 100000, FASTACK, executor
-   fetch, and 50000 with ``minJobRetry=60s``), pre-fills a fresh queue with ``--jobs`` jobs of
+   fetch, and 50000 with ``minJobRetry=60s``, with and without
+   ``fetchAhead``), pre-fills a fresh queue with ``--jobs`` jobs of
    ``--body-bytes`` bytes (pipelined ADDJOBs, not timed), then times
    ``spark.readStream.format("disque")`` into ``noop`` with
    ``trigger(availableNow=True)``, a fresh checkpoint and stagingPath, from
@@ -86,6 +87,10 @@ DEFAULT_CONFIGS = [
     # batches staged ahead without heartbeats, 2 partitions each.
     "fetchMode=driver,ackMode=ackjob,maxJobsPerTrigger=50000,minJobRetry=60s,"
     "jobsPerPartition=25000",
+    # The same with the next batch fetched and the last one acknowledged
+    # in the background while Spark runs a batch.
+    "fetchMode=driver,ackMode=ackjob,maxJobsPerTrigger=50000,minJobRetry=60s,"
+    "jobsPerPartition=25000,fetchAhead=true",
 ]
 SMOKE_CONFIGS = ["fetchMode=driver,ackMode=ackjob,maxJobsPerTrigger=1000"]
 #: Progress phases in the order they happen in a trigger.
