@@ -9,13 +9,18 @@ starts one real node (``appendonly no``) and one local Spark session
 (``local[2]``) and, in the same run:
 
 1. for every source configuration (``--config``, repeatable; by default
-   driver fetch with maxJobsPerTrigger 20000 and 100000, FASTACK, and
-   executor fetch), pre-fills a fresh queue with ``--jobs`` jobs of
+   driver fetch with maxJobsPerTrigger 20000 and 100000, FASTACK, executor
+   fetch, and 50000 with ``minJobRetry=60s``, with and without
+   ``fetchAhead``), pre-fills a fresh queue with ``--jobs`` jobs of
    ``--body-bytes`` bytes (pipelined ADDJOBs, not timed), then times
    ``spark.readStream.format("disque")`` into ``noop`` with
    ``trigger(availableNow=True)``, a fresh checkpoint and stagingPath, from
    ``start()`` until every job is acknowledged (QLEN and the node's
-   ``registered_jobs`` are checked to be 0 and printed);
+   ``registered_jobs`` are checked to be 0 and printed); this is repeated
+   for ``--rounds`` rounds, each ending with the node's fetch + ACK ceiling
+   (the client's GETJOB loop then ``ack_many``, Spark idle), and each
+   configuration's median run is reported with its per-round ratio to that
+   round's ceiling (issue 18's target: >= 0.6x);
 2. times Spark's built-in ``rate-micro-batch`` source into ``noop`` for the
    same number of rows, in batches of the same sizes (``rowsPerBatch`` =
    ``maxJobsPerTrigger``; median of ``--rate-repeats`` runs), and prints
@@ -25,8 +30,8 @@ starts one real node (``appendonly no``) and one local Spark session
    the executors reading the rows, ``walCommit``/``commitOffsets`` the
    checkpoint), and what Spark spends outside triggers (query start-up,
    and the final ACK-only ``latestOffset``, which has no progress); per
-   run also the node's CPU time and command count (WORKING heartbeats are
-   one command per job) and the busy CPU of the whole machine;
+   run also the node's CPU time and command count (WORKING heartbeats go
+   a thousand per WORKINGS) and the busy CPU of the whole machine;
 4. measures ceilings without Spark against the same node: the client's
    GETJOB loop alone (``spark_connector.fetch.fetch_table``) followed by
    ``ack_many``, and the source's driver path alone (a
@@ -55,6 +60,7 @@ import pickle
 import pstats
 import shlex
 import shutil
+import statistics
 import sys
 import tempfile
 import time
@@ -70,11 +76,21 @@ from disque.client import Client
 from tests.support.process import DisqueProcess, wait_for
 
 TARGET_RATIO = 0.15
+#: Issue 18: the source's drain against the node's fetch + ACK ceiling.
+CEILING_TARGET = 0.6
 DEFAULT_CONFIGS = [
     "fetchMode=driver,ackMode=ackjob,maxJobsPerTrigger=20000",
     "fetchMode=driver,ackMode=ackjob,maxJobsPerTrigger=100000",
     "fetchMode=driver,ackMode=fastack,maxJobsPerTrigger=100000",
     "fetchMode=executor,ackMode=ackjob,maxJobsPerTrigger=100000,numPartitions=2",
+    # What a user who knows that no job has a RETRY below a minute runs:
+    # batches staged ahead without heartbeats, 2 partitions each.
+    "fetchMode=driver,ackMode=ackjob,maxJobsPerTrigger=50000,minJobRetry=60s,"
+    "jobsPerPartition=25000",
+    # The same with the next batch fetched and the last one acknowledged
+    # in the background while Spark runs a batch.
+    "fetchMode=driver,ackMode=ackjob,maxJobsPerTrigger=50000,minJobRetry=60s,"
+    "jobsPerPartition=25000,fetchAhead=true",
 ]
 SMOKE_CONFIGS = ["fetchMode=driver,ackMode=ackjob,maxJobsPerTrigger=1000"]
 #: Progress phases in the order they happen in a trigger.
@@ -505,7 +521,8 @@ def print_report(args: argparse.Namespace, result: dict[str, Any]) -> None:
         print(f"  {run['name']}: median of rows/s {run['repeats']}")
     print("node cpu: the node's CPU time / wall time; 2 cores: busy CPU time of the whole "
           "machine / (wall x cores);\nnode cmds: commands the node processed during the run "
-          "(GETJOB COUNT n and ACKJOB of n IDs are one each,\nWORKING is one per job).")
+          "(GETJOB COUNT n, ACKJOB and WORKINGS of n IDs are one each;\n"
+          "against an original node WORKING is one per job).")
     print("QLEN, reg: the queue's QLEN and INFO jobs registered_jobs after the run (0, 0 = "
           "drained and every job acknowledged).\n'vs rate': against rate-micro-batch with "
           "rowsPerBatch = maxJobsPerTrigger.  rate rows are made in the JVM (2 columns, no "
@@ -546,6 +563,16 @@ def print_report(args: argparse.Namespace, result: dict[str, Any]) -> None:
             print(f"  {run['name']}: source metrics at the last progress (before the final "
                   f"ACK): jobsFetched={m.get('jobsFetched')} "
                   f"jobsAcked={m.get('jobsAcked')} leasesLost={m.get('leasesLost')}")
+
+    ceilings = [c["rate"] for c in result["round_ceilings"]]
+    print(f"\nagainst the node's fetch + ACK ceiling, per round ({result['rounds']} rounds; "
+          f"ceiling: the client's GETJOB loop then ack_many, Spark idle; ceilings jobs/s "
+          f"{[round(c) for c in ceilings]}, median {statistics.median(ceilings):.0f}):")
+    for run in result["disque"]:
+        verdict = "meets" if run["ceiling_ratio"] >= CEILING_TARGET else "MISSES"
+        print(f"  {run['name']:<62} jobs/s {[round(r) for r in run['round_rates']]}  "
+              f"ratios {[round(r, 2) for r in run['round_ratios']]}  median "
+              f"{run['ceiling_ratio']:.2f}x ({verdict} {CEILING_TARGET}x)")
 
     print("\nceilings without Spark, same node (Spark stopped):")
     for c in result["ceilings"]:
@@ -616,7 +643,10 @@ def main() -> None:
     parser.add_argument("--cluster", action="store_true",
                         help="instead: drain from a 3-node cluster against 1 node, same run "
                              "(benchmarks/spark_cluster.py; --jobs default 30000)")
-    parser.add_argument("--rounds", type=int, default=3, help="--cluster: rounds per target")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="rounds of every --config then the fetch + ACK ceiling (each "
+                             "config's median run is reported, and its per-round ratio to "
+                             "the ceiling); --cluster: rounds per target")
     args = parser.parse_args()
     if args.cluster:
         cluster_main(args)
@@ -624,6 +654,7 @@ def main() -> None:
     if args.smoke:
         args.jobs = min(args.jobs, 3000)
         args.rate_repeats = 1
+        args.rounds = 1
         args.config = args.config or SMOKE_CONFIGS
     configs = [parse_config(spec) for spec in (args.config or DEFAULT_CONFIGS)]
 
@@ -633,7 +664,8 @@ def main() -> None:
         "revision": source_revision(), "cpus": os.cpu_count(), "load_before": loadavg(),
         "jobs": args.jobs,
         "body_bytes": args.body_bytes, "master": args.master, "smoke": args.smoke,
-        "rate": [], "disque": [], "ceilings": []}
+        "rate": [], "disque": [], "ceilings": [], "round_ceilings": [],
+        "rounds": args.rounds}
     root = Path(tempfile.mkdtemp(prefix="spark-source-bench-"))
     node = DisqueProcess(root / "node", "--maxmemory", "8gb")
     node.start()
@@ -692,24 +724,44 @@ def measure(args: argparse.Namespace, configs: list[dict[str, str]], result: dic
         print(HEADER, flush=True)
 
         sizes: list[int] = []
-        for index, options in enumerate(configs):
-            queue = f"bench{index}"
+        by_config: list[list[dict[str, Any]]] = [[] for _ in configs]
+        for rnd in range(args.rounds):
+            # One round: every configuration, then the fetch + ACK ceiling
+            # (Spark idle), so each ratio compares runs minutes apart at most.
+            for index, options in enumerate(configs):
+                queue = f"bench{rnd}-{index}"
+                prefill_s += prefill(client, queue, args.jobs, args.body_bytes)
+                cpu: dict[str, Any] = {}
+                with cpu_usage(node, cpu):
+                    run = drain_with_spark(spark, node, client, root, queue, options)
+                run.update(cpu)
+                run["name"] = f"disque {short_name(options)}"
+                run["options"] = options
+                run["load"] = loadavg()
+                print(f"{run_line(run)}   (round {rnd + 1}, load {run['load']})", flush=True)
+                if run["qlen_after"] or run["registered_after"]:
+                    raise RuntimeError(f"not drained: {run}")
+                by_config[index].append(run)
+                size = int(options.get("maxJobsPerTrigger", 100_000))
+                if size not in sizes:
+                    sizes.append(size)
+            queue = f"ceiling{rnd}"
             prefill_s += prefill(client, queue, args.jobs, args.body_bytes)
-            cpu: dict[str, Any] = {}
-            with cpu_usage(node, cpu):
-                run = drain_with_spark(spark, node, client, root, queue, options)
-            run.update(cpu)
-            run["name"] = f"disque {short_name(options)}"
-            run["options"] = options
-            run["load"] = loadavg()
-            print(f"{run_line(run)}   (load {run['load']})", flush=True)
-            if run["qlen_after"] or run["registered_after"]:
-                raise RuntimeError(f"not drained: {run}")
-            result["disque"].append(run)
-            size = int(options.get("maxJobsPerTrigger", 100_000))
-            if size not in sizes:
-                sizes.append(size)
-        result["prefill_rate"] = args.jobs * len(configs) / prefill_s
+            ceiling = client_ceiling(node.port, queue, args.fetch_batch_size, "ackjob")
+            print(f"{'fetch + ACK ceiling (ackjob, Spark idle)':<46}{ceiling['jobs']:>8}"
+                  f"{'':>8}{ceiling['fetch_s'] + ceiling['ack_s']:>9.2f}{ceiling['rate']:>10.0f}"
+                  f"   (round {rnd + 1})", flush=True)
+            result["round_ceilings"].append(ceiling)
+        for runs in by_config:
+            rates = [r["rate"] for r in runs]
+            ratios = [r["rate"] / c["rate"]
+                      for r, c in zip(runs, result["round_ceilings"], strict=True)]
+            median = sorted(runs, key=lambda r: r["rate"])[len(runs) // 2]
+            median["round_rates"] = rates
+            median["round_ratios"] = ratios
+            median["ceiling_ratio"] = statistics.median(ratios)
+            result["disque"].append(median)
+        result["prefill_rate"] = (args.jobs * (len(configs) + 1) * args.rounds) / prefill_s
 
         rate_by_size: dict[int, dict[str, Any]] = {}
         for size in sizes:

@@ -52,7 +52,8 @@ class LeaseKeeper:
     ``discover`` is called on every tick before renewing, to pick up jobs
     staged by someone else (executor fetch mode) while Spark runs the batch.
 
-    ``working`` is the pipelined WORKING call (``Client.working_many``); it is
+    ``working`` is the bulk WORKING call (``Client.working_many``: WORKINGS,
+    or pipelined WORKINGs on an original node); it is
     only ever called from the keeper's own thread, so the caller can give the
     keeper a client of its own and never contend with the fetching thread.
     """
@@ -145,11 +146,18 @@ class LeaseKeeper:
             self._wake.wait(self._tick)
             self._wake.clear()
 
-    def renew_due(self) -> int:
-        """Send WORKING for every batch whose heartbeat is due; returns how many IDs."""
+    def renew_due(self, *, now_for: int | None = None) -> int:
+        """Send WORKING for every batch whose heartbeat is due; returns how many IDs.
+
+        ``now_for``: also batch ``now_for``, due or not (and not claimed by
+        a concurrent call): the caller is about to fetch more jobs, and a
+        job of that batch that waited in its queue longer than its RETRY was
+        queued again right after its delivery.
+        """
         now = self._clock()
         with self._lock:
-            due = [(seq, lease) for seq, lease in self._leases.items() if lease.due <= now]
+            due = [(seq, lease) for seq, lease in self._leases.items()
+                   if lease.due <= now or (seq == now_for and lease.due != float("inf"))]
             for _, lease in due:  # claimed: a concurrent call skips them
                 lease.due = float("inf")
         sent = 0

@@ -13,6 +13,16 @@ Delivery contract (docs/SPARK.md explains it for users):
   batch, so that the run's final progress report shows the final ACK.
 * Staged jobs that are not acknowledged yet are kept leased with WORKING
   heartbeats (:mod:`.leases`).
+* ``fetchAhead`` (driver fetch mode, off by default): while Spark runs batch
+  n, one background thread acknowledges batch n-1 (committed) and then
+  fetches and stages batch n+1, so the next ``latestOffset`` returns at
+  once.  The rules above hold unchanged: batch n+1 is staged (and leased)
+  before its offset is returned, exactly as a batch staged just before a
+  crash, which a restarted query reuses.  It is done only when batch n was
+  full (a backlog), so a trickling queue still gets batches as large as
+  they can be.  No GETJOB is ever sent before the ACKs of the committed
+  batches are done: the node may have queued their jobs again (see
+  ``_fetch_ahead``), and would deliver them twice.
 
 Where the methods run (pyspark 4.3): ``initialOffset``, ``latestOffset``,
 ``partitions`` and ``commit`` in one long-lived Python process on the
@@ -30,7 +40,8 @@ import shutil
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -65,6 +76,11 @@ log = logging.getLogger("spark_connector.reader")
 
 #: Part-file metadata key: the node an executor task fetched the part from.
 SERVED_BY = "disque.node"
+
+#: fetchAhead: a batch staged ahead is acknowledged about this many
+#: triggers after it was fetched (returned at the next one, acknowledged
+#: at the one after, plus the ACK itself).
+AHEAD_TRIGGERS = 2.5
 
 #: Without maxJobsPerTrigger a batch holds at most this many jobs: every job
 #: of a batch sits in the driver's memory while it is staged.
@@ -170,7 +186,7 @@ class DisqueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return self.driver.partitions(int(start["batch"]), int(end["batch"]))
 
     def commit(self, end: dict) -> None:
-        self.driver.ack_through(int(end["batch"]))
+        self.driver.commit(int(end["batch"]))
 
     def stop(self) -> None:
         if self._driver is not None:
@@ -296,6 +312,22 @@ class _DriverSide:
         self.per_node: dict[str, dict[str, int]] = {}
         self._per_node_lock = threading.Lock()
         self.last_staged = 0
+        #: fetchAhead: the thread that acknowledges committed batches and
+        #: stages the next one while Spark runs a batch.  One thread, so
+        #: tasks run one at a time in the order they were submitted and
+        #: never race each other; Spark's calls wait for them where needed.
+        self._background: ThreadPoolExecutor | None = None
+        self._pending: list[Future[Any]] = []
+        self._ahead: Future[bool] | None = None
+        #: Jobs acknowledged since latest() last looked (by either thread).
+        self._acked_unseen = 0
+        #: Driver fetch mode: the ACK of a committed batch runs in the
+        #: background while this thread fetches the next one (executor
+        #: mode plans from QLEN and refunds budget on ACK: kept in order).
+        self._overlap = config.fetch_ahead and config.fetch_mode == "driver"
+        #: Seconds between the last two latest() calls: one trigger.
+        self._trigger_s: float | None = None
+        self._last_latest_at: float | None = None
         self._recover()
 
     # ------------------------------------------------------------ recovery
@@ -350,12 +382,27 @@ class _DriverSide:
         log.info("availableNow: will read at most %d jobs", self.available_now_budget)
 
     def latest(self, start: int, limit: ReadLimit) -> int:
-        acked = self.ack_through(start)
+        now = time.monotonic()
+        if self._last_latest_at is not None:
+            self._trigger_s = now - self._last_latest_at
+        self._last_latest_at = now
+        if self._overlap:
+            # Committed: acknowledged in the background (after the batch
+            # being staged ahead, if any) while Spark runs the next batch.
+            self._in_background(self.ack_through, start)
+            self._wait_ahead()
+        else:
+            self.ack_through(start)
         staged_after = [s for s in self.staging.batches() if s > start]
         if staged_after:
-            # Staged before a crash but never (or not yet) in Spark's offset
-            # log: reuse it instead of fetching, it holds leased jobs.
+            # Staged ahead, or before a crash but never (or not yet) in
+            # Spark's offset log: reuse it, it holds leased jobs.
+            self._stage_ahead(staged_after[0], limit)
             return staged_after[0]
+        # Nothing staged ahead: the ACKs must reach the node before the next
+        # GETJOB, or it could deliver again the jobs of an acknowledged batch
+        # that the node queued again meanwhile (see _fetch_ahead).
+        acked = self._take_acked()
         budget = self.available_now_budget
         if budget is not None and budget <= 0:
             return self._closing_batch(start) if acked else start
@@ -380,7 +427,93 @@ class _DriverSide:
         self.last_batch_at = time.monotonic()
         self.last_staged = seq
         self.counters["batchesStaged"] += 1
+        self._stage_ahead(seq, limit)
         return seq
+
+    # ---------------------------------------------------------- fetch ahead
+
+    def _in_background(self, task: Callable[..., Any], *args: Any) -> Future[Any]:
+        if self._background is None:
+            self._background = ThreadPoolExecutor(1, thread_name_prefix="disque-source")
+        future = self._background.submit(task, *args)
+        self._pending.append(future)
+        self._reap()
+        return future
+
+    def _reap(self) -> None:
+        """Forget finished background tasks; one that failed fails the caller."""
+        done = [f for f in self._pending if f.done()]
+        self._pending = [f for f in self._pending if not f.done()]
+        for future in done:
+            future.result()
+
+    def _wait_background(self) -> None:
+        for future in list(self._pending):
+            future.result()
+        self._reap()
+
+    def _wait_ahead(self) -> None:
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None:
+            ahead.result()
+
+    def _stage_ahead(self, seq: int, limit: ReadLimit) -> None:
+        """Fetch and stage batch ``seq + 1`` in the background, when it pays.
+
+        Only after a full batch ``seq``: with fewer jobs queued than a
+        batch holds, fetching early would make smaller batches, not faster
+        ones.  Never with ``minJobsPerTrigger`` (it waits for a backlog by
+        design) or without a batch size (``Trigger.Once`` reads everything).
+        And only when the batch will be acknowledged before its first
+        WORKING is due: a batch staged ahead lives about two triggers
+        longer, and a heartbeat costs the node about what fetching the job
+        did (~4 us each, even sent as WORKINGS), more than starting the
+        fetch early saves on a machine whose cores are busy.
+        """
+        if not self._overlap or self._trigger_s is None:
+            return
+        if AHEAD_TRIGGERS * self._trigger_s >= self.config.min_job_retry_ms / 2000:
+            return
+        max_jobs, min_jobs = self._limits(limit)
+        table = self.tables.get(seq)
+        if max_jobs is None or min_jobs is not None or table is None:
+            return
+        if table.num_rows < max_jobs:
+            return
+        self._ahead = self._in_background(self._fetch_ahead, seq + 1, max_jobs)
+
+    def _fetch_ahead(self, seq: int, max_jobs: int) -> bool:
+        """Background thread: stage batch ``seq`` now; ``latest`` returns it later.
+
+        It runs after the ACK of every committed batch (same thread, in
+        order), and first renews the leases of batch ``seq - 1``, which Spark
+        runs meanwhile: a job that waited in its queue longer than its RETRY
+        is queued again by the node right after GETJOB delivered it (the
+        original's rule: RETRY counts from when the job was queued), and
+        this GETJOB would deliver it a second time.  WORKING takes it back.
+        """
+        budget = self.available_now_budget
+        if budget is not None:
+            if budget <= 0:
+                return False
+            max_jobs = min(max_jobs, budget)
+        try:
+            self.keeper.renew_due(now_for=seq - 1)
+            staged = self._fetch_and_stage(seq, max_jobs, block=False)
+        except (ConnectionFailed, DisqueError) as exc:
+            log.warning("no Disque node reachable, batch %d is fetched when asked: %s",
+                        seq, exc)
+            return False
+        if staged:
+            self.last_staged = seq
+            self.counters["batchesStaged"] += 1
+        return staged
+
+    def _take_acked(self) -> int:
+        """Jobs acknowledged since the last call, once every pending ACK is done."""
+        self._wait_background()
+        acked, self._acked_unseen = self._acked_unseen, 0
+        return acked
 
     def _closing_batch(self, start: int) -> int:
         """availableNow: an empty batch, so that the run reports its final ACK.
@@ -449,8 +582,11 @@ class _DriverSide:
     def _queue_length(self) -> int:
         return sum(queued for _, queued in self._queue_lengths())
 
-    def _fetch_and_stage(self, seq: int, max_jobs: int | None) -> bool:
+    def _fetch_and_stage(self, seq: int, max_jobs: int | None, *, block: bool = True) -> bool:
         config = self.config
+        # GETJOB starts each job's RETRY clock: the first heartbeat counts
+        # from here, not from when a large batch is finally staged.
+        fetch_started = time.monotonic()
         tables = []
         remaining = max_jobs
         live = self.nodes.live()
@@ -467,7 +603,7 @@ class _DriverSide:
                     break
         if not reached:
             raise ConnectionFailed("no node in 'nodes' (or found through HELLO) answered GETJOB")
-        if (sum(t.num_rows for t in tables) == 0 and config.fetch_timeout_ms > 0
+        if (block and sum(t.num_rows for t in tables) == 0 and config.fetch_timeout_ms > 0
                 and self.available_now_budget is None):
             # Idle: wait (bounded) for a job on one node, rotating, so an
             # idle query costs one blocked GETJOB per fetchTimeoutMs.
@@ -483,7 +619,8 @@ class _DriverSide:
         self.tables[seq] = table
         ids = table.column("id").to_pylist()
         # Half the smallest RETRY the jobs can have: they are safe until then.
-        self.keeper.hold(seq, ids, first_after_s=self.config.min_job_retry_ms / 2000)
+        first = self.config.min_job_retry_ms / 2000 - (time.monotonic() - fetch_started)
+        self.keeper.hold(seq, ids, first_after_s=max(first, 0.0))
         self._count_fetched(seq, table)
         return True
 
@@ -642,6 +779,7 @@ class _DriverSide:
                 if self.available_now_budget is not None:
                     self.available_now_budget += max(0, planned - len(ids))
             self.counters["jobsAcked"] += len(ids)
+            self._acked_unseen += len(ids)
             acked += len(ids)
             log.info("batch %d: acknowledged %d jobs", seq, len(ids))
         return acked
@@ -659,7 +797,19 @@ class _DriverSide:
                 "jobsLeased": sum(self.keeper.held().values()),
                 "leasesLost": self.keeper.leases_lost, "nodes": nodes}
 
+    def commit(self, end: int) -> None:
+        """Spark committed ``end`` (it usually told ``latest`` already)."""
+        if self._overlap:
+            self._in_background(self.ack_through, end)
+        else:
+            self.ack_through(end)
+
     def close(self) -> None:
+        if self._background is not None:
+            # Let a running ACK or fetch finish: a batch staged ahead stays
+            # staged and leased for the next run, like one staged before a crash.
+            self._background.shutdown(wait=True)
+            self._background = None
         self.keeper.stop()
         self.nodes.close()
         for client in [self.acker, self._heartbeat_client]:

@@ -130,6 +130,10 @@ BLOCKS: dict[tuple[str, str], str] = {
         "tests/client/test_idmp_and_wait.py (test_cli) check these replies",
     ("docs/EXTENSIONS.md", "WAITJOB id ms-timeout"): "a syntax synopsis",
     ("docs/EXTENSIONS.md", "ADDJOBS queue ms-timeout"): "a syntax synopsis",
+    ("docs/EXTENSIONS.md", "WORKINGS id [id ...]"): "a syntax synopsis",
+    ("docs/EXTENSIONS.md", "127.0.0.1:7711> WORKINGS"):
+        "a CLI session with placeholder IDs; tests/server/test_workings.py checks these "
+        "replies",
     ("docs/EXTENSIONS.md", "127.0.0.1:7711> ADDJOBS orders 0 RETRY 60"):
         "a CLI session (IDs differ per run); tests/server/test_addjobs.py "
         "(test_options_apply_to_every_job) checks the reply's shape and the options",

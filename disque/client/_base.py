@@ -89,6 +89,8 @@ class ClientBase:
         #: Nodes (IDs) that answered ADDJOBS with "unknown command": original
         #: nodes, which get pipelined ADDJOBs instead.
         self._no_bulk_add: set[str | None] = set()
+        #: The same for WORKINGS (working_many sends one WORKING per ID there).
+        self._no_bulk_working: set[str | None] = set()
         self._init_connection_state()
 
     def _init_connection_state(self) -> None:

@@ -21,6 +21,7 @@ that the sync and async clients share it and it can be tested alone:
 from __future__ import annotations
 
 import random
+import re
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Sequence
@@ -235,6 +236,27 @@ def job_node_prefix(job_id: str | bytes | bytearray | memoryview | int) -> str |
     return prefix
 
 
+#: Job IDs joined by newlines, each checked as :func:`job_node_prefix` does.
+_JOINED_JOB_IDS = re.compile(r"(?:D-[0-9a-f]{8}-[^\n]*\n)*")
+
+
+def job_node_prefixes(job_ids: Sequence[Any]) -> list[str | None]:
+    """:func:`job_node_prefix` of each ID.
+
+    IDs given as ``str`` (what the Spark source and most callers pass) are
+    checked by one regex over the joined IDs instead of one Python call per
+    ID: ``ack_many`` of 100k IDs spent 0.4 s here otherwise.
+    """
+    try:
+        joined = "\n".join(job_ids)
+    except TypeError:  # bytes, ints...: one at a time
+        return [job_node_prefix(job_id) for job_id in job_ids]
+    if (joined.count("\n") == len(job_ids) - 1
+            and _JOINED_JOB_IDS.fullmatch(joined + "\n") is not None):
+        return [job_id[2:10] for job_id in job_ids]
+    return [job_node_prefix(job_id) for job_id in job_ids]
+
+
 class JobRouter:
     """Which node a command about a job goes to: the one named in its ID.
 
@@ -285,9 +307,12 @@ class JobRouter:
         is resolved once (``ack_many`` passes thousands of IDs, of a few
         nodes).
         """
-        prefixes = [job_node_prefix(job_id) for job_id in job_ids]
+        prefixes = job_node_prefixes(job_ids)
         if None in prefixes:
             return {None: list(range(len(job_ids)))}
+        if prefixes.count(prefixes[0]) == len(prefixes):  # all from one node: common
+            assert prefixes[0] is not None
+            return {self._node_for(prefixes[0], current): list(range(len(job_ids)))}
         nodes: dict[str, str | None] = {}
         groups: dict[str | None, list[int]] = {}
         for i, prefix in enumerate(prefixes):

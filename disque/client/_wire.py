@@ -538,6 +538,33 @@ def working(job_id: Arg) -> Request:
     return request("WORKING", job_id, parse=_int)
 
 
+#: IDs per WORKINGS (the node takes up to 10,000: disque.commands.jobs).
+WORKINGS_IDS = 1000
+
+
+def workings(job_ids: Sequence[Arg]) -> Request:
+    """WORKINGS (this server's extension, docs/EXTENSIONS.md): WORKING for
+    every ID in one command; the seconds or the error per ID, in order."""
+    return Request((b"WORKINGS", *[job_id.encode("utf-8", "surrogateescape")
+                                   if isinstance(job_id, str) else encode_arg(job_id)
+                                   for job_id in job_ids]), _working_results)
+
+
+def _working_results(reply: Any) -> list[int | DisqueError]:
+    if not isinstance(reply, list):
+        raise ProtocolError(f"expected an array, got {reply!r}")
+    return [r if isinstance(r, DisqueError) else integer(r) for r in reply]
+
+
+def working_requests(job_ids: Iterable[Arg]) -> list[Request]:
+    """:func:`working` for many IDs: heartbeats go out by the thousand, and
+    building each through :func:`request` cost more than the node's work."""
+    name = b"WORKING"
+    return [Request((name, job_id.encode("utf-8", "surrogateescape")), _int)
+            if isinstance(job_id, str) else working(job_id)
+            for job_id in job_ids]
+
+
 def show(job_id: Arg) -> Request:
     return request("SHOW", job_id, parse=parse_show)
 

@@ -636,20 +636,36 @@ class Client(ClientBase):
             return self._execute(w.working(job_id))
 
     def working_many(self, job_ids: Iterable[Arg]) -> list[int | DisqueError]:
-        """WORKING for each ID, pipelined: per ID the seconds or the error.
+        """WORKING for each ID: per ID the seconds or the error.
 
-        Errors (``NoJob``, ``TooLate``, ``Acked`` ...) are returned in place,
-        not raised, so one lost job does not hide the others' answers.
+        One WORKINGS per thousand IDs (this server's extension), pipelined
+        WORKINGs on a node without it (the original). Errors (``NoJob``,
+        ``TooLate``, ``Acked`` ...) are returned in place, not raised, so
+        one lost job does not hide the others' answers.
         """
         out: list[int | DisqueError] = []
         for batch in chunks(job_ids, PIPELINE_COMMANDS * 32):
             results: list[Any] = [None] * len(batch)
             for node, at in self._route(batch).items():
-                replies = self._execute_many_routed(node, [w.working(batch[i]) for i in at])
+                replies = self._working_group(node, [batch[i] for i in at])
                 for i, result in zip(at, replies, strict=True):
                     results[i] = result
             out.extend(results)
         return out
+
+    def _working_group(self, node: str | None, ids: list[Arg]) -> list[Any]:
+        """WORKINGS by the thousand where the node has it, else one WORKING per ID."""
+        key = self._node_id if node is None else node
+        if key not in self._no_bulk_working:
+            reqs = [w.workings(group) for group in chunks(ids, w.WORKINGS_IDS)]
+            replies = self._execute_many_routed(node, reqs)
+            if not any(isinstance(r, DisqueError) for r in replies):
+                return [result for reply in replies for result in reply]
+            if any(w.is_unknown_command(r) for r in replies):
+                self._no_bulk_working.add(key)
+            # Else a whole-command error (-BADID): one WORKING per ID tells
+            # which ID it concerns, as without the extension.
+        return self._execute_many_routed(node, w.working_requests(ids))
 
     def show(self, job_id: Arg) -> dict[str, Any] | None:
         """SHOW: the job's fields as a dict (``body`` stays bytes), or None.

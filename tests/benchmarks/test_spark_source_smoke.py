@@ -31,3 +31,9 @@ def test_smoke_mode_drains_the_queue_and_reports_throughput(tmp_path: Path) -> N
     assert all(run["rate"] > 0 for run in result["rate"])
     assert result["best"]["ratio"] > 0
     assert "best disque / best rate" in proc.stdout
+    # One round of every config, then the fetch + ACK ceiling it is compared with.
+    assert result["rounds"] == 1 and len(result["round_ceilings"]) == 1
+    assert result["round_ceilings"][0]["rate"] > 0
+    for run in result["disque"]:
+        assert len(run["round_ratios"]) == 1 and run["ceiling_ratio"] > 0
+    assert "against the node's fetch + ACK ceiling, per round" in proc.stdout

@@ -15,6 +15,7 @@ from disque.client._cluster import (
     JobRouter,
     NodeTable,
     job_node_prefix,
+    job_node_prefixes,
     parse_address,
     parse_addresses,
 )
@@ -298,6 +299,37 @@ def test_job_router_targets_the_creator_unless_it_is_us_unknown_or_down() -> Non
     assert router.group(ids, NODE_A) == {NODE_B: [0, 2], None: [1]}
     # One malformed ID keeps the command whole, for the node's -BADID.
     assert router.group([*ids, "bogus"], NODE_A) == {None: [0, 1, 2, 3]}
+
+
+def test_job_node_prefixes_checks_joined_ids_like_one_at_a_time() -> None:
+    good = [_job(NODE_A), _job(NODE_B), _job(NODE_A, "x")]
+    assert job_node_prefixes(good) == [NODE_A[:8], NODE_B[:8], NODE_A[:8]]
+    for bad in ["D-" + "X" * 8 + "-rest", "D-abc", "Q-" + NODE_B[:8] + "-rest"]:
+        assert job_node_prefixes([*good, bad]) == [*job_node_prefixes(good), None]
+    # A newline inside an ID must not make two IDs of it (nor hide a bad one).
+    for odd in [_job(NODE_A) + "\n" + _job(NODE_B), _job(NODE_A) + "\nbogus"]:
+        ids = [*good, odd]
+        assert job_node_prefixes(ids) == [job_node_prefix(i) for i in ids]
+    mixed = [_job(NODE_A).encode(), _job(NODE_B), 7]
+    assert job_node_prefixes(mixed) == [NODE_A[:8], NODE_B[:8], None]
+    assert job_node_prefixes([]) == []
+
+
+def test_job_router_groups_ids_of_one_node_at_once() -> None:
+    table = NodeTable([("127.0.0.1", 1)], randomize=False)
+    table.learn(("127.0.0.1", 1), _hello(NODE_A, (NODE_A, 1, 1), (NODE_B, 2, 1)))
+    router = JobRouter(table)
+    assert router.group([_job(NODE_B)] * 3, NODE_A) == {NODE_B: [0, 1, 2]}
+    assert router.group([_job(NODE_A)] * 2, NODE_A) == {None: [0, 1]}
+
+
+def test_working_requests_match_working() -> None:
+    from disque.client import _wire as w
+
+    ids = [_job(NODE_A), _job(NODE_B).encode()]
+    fast = w.working_requests(ids)
+    assert [r.args for r in fast] == [w.working(i).args for i in ids]
+    assert fast[0].parse(5) == 5
 
 
 # ------------------------------------------------------------------ CLI text

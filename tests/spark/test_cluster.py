@@ -113,7 +113,9 @@ def test_source_reads_every_node_from_one_seed(cluster, tmp_path: Path, fetch_mo
         if fetch_mode == "executor":
             assert [nodes[addr(n)]["queued"] for n in cluster] == [40, 40, 40]
         reader.commit({"batch": 1})
-        assert acked_everywhere(cluster, produced)
+        # With fetchAhead the ACK runs in the background: poll either way.
+        wait_for(lambda: acked_everywhere(cluster, produced), timeout=10,
+                 message="every job acknowledged on every node")
     finally:
         reader.stop()
 

@@ -5,6 +5,10 @@ partitions, commit) and run ``read`` on what ``partitions`` returned, which
 is what executors get, so each rule of the delivery contract is checked
 directly: staging before the offset, identical replay, ACK only through a
 committed offset, leases, read limits and availableNow.
+
+Most tests run with ``fetchAhead`` off (the default), so that each call's
+effects can be checked the moment it returns; the ``fetchAhead`` tests at the
+end check the same rules with the background ACK and the batch staged ahead.
 """
 
 from __future__ import annotations
@@ -403,4 +407,91 @@ def test_quick_batches_cost_no_heartbeat(server, client: Client, tmp_path: Path)
     end = reader.latestOffset({"batch": 0}, ReadMaxRows(10))
     reader.commit(end)  # acknowledged long before the first heartbeat (30 s) is due
     assert reader.driver.keeper.heartbeats_sent == 0 and registered(client) == 0
+    reader.stop()
+
+
+# ---------------------------------------------------------------- fetchAhead
+
+def ahead_reader(server, staging: Path, **options: str) -> DisqueStreamReader:
+    # minJobRetry 60 s: a batch staged ahead is acknowledged long before its
+    # first heartbeat would be due, so the reader stages ahead.
+    return make_reader(server, staging, fetchAhead="true", minJobRetry="60s", **options)
+
+
+def test_fetch_ahead_stages_the_next_batch_and_acks_in_the_background(
+        server, client: Client, tmp_path: Path) -> None:
+    ids = client.add_jobs("q", [f"b{i}" for i in range(35)])
+    reader = ahead_reader(server, tmp_path / "s")
+    staging = StagingArea(tmp_path / "s")
+    assert reader.latestOffset({"batch": 0}, ReadMaxRows(10)) == {"batch": 1}
+    assert [r["id"] for r in rows(reader, 0, 1)] == ids[:10]
+    assert reader.latestOffset({"batch": 1}, ReadMaxRows(10)) == {"batch": 2}
+    # Batch 2 was full: batch 3 is fetched, staged and leased meanwhile, and
+    # batch 1 (committed) is acknowledged; batch 2 is not (Spark runs it).
+    wait_for(lambda: staging.batches() == [2, 3] and registered(client) == 25, timeout=10)
+    assert reader.driver.keeper.held() == {2: 10, 3: 10}
+    assert client.qlen("q") == 5
+    assert [r["id"] for r in rows(reader, 1, 2)] == ids[10:20]
+    assert reader.latestOffset({"batch": 2}, ReadMaxRows(10)) == {"batch": 3}
+    assert [r["id"] for r in rows(reader, 2, 3)] == ids[20:30]
+    # Batch 3 was full too: batch 4 is staged ahead with what is left (5).
+    assert reader.latestOffset({"batch": 3}, ReadMaxRows(10)) == {"batch": 4}
+    assert [r["id"] for r in rows(reader, 3, 4)] == ids[30:]
+    # Not full: nothing is fetched ahead, and the last call waits for the ACKs.
+    assert reader.latestOffset({"batch": 4}, ReadMaxRows(10)) == {"batch": 4}
+    assert registered(client) == 0 and staging.batches() == []
+    assert reader.reportLatestOffset()["jobsAcked"] == 35
+    reader.stop()
+
+
+def test_a_batch_staged_ahead_survives_a_crash_and_is_reused(
+        server, client: Client, tmp_path: Path) -> None:
+    client.add_jobs("q", [f"b{i}" for i in range(40)])
+    first = ahead_reader(server, tmp_path / "s")
+    end = first.latestOffset({"batch": 0}, ReadMaxRows(10))
+    end = first.latestOffset(end, ReadMaxRows(10))
+    wait_for(lambda: StagingArea(tmp_path / "s").batches() == [2, 3], timeout=10)
+    staged = rows(first, 2, 3)
+    first.driver.keeper.stop()  # crash: Spark never saw batch 3
+    second = ahead_reader(server, tmp_path / "s")
+    assert second.latestOffset(end, ReadMaxRows(10)) == {"batch": 3}
+    assert rows(second, 2, 3) == staged
+    assert client.qlen("q") == 10  # nothing more was fetched for batch 3
+    second.stop()
+
+
+def test_fetch_ahead_waits_when_a_batch_outlives_half_the_min_retry(
+        server, client: Client, tmp_path: Path) -> None:
+    client.add_jobs("q", [f"b{i}" for i in range(30)])
+    # minJobRetry 1 s: the first heartbeat is due 0.5 s after the fetch.
+    reader = make_reader(server, tmp_path / "s", fetchAhead="true")
+    end = reader.latestOffset({"batch": 0}, ReadMaxRows(10))
+    reader.driver._last_latest_at -= 1.0  # a trigger that took 1 s
+    end = reader.latestOffset(end, ReadMaxRows(10))
+    assert end == {"batch": 2}
+    reader.driver._wait_background()
+    assert StagingArea(tmp_path / "s").batches() == [2]  # not staged ahead
+    assert client.qlen("q") == 10 and registered(client) == 20  # batch 1 acknowledged
+    reader.stop()
+
+
+def test_available_now_with_fetch_ahead_reads_what_was_queued_and_acks_it_all(
+        server, client: Client, tmp_path: Path) -> None:
+    ids = client.add_jobs("q", [f"{i}" for i in range(23)])
+    reader = ahead_reader(server, tmp_path / "s")
+    reader.prepareForTriggerAvailableNow()
+    client.add_jobs("q", [f"late{i}" for i in range(4)])
+    offset, seen = {"batch": 0}, []
+    while True:
+        end = reader.latestOffset(offset, ReadMaxRows(5))
+        if end == offset:
+            break
+        seen += [r["id"] for r in rows(reader, offset["batch"], end["batch"])]
+        reader.commit(end)
+        offset = end
+    assert seen == ids  # in order, each once, and none of the late ones
+    assert client.qlen("q") == 4 and registered(client) == 4
+    assert StagingArea(tmp_path / "s").batches() == []
+    metrics = reader.reportLatestOffset()
+    assert (metrics["jobsFetched"], metrics["jobsAcked"], metrics["jobsLeased"]) == (23, 23, 0)
     reader.stop()
