@@ -1,6 +1,6 @@
 """The ``original`` scenario: one of our nodes against the original Disque, same run.
 
-The targets of the speed issue (#18) are ratios to the original, measured
+The node's speed targets are ratios to the original, measured
 side by side.  Each round starts a fresh lone node of each implementation
 (``appendonly no``), in alternating order, and runs against it:
 

@@ -155,7 +155,7 @@ BLOCKS: dict[tuple[str, str], str] = {
     ("docs/SPARK_SINK.md", "key, _, body = job.body.partition"):
         "a fragment of the reader's own consumer (its job, client and Redis); "
         "the key format is checked in tests/spark/test_sink.py",
-    ("docs/SPARK_SINK.md", "sink                          seconds"): "sample benchmark output",
+    ("docs/SPARK_SINK.md", "run              median jobs/s"): "sample benchmark output",
     ("docker/README.md", "docker build -f docker/Dockerfile"):
         "needs Docker, which CI does not have; tests/docker/ check the files, lint them and "
         "run the entrypoint against real nodes",
