@@ -6,7 +6,19 @@ The ``spark`` session fixture and ``unused_port`` live in tests/conftest.py
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 
 pyspark = pytest.importorskip(
     "pyspark", reason="the Spark connector tests need the 'spark' extra: pip install -e '.[spark]'")
+
+from disque.client import Client  # noqa: E402  (after the skip: the client needs no Spark)
+
+
+@pytest.fixture
+def disque(server) -> Iterator[Client]:
+    """A client of the ``server`` fixture's node."""
+    client = Client(f"127.0.0.1:{server.port}")
+    yield client
+    client.close()

@@ -23,7 +23,6 @@ from pyspark.sql.types import (
     StructType,
 )
 
-from disque.client import Client
 from spark_connector.options import OptionError
 from spark_connector.sink_options import SchemaError, SinkConfig
 from spark_connector.writer import (
@@ -32,6 +31,7 @@ from spark_connector.writer import (
     PartitionWriter,
     split_key,
 )
+from tests.spark.sink_support import drain
 from tests.support.process import free_port, wait_for
 
 
@@ -42,24 +42,8 @@ def schema_of(**columns) -> StructType:
 BODY_ONLY = schema_of(body=StringType())
 
 
-@pytest.fixture
-def disque(server) -> Iterator[Client]:
-    client = Client(f"127.0.0.1:{server.port}")
-    yield client
-    client.close()
-
-
 def nodes_of(*servers) -> str:
     return ",".join(f"127.0.0.1:{s.port}" for s in servers)
-
-
-def drain(client: Client, queue: str) -> list[bytes]:
-    """Every body queued in ``queue`` (the jobs are acked)."""
-    bodies = []
-    while jobs := client.get_jobs(queue, count=1000, nohang=True):
-        bodies += [job.body for job in jobs]
-        client.ack(*(job.id for job in jobs))
-    return bodies
 
 
 

@@ -21,31 +21,12 @@ from pyspark.sql.types import IntegerType, StringType, StructField, StructType
 from disque.client import Client
 from spark_connector.sink_options import SinkConfig
 from spark_connector.writer import DisqueWriteError, PartitionWriter, split_key
+from tests.spark.sink_support import config_for, drain
 from tests.support.cluster import ReferenceProcess, reference_server
 from tests.support.process import raw_command, wait_for
 
-BODY_ONLY = StructType([StructField("body", StringType())])
 WITH_OPTIONS = StructType([StructField("body", StringType()), StructField("queue", StringType()),
                            StructField("delay", IntegerType()), StructField("ttl", IntegerType())])
-
-
-@pytest.fixture
-def disque(server) -> Iterator[Client]:
-    client = Client(f"127.0.0.1:{server.port}")
-    yield client
-    client.close()
-
-
-def config_for(port: int, schema: StructType = BODY_ONLY, **options: str) -> SinkConfig:
-    return SinkConfig.from_options({"nodes": f"127.0.0.1:{port}", **options}, schema)
-
-
-def drain(client: Client, queue: str) -> list[bytes]:
-    bodies = []
-    while jobs := client.get_jobs(queue, count=1000, nohang=True):
-        bodies += [job.body for job in jobs]
-        client.ack(*(job.id for job in jobs))
-    return bodies
 
 
 def commands_processed(port: int) -> int:

@@ -9,7 +9,6 @@ import subprocess
 import sys
 import threading
 from collections import Counter
-from collections.abc import Iterator
 
 import pyarrow as pa
 import pytest
@@ -17,26 +16,14 @@ from pyspark.sql.types import StringType, StructField, StructType
 
 from disque.client import Client
 from spark_connector.options import OptionError
-from spark_connector.sink_options import SinkConfig
 from spark_connector.writer import DisqueWriteError, PartitionWriter, split_key
+from tests.spark.sink_support import config_for
 from tests.support.cluster import ReferenceProcess, reference_server
 from tests.support.process import wait_for
 
-BODY_ONLY = StructType([StructField("body", StringType())])
 KEYED = StructType([StructField("body", StringType()), StructField("_disque_key", StringType())])
 SINK_CLIENT = re.compile(r"name=spark-disque-sink-p(\d+)-(\d+) ")
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-@pytest.fixture
-def disque(server) -> Iterator[Client]:
-    client = Client(f"127.0.0.1:{server.port}")
-    yield client
-    client.close()
-
-
-def config_for(port: int, schema: StructType = BODY_ONLY, **options: str) -> SinkConfig:
-    return SinkConfig.from_options({"nodes": f"127.0.0.1:{port}", **options}, schema)
 
 
 def batches(rows: int, size: int = 50) -> list[pa.RecordBatch]:
