@@ -9,22 +9,15 @@ import pytest
 
 from disque import AsyncClient, Client
 from disque.exceptions import DisqueError
-from tests.client.conftest import address
+from tests.client.conftest import address, last_command_of_others
 from tests.support.cluster import ReferenceProcess, reference_server
 from tests.support.process import DisqueProcess
-
-
-def _last_command_of_others(server: DisqueProcess) -> list[str]:
-    """The last command of every other client connection (CLIENT LIST's cmd=)."""
-    listing = server.client().execute_command("CLIENT", "LIST").decode().splitlines()
-    return [field.split("=", 1)[1] for line in listing for field in line.split()
-            if field.startswith("cmd=") and "cmd=client" not in line]
 
 
 def test_add_jobs_sends_addjobs_and_keeps_order_and_options(server: DisqueProcess,
                                                             client: Client) -> None:
     ids = client.add_jobs("q", (b"b%d" % i for i in range(2500)), batch_size=1000, retry=42)
-    assert "addjobs" in _last_command_of_others(server)
+    assert "addjobs" in last_command_of_others(server)
     assert len(set(ids)) == 2500 and all(isinstance(i, str) for i in ids)
     jobs = client.get_jobs("q", count=2500)
     assert [j.id for j in jobs] == ids
@@ -47,14 +40,14 @@ def test_errors_take_their_place_or_are_raised(client: Client) -> None:
 def test_idmp_keys_go_through_single_addjobs(server: DisqueProcess, client: Client) -> None:
     ids = client.add_jobs("i", [b"x"], idmp="k1")
     assert client.add_job("i", b"x", idmp="k1") == ids[0]
-    assert "addjob" in _last_command_of_others(server)
+    assert "addjob" in last_command_of_others(server)
 
 
 def test_async_client_uses_addjobs_too(server: DisqueProcess) -> None:
     async def run() -> tuple[list[str], list[str]]:
         async with AsyncClient(address(server), socket_timeout=10) as c:
             ids = await c.add_jobs("aq", [b"%d" % i for i in range(300)], batch_size=100)
-            return ids, _last_command_of_others(server)
+            return ids, last_command_of_others(server)
 
     ids, commands = asyncio.run(run())
     assert len(set(ids)) == 300

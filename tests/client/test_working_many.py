@@ -9,8 +9,7 @@ import pytest
 
 from disque import AsyncClient, Client
 from disque.exceptions import BadId, NoJob
-from tests.client.conftest import address
-from tests.client.test_bulk_add import _last_command_of_others
+from tests.client.conftest import address, last_command_of_others
 from tests.support.cluster import ReferenceProcess, reference_server
 from tests.support.process import DisqueProcess
 
@@ -22,7 +21,7 @@ def test_working_many_sends_workings_and_keeps_order(server: DisqueProcess,
     acked = ids[1234]
     client.ack(acked)
     replies = client.working_many(ids)
-    assert "workings" in _last_command_of_others(server)
+    assert "workings" in last_command_of_others(server)
     assert len(replies) == 2500
     assert all(r == 50 for i, r in enumerate(replies) if i != 1234)
     assert isinstance(replies[1234], NoJob)
@@ -38,7 +37,7 @@ def test_async_client_sends_workings_too(server: DisqueProcess) -> None:
     async def run() -> tuple[list[object], list[str]]:
         async with AsyncClient(address(server), socket_timeout=10) as c:
             ids = await c.add_jobs("aq", [b"a", b"b", b"c"], retry=25)
-            return await c.working_many(ids), _last_command_of_others(server)
+            return await c.working_many(ids), last_command_of_others(server)
 
     replies, commands = asyncio.run(run())
     assert replies == [25, 25, 25]
