@@ -19,6 +19,11 @@ Usage (from the repository root)::
     python3 -m benchmarks.instructions [--pipeline 16] [--small 4000] [--large 20000] \\
         [--node floor] [--profile PATH] ADDJOB q body 0
 
+``--prefill N`` first adds N jobs (``ADDJOB q <body> 0``, pipelined) to the
+queue named by ``--prefill-queue`` (default ``q``), in both runs, so that
+``GETJOB NOHANG FROM q`` has jobs to take: the fill's instructions cancel
+out in the difference.  N must exceed ``--large``.
+
 ``--cluster 3`` joins the measured node to two plain nodes first (the
 commands go to the measured node; with ``--measure peer`` they go to a plain
 node and the measured one is a peer receiving REPLJOBs): the cost of one
@@ -51,7 +56,8 @@ TOTAL = re.compile(rb"Collected : (\d+)")
 
 def count_instructions(root: Path, command: list[str], requests: int, pipeline: int,
                        node: str, cluster: int = 1, measure: str = "creator",
-                       profile: str = "/dev/null") -> int:
+                       profile: str = "/dev/null", prefill: int = 0,
+                       prefill_queue: str = "q") -> int:
     """Instructions of one node process that served ``requests`` of ``command``, start to exit.
 
     ``profile`` is where callgrind writes its per-function profile
@@ -78,6 +84,9 @@ def count_instructions(root: Path, command: list[str], requests: int, pipeline: 
             wait_joined([server, *peers], timeout=120)
             if measure == "peer":
                 target = peers[0]
+        if prefill:
+            run_benchmark(benchmark_command(target.port, ["ADDJOB", prefill_queue, "x" * 100, "0"],
+                                            requests=prefill, pipeline=16), timeout=1800)
         run_benchmark(benchmark_command(target.port, command, requests=requests,
                                         pipeline=pipeline), timeout=1800)
         try:
@@ -96,18 +105,22 @@ def count_instructions(root: Path, command: list[str], requests: int, pipeline: 
 
 def measure(command: list[str], small: int, large: int, pipeline: int,
             node: str = "disque", cluster: int = 1, side: str = "creator",
-            profile: str | None = None) -> dict[str, Any]:
+            profile: str | None = None, prefill: int = 0,
+            prefill_queue: str = "q") -> dict[str, Any]:
     if large <= small:
         raise ValueError("--large must be greater than --small")
+    if prefill and prefill <= large:
+        raise ValueError("--prefill must exceed --large (every request needs a job)")
     root = Path(tempfile.mkdtemp(prefix="bench-instructions-"))
     try:
-        low = count_instructions(root, command, small, pipeline, node, cluster, side)
+        low = count_instructions(root, command, small, pipeline, node, cluster, side,
+                                 prefill=prefill, prefill_queue=prefill_queue)
         high = count_instructions(root, command, large, pipeline, node, cluster, side,
-                                  profile or "/dev/null")
+                                  profile or "/dev/null", prefill, prefill_queue)
     finally:
         shutil.rmtree(root, ignore_errors=True)
     return {"command": command, "node": node, "cluster": cluster, "measured": side,
-            "pipeline": pipeline, "small": small,
+            "pipeline": pipeline, "small": small, "prefill": prefill,
             "large": large, "instructions_small": low, "instructions_large": high,
             "per_command": (high - low) / (large - small)}
 
@@ -128,6 +141,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile", metavar="PATH",
                         help="keep callgrind's profile of the --large run here "
                              "(read it with callgrind_annotate PATH)")
+    parser.add_argument("--prefill", type=int, default=0, metavar="N",
+                        help="first add N jobs to --prefill-queue (for GETJOB)")
+    parser.add_argument("--prefill-queue", default="q", metavar="QUEUE")
     args = parser.parse_args(argv)
     missing = [tool for tool in ("valgrind", "redis-benchmark") if shutil.which(tool) is None]
     if missing:
@@ -137,7 +153,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.cluster < 1 or (args.cluster > 1 and args.node == "floor"):
         parser.error("--cluster needs N >= 1, and a disque node")
     result = measure(args.command, args.small, args.large, args.pipeline, args.node,
-                     args.cluster, args.measure, args.profile)
+                     args.cluster, args.measure, args.profile, args.prefill,
+                     args.prefill_queue)
     where = f", {args.measure} of {args.cluster} nodes" if args.cluster > 1 else ""
     print(f"{args.node} node{where}, {' '.join(args.command)} -P {args.pipeline}: "
           f"{result['per_command']:,.0f} instructions per command "

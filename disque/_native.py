@@ -50,6 +50,7 @@ COMPILED_MODULES: tuple[str, ...] = (
     "disque.jobext",
     "disque.jobs",
     "disque.queue",
+    "disque.joborder",
     "disque.keyspace",
     "disque.state",
     "disque.ack",

@@ -145,6 +145,7 @@ from .job import (
     FLAG_BCAST_QUEUED,
     FLAG_BCAST_WILLQUEUE,
     FLAG_DELIVERED,
+    SERIALIZED_FLAGS,
     Job,
     JobState,
     SerializationError,
@@ -503,7 +504,7 @@ class BlobDecoder:
         job = Job(job_id, queue, body, state=self._STATES[state], repl=repl, ctime=ctime,
                   etime=etime_s * 1000, delay=delay, retry=retry, delivered=nodes)
         job.gc_retry = state_gc >> 4
-        job.flags = flags
+        job.flags = flags & SERIALIZED_FLAGS
         job.nacks = nacks
         job.additional_deliveries = deliveries
         return job

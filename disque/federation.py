@@ -163,7 +163,7 @@ def receive_needjobs(state: ServerState, sender: ClusterNode, msg: Message) -> N
         return
     wanted = min(max(1, msg.aux), MAX_COUNT)  # bounded: the original overflowed a buffer
     count = wanted if len(q.jobs) >= 2 * wanted else max(1, len(q.jobs) // 2)
-    jobs: list[Job] = list(q.jobs.islice(0, count))
+    jobs: list[Job] = q.jobs.oldest(count)
     blobs: list[bytes] = []
     size = 0
     for job in jobs:

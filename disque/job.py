@@ -39,6 +39,9 @@ __all__ = [
     "FLAG_BCAST_QUEUED",
     "FLAG_BCAST_WILLQUEUE",
     "FLAG_DELIVERED",
+    "FLAG_FIFO_STALE",
+    "FLAG_IN_FIFO",
+    "SERIALIZED_FLAGS",
     "is_valid_job_id",
     "are_valid_job_ids",
     "ttl_minutes_from_id",
@@ -89,6 +92,15 @@ FLAG_BCAST_QUEUED = 1
 FLAG_BCAST_WILLQUEUE = 2
 #: Delivered to a client at least once (RETRY-0 jobs are then never queued again).
 FLAG_DELIVERED = 4
+# This node's memory only (see joborder.py): never serialized, and cleared
+# from what is loaded or received.  Bits the original does not use, below
+# 256 so that an interpreted node's flags stay cached small ints.
+#: The job has the live entry of a queue's FIFO.
+FLAG_IN_FIFO = 0x40
+#: A queue's FIFO still holds a stale entry of the job.
+FLAG_FIFO_STALE = 0x80
+#: The flags a job's serialized form carries.
+SERIALIZED_FLAGS = 0xFF & ~(FLAG_IN_FIFO | FLAG_FIFO_STALE)
 
 
 class Job:
@@ -283,7 +295,7 @@ def serialize_job(job: Job, bus_now_ms: int | None = None) -> bytes:
         flags &= ~FLAG_DELIVERED
     parts = [
         _FIXED.pack(job.id, (int(job.state) & 0x0F) | (min(job.gc_retry, 15) << 4),
-                    flags & 0xFF, job.repl & 0xFFFF, etime_s & 0xFFFFFFFF,
+                    flags & SERIALIZED_FLAGS, job.repl & 0xFFFF, etime_s & 0xFFFFFFFF,
                     job.ctime & 0xFFFFFFFFFFFFFFFF, job.delay & 0xFFFFFFFF,
                     job.retry & 0xFFFFFFFF, min(job.nacks, 0xFFFF),
                     min(job.additional_deliveries, 0xFFFF)),
@@ -346,7 +358,7 @@ def deserialize_job(blob: bytes, offset: int = 0) -> tuple[Job, int]:
     job = Job(job_id, queue or None, body, _STATES[state], repl, ctime, etime_s * 1000, delay,
               retry, nodes)
     job.gc_retry = state_gc >> 4
-    job.flags = flags
+    job.flags = flags & SERIALIZED_FLAGS
     job.nacks = nacks
     job.additional_deliveries = deliveries
     return job, end

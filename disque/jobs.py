@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterator
 from itertools import islice
 from typing import TYPE_CHECKING, Final
 
+from . import _native
 from .clock import random_time_error
 from .job import (
     ACKED,
@@ -58,11 +59,13 @@ WILLQUEUE_ADVANCE_MS = 500
 MAX_JOBS_PER_RUN = 10_000
 
 #: Bytes attributed to one job besides its body (object, ID, times, registry
-#: and schedule entries); checked against tracemalloc in the tests.  Jobs
-#: share time objects under load (ServerState.shared_int): a job costs ~400
-#: bytes at tens of jobs per ms and ~470 at one per ms; this matches the RSS
-#: per job measured by ``benchmarks.run memory``.
-JOB_OVERHEAD_BYTES = 450
+#: and schedule entries); checked against tracemalloc in the tests, and
+#: matching the RSS per job of ``benchmarks.run memory`` (1 M jobs of 100
+#: bytes: 517 B each compiled).  The compiled Job keeps its fields unboxed
+#: and is smaller; interpreted, jobs share time objects under load
+#: (ServerState.shared_int): ~400 bytes at tens of jobs per ms and ~470 at
+#: one per ms.
+JOB_OVERHEAD_BYTES: Final = 410 if _native.MODE == "compiled" else 450
 
 
 class AwakeSchedule:

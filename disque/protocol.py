@@ -42,7 +42,7 @@ is identical to RESP2, which is what the original Disque speaks.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, Final
 
 from .replies import Map, Status
 
@@ -310,9 +310,8 @@ class CommandParser:
 
 
 #: ``$<len>`` for every bulk length the fast path handles.
-_FAST_MAX_BULK = 4096
+_FAST_MAX_BULK: Final = 4096
 _BULK_HEADERS = [b"$%d" % size for size in range(_FAST_MAX_BULK)]
-_bulk_header = _BULK_HEADERS.__getitem__
 #: ``*<count>`` headers of the usual sizes, parsed in advance.
 _request_count = {b"*%d" % count: count for count in range(1, 256)}.get
 
@@ -345,11 +344,17 @@ def _whole_requests(data: bytes, out: list[list[bytes]]) -> int:
         j = i + 1 + 2 * count
         if j > last:
             break
-        bodies = tokens[i + 2:j:2]
-        try:
-            if list(map(_bulk_header, map(len, bodies))) != tokens[i + 1:j:2]:
+        # One compiled loop: every header is exactly "$" + its body's length.
+        bodies: list[bytes] = []
+        k = i + 1
+        while k < j:
+            body = tokens[k + 1]
+            size = len(body)
+            if size >= _FAST_MAX_BULK or tokens[k] != _BULK_HEADERS[size]:
                 break
-        except IndexError:
+            bodies.append(body)
+            k += 2
+        if k < j:
             break
         out.append(bodies)
         i = j

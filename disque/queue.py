@@ -9,10 +9,7 @@ empty, unpaused queues without blocked clients are evicted after a while.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from operator import attrgetter
 from typing import TYPE_CHECKING
-
-from sortedcontainers import SortedKeyList
 
 from . import jobs as jobs_mod
 from .job import (
@@ -25,6 +22,7 @@ from .job import (
     Job,
 )
 from .jobext import JobExt, limit_reached, retry_seconds
+from .joborder import JobOrder
 from .keyspace import SlicedDict, name_slice
 
 if TYPE_CHECKING:
@@ -53,10 +51,9 @@ _PAUSE_LABELS = {0: "none", PAUSED_IN: "in", PAUSED_OUT: "out", PAUSED_IN | PAUS
 
 #: Memory attributed to one queue besides its jobs (measured, see tests).
 QUEUE_OVERHEAD_BYTES = 1200
-#: Memory attributed to one queued entry in the ordered list (two list slots).
-QUEUE_ENTRY_BYTES = 16
-
-_by_ctime = attrgetter("ctime")
+#: Memory attributed to one queued entry (a deque slot; a re-queued job's
+#: sorted-list entry costs more, but such jobs are few).
+QUEUE_ENTRY_BYTES = 8
 
 
 def pause_label(flags: int) -> str:
@@ -81,10 +78,8 @@ class Queue:
 
     def __init__(self, name: bytes, now_ms: int) -> None:
         self.name = name
-        # The jobs themselves, keyed by ctime: two pointers per entry and no
-        # per-entry tuple for the cyclic GC to walk.  Equal ctimes (copies
-        # made on other nodes) keep their arrival order.
-        self.jobs: SortedKeyList = SortedKeyList(key=_by_ctime)
+        # The jobs themselves, oldest ctime first.
+        self.jobs = JobOrder()
         self.ctime = now_ms
         self.atime = now_ms
         self.flags = 0
@@ -117,8 +112,8 @@ class Queue:
     def peek(self, count: int) -> list[Job]:
         """The ``count`` oldest jobs, or the ``-count`` newest (newest first)."""
         if count >= 0:
-            return list(self.jobs.islice(0, count))
-        return list(self.jobs.islice(max(0, len(self.jobs) + count), reverse=True))
+            return self.jobs.oldest(count)
+        return self.jobs.newest(-count)
 
 
 class QueueRegistry:
@@ -264,14 +259,9 @@ def dequeue_job(state: ServerState, job: Job) -> bool:
     if job.state != QUEUED:
         return False
     q = state.queues.lookup(job.queue) if job.queue is not None else None
-    if q is not None:
-        try:
-            q.jobs.remove(job)
-        except ValueError:
-            pass
-        else:
-            q.jobs_out += 1
-            state.memory.sub(QUEUE_ENTRY_BYTES)
+    if q is not None and q.jobs.remove(job):
+        q.jobs_out += 1
+        state.memory.sub(QUEUE_ENTRY_BYTES)
     # Queued and active jobs wake at the same time (see update_awake_time),
     # so the schedule needs no update here.
     job.state = ACTIVE
@@ -290,11 +280,11 @@ def fetch_jobs(state: ServerState, q: Queue, count: int) -> list[Job]:
     count = min(count, len(queued))
     if not count:
         return []
-    if count == 1:
-        taken = [queued.pop(0)]
-    else:
-        pop = queued.pop
-        taken = [pop(0) for _ in range(count)]
+    taken: list[Job] = []
+    for _ in range(count):
+        job = queued.pop_oldest()
+        assert job is not None  # count <= len(queued)
+        taken.append(job)
     q.jobs_out += count
     state.stats.delivered_jobs += count
     q.atime = state.clock.now_ms()

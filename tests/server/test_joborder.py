@@ -1,0 +1,146 @@
+"""JobOrder (a queue's jobs, oldest first) against a plain model.
+
+The structure keeps in-order jobs in a deque with lazily deleted entries
+and the rest in a sorted list; these runs mix in-order and late arrivals,
+removals from the middle, jobs moved between two queues and back (a
+dead-letter move, a re-queue), and check every answer against a list.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from disque.job import FLAG_FIFO_STALE, FLAG_IN_FIFO, Job
+from disque.joborder import COMPACT_MIN, JobOrder
+
+
+def make_job(n: int, ctime: int) -> Job:
+    return Job(b"D-%038d" % n, b"q", b"body", ctime=ctime)
+
+
+def check_invariants(order: JobOrder, model: list[Job]) -> None:
+    assert len(order) == len(model)
+    assert bool(order) == bool(model)
+    fifo = order._fifo
+    # The ends are live, and dropped jobs are kept by a bounded number of entries.
+    if fifo:
+        assert fifo[0].flags & FLAG_IN_FIFO and fifo[-1].flags & FLAG_IN_FIFO
+    assert order._stale == sum(1 for job in fifo if not job.flags & FLAG_IN_FIFO)
+    assert order._stale < max(COMPACT_MIN, len(fifo) // 8 + 1)
+    # At most one deque entry per job, live or stale.
+    assert len({id(job) for job in fifo}) == len(fifo)
+    # The k oldest have the k smallest ctimes, in order, and are members.
+    k = len(model) // 2 + 1
+    oldest = order.oldest(k)
+    assert [job.ctime for job in oldest] == sorted(job.ctime for job in model)[:k]
+    assert all(any(job is m for m in model) for job in oldest)
+    newest = order.newest(k)
+    assert [job.ctime for job in newest] == sorted((job.ctime for job in model),
+                                                   reverse=True)[:k]
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_random_operations_match_a_model(seed: int) -> None:
+    rng = random.Random(seed)
+    orders = [JobOrder(), JobOrder()]
+    models: list[list[Job]] = [[], []]
+    loose: list[Job] = []  # jobs in no order (popped or removed), maybe added again
+    clock = 1_000
+    serial = 0
+    for step in range(3000):
+        which = rng.randrange(2)
+        order, model = orders[which], models[which]
+        op = rng.random()
+        if op < 0.35:
+            serial += 1
+            clock += rng.choice((0, 0, 1, 3))  # equal ctimes happen under load
+            job = make_job(serial, clock if rng.random() < 0.8 else rng.randrange(clock + 1))
+            order.add(job)
+            model.append(job)
+        elif op < 0.45 and loose:
+            job = loose.pop(rng.randrange(len(loose)))  # re-queued, maybe in the other queue
+            order.add(job)
+            model.append(job)
+        elif op < 0.7 and model:
+            job = model.pop(rng.randrange(len(model)))
+            assert order.remove(job)
+            assert not order.remove(job)  # not there any more
+            loose.append(job)
+        elif op < 0.72 and loose:
+            assert not order.remove(rng.choice(loose))
+        elif model:
+            job = order.pop_oldest()
+            assert job is not None
+            assert job.ctime == min(m.ctime for m in model)
+            model.remove(job)
+            loose.append(job)
+            assert not job.flags & FLAG_IN_FIFO
+        else:
+            assert order.pop_oldest() is None
+        if step % 50 == 0:
+            for o, m in zip(orders, models, strict=True):
+                check_invariants(o, m)
+    for order, model in zip(orders, models, strict=True):
+        check_invariants(order, model)
+        # QPEEK shows what GETJOB hands out, in the same order.
+        expected = order.oldest(len(model))
+        assert order.newest(len(model)) == expected[::-1]
+        drained = [order.pop_oldest() for _ in range(len(model))]
+        assert drained == expected
+        assert order.pop_oldest() is None and not order and len(order) == 0
+
+
+def test_many_removals_from_the_middle_do_not_keep_dropped_jobs() -> None:
+    order = JobOrder()
+    jobs = [make_job(i, 1000 + i) for i in range(10_000)]
+    for job in jobs:
+        order.add(job)
+    for job in jobs[1:-1]:  # everything but the ends: no trimming helps
+        assert order.remove(job)
+        assert order._stale < max(COMPACT_MIN, len(order._fifo) // 8 + 1)
+    assert len(order) == 2
+    assert len(order._fifo) <= COMPACT_MIN + 2
+    assert order.pop_oldest() is jobs[0]
+    assert order.pop_oldest() is jobs[-1]
+    # Every dropped job's flags are clean once its entry is gone.
+    assert not any(job.flags & (FLAG_IN_FIFO | FLAG_FIFO_STALE) for job in jobs)
+
+
+def test_a_job_with_a_stale_entry_queued_again_is_delivered_once() -> None:
+    """The case lazy deletion gets wrong if done naively: a job removed from
+    the deque (stale entry left behind) and queued again in the same queue
+    must come out once, not twice."""
+    order = JobOrder()
+    # Equal ctimes (one millisecond under load): queued again, the job is
+    # not older than the tail, and could be appended to the deque again.
+    first, middle, last = make_job(1, 10), make_job(2, 20), make_job(3, 20)
+    for job in (first, middle, last):
+        order.add(job)
+    assert order.remove(middle)          # stale entry between two live ones
+    order.add(middle)
+    assert len(order) == 3
+    assert [order.pop_oldest() for _ in range(4)] == [first, last, middle, None]
+    assert not order
+
+
+def test_late_jobs_come_out_in_ctime_order_with_in_order_ones() -> None:
+    order = JobOrder()
+    jobs = {c: make_job(c, c) for c in (5, 10, 20, 7, 15, 1, 30)}
+    for job in jobs.values():
+        order.add(job)
+    assert [j.ctime for j in order.oldest(10)] == [1, 5, 7, 10, 15, 20, 30]
+    assert [j.ctime for j in order.newest(3)] == [30, 20, 15]
+    assert [order.pop_oldest().ctime for _ in range(7)] == [1, 5, 7, 10, 15, 20, 30]
+
+
+def test_clear_leaves_no_flags_behind() -> None:
+    order = JobOrder()
+    jobs = [make_job(i, i) for i in range(1, 5)]
+    for job in jobs:
+        order.add(job)
+    order.remove(jobs[1])
+    order.clear()
+    assert not order and order.pop_oldest() is None
+    assert not any(job.flags & (FLAG_IN_FIFO | FLAG_FIFO_STALE) for job in jobs)
