@@ -103,51 +103,13 @@ class JobOrder:
         return job
 
     def oldest(self, count: int) -> list[Job]:
-        """The ``count`` oldest jobs, oldest first, left in place."""
-        out: list[Job] = []
-        if count <= 0:
-            return out
-        late = self._late
-        late_iter: Iterator[Job] = iter(late)
-        pending: Job | None = next(late_iter, None)
-        for job in self._fifo:
-            if not job.flags & FLAG_IN_FIFO:
-                continue
-            while pending is not None and pending.ctime < job.ctime:
-                out.append(pending)
-                if len(out) == count:
-                    return out
-                pending = next(late_iter, None)
-            out.append(job)
-            if len(out) == count:
-                return out
-        while pending is not None and len(out) < count:
-            out.append(pending)
-            pending = next(late_iter, None)
-        return out
+        """The ``count`` oldest jobs, oldest first (the order of
+        :meth:`pop_oldest`), left in place."""
+        return _merged(iter(self._fifo), iter(self._late), count, newest_first=False)
 
     def newest(self, count: int) -> list[Job]:
         """The ``count`` newest jobs, newest first, left in place."""
-        out: list[Job] = []
-        if count <= 0:
-            return out
-        late_iter: Iterator[Job] = reversed(self._late)
-        pending: Job | None = next(late_iter, None)
-        for job in reversed(self._fifo):
-            if not job.flags & FLAG_IN_FIFO:
-                continue
-            while pending is not None and pending.ctime >= job.ctime:
-                out.append(pending)
-                if len(out) == count:
-                    return out
-                pending = next(late_iter, None)
-            out.append(job)
-            if len(out) == count:
-                return out
-        while pending is not None and len(out) < count:
-            out.append(pending)
-            pending = next(late_iter, None)
-        return out
+        return _merged(reversed(self._fifo), reversed(self._late), count, newest_first=True)
 
     def clear(self) -> None:
         for job in self._fifo:
@@ -175,3 +137,31 @@ class JobOrder:
                 job.flags &= ~FLAG_FIFO_STALE
         self._fifo = live
         self._stale = 0
+
+
+def _merged(fifo: Iterator[Job], late: Iterator[Job], count: int,
+            newest_first: bool) -> list[Job]:
+    """Up to ``count`` jobs of a deque (skipping its stale entries) and a
+    sorted list, merged by ctime; on equal ctimes the deque's job comes
+    first oldest-first (as :meth:`JobOrder.pop_oldest` takes them) and last
+    newest-first."""
+    out: list[Job] = []
+    if count <= 0:
+        return out
+    pending: Job | None = next(late, None)
+    for job in fifo:
+        if not job.flags & FLAG_IN_FIFO:
+            continue
+        while pending is not None and (pending.ctime >= job.ctime if newest_first
+                                       else pending.ctime < job.ctime):
+            out.append(pending)
+            if len(out) == count:
+                return out
+            pending = next(late, None)
+        out.append(job)
+        if len(out) == count:
+            return out
+    while pending is not None and len(out) < count:
+        out.append(pending)
+        pending = next(late, None)
+    return out
