@@ -34,7 +34,7 @@ import logging
 import random
 import time
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 from .ack import acked_elsewhere
 from .blocking import Waiter, park, unblock
@@ -62,8 +62,8 @@ if TYPE_CHECKING:
     from .state import ServerState
 
 __all__ = ["BlockedAdd", "abort_all", "broadcast_repljob_noreply", "jobs_in",
-           "receive_enqueue", "receive_gotjob", "receive_repljob", "replicate_job",
-           "replication_removed"]
+           "receive_enqueue", "receive_gotjob", "receive_gotjobs", "receive_repljob",
+           "replicate_job", "replication_removed"]
 
 log = logging.getLogger("disque.replication")
 
@@ -131,10 +131,51 @@ def _drop_partial_copies(state: ServerState, job: Job) -> None:
 # --------------------------------------------------------------------------
 
 def _repljob(state: ServerState, job: Job, noreply: bool) -> bytes:
+    """A whole REPLJOB frame, for a job with extension options (the trailer
+    after its blob describes the jobs of its own message)."""
     blob = serialize_job(job, bus_now_ms=state.clock.now_ms())
-    trailer = bus_trailer((job,)) if job.ext is not None else b""
     return state.cluster.jobs_message(messages.REPLJOB, [blob],
-                                      messages.MFLAG_NOREPLY if noreply else 0, trailer)
+                                      messages.MFLAG_NOREPLY if noreply else 0,
+                                      bus_trailer((job,)))
+
+
+def _send_copies(state: ServerState, job: Job, ask: bool, inform: bool) -> None:
+    """REPLJOB to the job's other nodes: with ``ask``, to those that have not
+    confirmed (GOTJOB expected); with ``inform``, NOREPLY to those that have
+    (or to all of them without ``ask``), to learn the node list.
+
+    A job of the original's kind travels as its blob, handed to each link
+    (``BusLink.send_entry``): between our nodes the blobs of a turn leave as
+    one REPLJOB, without a message of its own made per job and sliced apart
+    again at flush time; the original still gets one REPLJOB per job.
+    """
+    cluster = state.cluster
+    myself = cluster.myself.id
+    confirmed = job.confirmed
+    if job.ext is not None:
+        ask_frame = _repljob(state, job, noreply=False) if ask else b""
+        inform_frame = b""
+        for node_id in job.delivered:
+            if node_id == myself:
+                continue
+            if ask and node_id not in confirmed:
+                cluster.send(node_id, ask_frame)
+            elif inform:
+                inform_frame = inform_frame or _repljob(state, job, noreply=True)
+                cluster.send(node_id, inform_frame)
+        return
+    blob = serialize_job(job, bus_now_ms=state.clock.now_ms())
+    ask_key = cluster.header_key(messages.REPLJOB) if ask else b""
+    inform_key = b""
+    for node_id in job.delivered:
+        if node_id == myself:
+            continue
+        if ask and node_id not in confirmed:
+            cluster.send_entry(node_id, ask_key, blob)
+        elif inform:
+            inform_key = inform_key or cluster.header_key(messages.REPLJOB,
+                                                          messages.MFLAG_NOREPLY)
+            cluster.send_entry(node_id, inform_key, blob)
 
 
 def _add_targets(state: ServerState, job: Job, count: int) -> int:
@@ -157,17 +198,7 @@ def _add_targets(state: ServerState, job: Job, count: int) -> int:
 def _send_repljob(state: ServerState, job: Job, list_changed: bool = True) -> None:
     """REPLJOB to every listed node that has not confirmed; when the node list
     changed, the confirmed ones get it too, with NOREPLY, to learn the list."""
-    cluster = state.cluster
-    ask = _repljob(state, job, noreply=False)
-    inform = None
-    for node_id in job.delivered:
-        if node_id == cluster.myself.id:
-            continue
-        if node_id not in job.confirmed:
-            cluster.send(node_id, ask)
-        elif list_changed:
-            inform = inform or _repljob(state, job, noreply=True)
-            cluster.send(node_id, inform)
+    _send_copies(state, job, ask=True, inform=list_changed)
 
 
 def replicate_job(state: ServerState, client: Waiter, job: Job, needed: int, extrepl: bool,
@@ -211,10 +242,7 @@ def replicate_job(state: ServerState, client: Waiter, job: Job, needed: int, ext
 def broadcast_repljob_noreply(state: ServerState, job: Job) -> None:
     """REPLJOB with NOREPLY to the job's other nodes: a new job's copies
     (ASYNC), or copies that must learn a change (a dead-letter move)."""
-    message = _repljob(state, job, noreply=True)
-    for node_id in job.delivered:
-        if node_id != state.cluster.myself.id:
-            state.cluster.send(node_id, message)
+    _send_copies(state, job, ask=False, inform=True)
 
 
 def _add_missing_copies(state: ServerState) -> None:
@@ -261,8 +289,7 @@ def _store_achieved(state: ServerState, job: Job) -> None:
 
 
 def _send_enqueue(state: ServerState, node_id: str, job: Job) -> None:
-    state.cluster.send(node_id, state.cluster.job_id_message(messages.ENQUEUE, job.id,
-                                                             job.delay))
+    state.cluster.send_job_id(node_id, messages.ENQUEUE, job.id, job.delay)
 
 
 def _replication_achieved(state: ServerState, blocked: BlockedAdd) -> None:
@@ -317,14 +344,47 @@ def abort_all(state: ServerState) -> None:
 # --------------------------------------------------------------------------
 
 def receive_gotjob(state: ServerState, sender: ClusterNode, msg: Message) -> None:
-    job = state.jobs.get(msg.job_id)
-    if job is None or job.state != WAIT_REPL:
+    _confirm(state, sender.id, msg.job_id)
+
+
+def receive_gotjobs(state: ServerState, sender: ClusterNode, msg: Message) -> None:
+    """A batched GOTJOB (CAP_BATCH): every entry's confirmation, read from
+    the payload as it is rather than made a message each; a failing entry
+    does not drop the ones after it."""
+    payload = msg.payload
+    node_id = sender.id
+    for offset in range(0, len(payload) - 43, 44):
+        try:
+            _confirm(state, node_id, payload[offset:offset + 40])
+        except Exception:  # a bug: log it, keep the other confirmations
+            log.exception("Error processing a GOTJOB from %s", node_id)
+
+
+#: (confirmed set, node ID) -> the set with the node: every job replicated
+#: to the same nodes goes through the same few sets, and a set union costs
+#: more than finding it here.
+_CONFIRMED: Final[dict[tuple[frozenset[str], str], frozenset[str]]] = {}
+_CONFIRMED_MAX: Final = 4096
+
+
+def _confirm(state: ServerState, node_id: str, job_id: bytes) -> None:
+    """GOTJOB: ``node_id`` holds a copy of the job we wait to replicate."""
+    blocked = state.replicating.get(job_id)
+    if blocked is None:
+        return  # replicated already (a late answer), or not ours
+    job = blocked.job
+    if job.state != WAIT_REPL:
         return
-    job.confirmed = job.confirmed | {sender.id}
-    if len(job.confirmed) >= job.repl:
-        blocked = state.replicating.get(job.id)
-        if blocked is not None:
-            _replication_achieved(state, blocked)
+    key = (job.confirmed, node_id)
+    confirmed = _CONFIRMED.get(key)
+    if confirmed is None:
+        confirmed = job.confirmed | {node_id}
+        if len(_CONFIRMED) >= _CONFIRMED_MAX:
+            _CONFIRMED.clear()
+        _CONFIRMED[key] = confirmed
+    job.confirmed = confirmed
+    if len(confirmed) >= job.repl:
+        _replication_achieved(state, blocked)
 
 
 def jobs_in(msg: Message, sender: ClusterNode) -> Iterator[Job]:
@@ -386,8 +446,7 @@ def receive_repljob(state: ServerState, sender: ClusterNode, msg: Message) -> No
         else:
             _store_copy(state, copy, now)
         if not msg.mflags & messages.MFLAG_NOREPLY:
-            state.cluster.send(sender.id, state.cluster.job_id_message(messages.GOTJOB,
-                                                                       copy.id, 0))
+            state.cluster.send_job_id(sender.id, messages.GOTJOB, copy.id, 0)
 
 
 def _store_copy(state: ServerState, job: Job, now: int) -> None:
