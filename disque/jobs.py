@@ -236,8 +236,13 @@ def job_memory(job: Job) -> int:
     return JOB_OVERHEAD_BYTES + len(job.body)
 
 
-def register_job(state: ServerState, job: Job) -> bool:
-    """Add a job to the registry and the schedule; False if the ID exists."""
+def register_job(state: ServerState, job: Job, schedule: bool = True) -> bool:
+    """Add a job to the registry and the schedule; False if the ID exists.
+
+    ``schedule=False``: not in the schedule (a job waiting for its copies,
+    whose expiry the replication timer watches: it is scheduled once
+    queued, rather than scheduled at its expiry and moved a moment later).
+    """
     if not state.jobs._add(job):
         if state.jobs.get(job.id) is not job:
             state.jobs.schedule.discard(job)  # ADDJOB scheduled it before registering
@@ -247,7 +252,7 @@ def register_job(state: ServerState, job: Job) -> bool:
     if job_state == ACKED or (job.retry == 0 and job.flags & FLAG_DELIVERED
                               and job_state != QUEUED):
         state.jobs.evictable_add(job)
-    if not job.awakeme:  # else already scheduled (ADDJOB enqueues before registering)
+    if schedule and not job.awakeme:  # else already scheduled (ADDJOB enqueues first)
         update_awake_time(state, job)
     return True
 

@@ -6,7 +6,9 @@ gets its ID:
 
 1. The job waits in ``wait-repl``; ``confirmed`` starts as {myself} ({}
    under external replication).  REPLJOB, with the full node list, goes to
-   ``needed`` reachable, linked nodes picked at random.
+   ``needed`` reachable, linked nodes picked at random.  The job is not in
+   the schedule meanwhile: the 50 ms timer below expires it if its TTL
+   passes (-NOREPL, as process_job's expiry would give).
 2. Each copy's node answers GOTJOB.  With n confirmations the job is
    *replication achieved*: queued here (or, under external replication,
    ENQUEUE goes to one of the copies and the local object is dropped), and
@@ -67,6 +69,9 @@ __all__ = ["BlockedAdd", "abort_all", "broadcast_repljob_noreply", "jobs_in",
 
 log = logging.getLogger("disque.replication")
 
+#: Final: compiled, a C static rather than two lookups (module, attribute).
+_perf_counter: Final = time.perf_counter
+
 #: One more node is asked this often while confirmations are missing.
 EXTRA_NODE_PERIOD_S = 0.05
 #: The silent nodes of a job get its REPLJOB again this often (ms) when no
@@ -102,7 +107,7 @@ class BlockedAdd:
         #: When REPLJOB last went to the unconfirmed nodes (ms).
         self.last_sent = now
         #: For the replication latency histogram (finer than the ms clock).
-        self.started = time.perf_counter()
+        self.started = _perf_counter()
 
     def release(self, state: ServerState) -> None:
         state.replicating.pop(self.job.id, None)
@@ -139,7 +144,7 @@ def _repljob(state: ServerState, job: Job, noreply: bool) -> bytes:
                                       bus_trailer((job,)))
 
 
-def _send_copies(state: ServerState, job: Job, ask: bool, inform: bool) -> None:
+def _send_copies(state: ServerState, job: Job, ask: bool, inform: bool, now: int) -> None:
     """REPLJOB to the job's other nodes: with ``ask``, to those that have not
     confirmed (GOTJOB expected); with ``inform``, NOREPLY to those that have
     (or to all of them without ``ask``), to learn the node list.
@@ -164,7 +169,7 @@ def _send_copies(state: ServerState, job: Job, ask: bool, inform: bool) -> None:
                 inform_frame = inform_frame or _repljob(state, job, noreply=True)
                 cluster.send(node_id, inform_frame)
         return
-    blob = serialize_job(job, bus_now_ms=state.clock.now_ms())
+    blob = serialize_job(job, bus_now_ms=now)
     ask_key = cluster.header_key(messages.REPLJOB) if ask else b""
     inform_key = b""
     for node_id in job.delivered:
@@ -178,11 +183,11 @@ def _send_copies(state: ServerState, job: Job, ask: bool, inform: bool) -> None:
             cluster.send_entry(node_id, inform_key, blob)
 
 
-def _add_targets(state: ServerState, job: Job, count: int) -> int:
+def _add_targets(state: ServerState, job: Job, count: int, now: int) -> int:
     """Add up to ``count`` new reachable, linked nodes to the job's node list."""
     delivered = job.delivered
     cluster = state.cluster
-    targets, with_myself = cluster.replication_targets(state.clock.now_ms())
+    targets, with_myself = cluster.replication_targets(now)
     if delivered is cluster.myself_set and len(targets) <= count:
         # A new job copied to every other node: the set all such jobs share.
         job.delivered = with_myself
@@ -195,23 +200,25 @@ def _add_targets(state: ServerState, job: Job, count: int) -> int:
     return len(chosen)
 
 
-def _send_repljob(state: ServerState, job: Job, list_changed: bool = True) -> None:
+def _send_repljob(state: ServerState, job: Job, now: int, list_changed: bool = True) -> None:
     """REPLJOB to every listed node that has not confirmed; when the node list
     changed, the confirmed ones get it too, with NOREPLY, to learn the list."""
-    _send_copies(state, job, ask=True, inform=list_changed)
+    _send_copies(state, job, True, list_changed, now)
 
 
 def replicate_job(state: ServerState, client: Waiter, job: Job, needed: int, extrepl: bool,
-                  timeout_ms: int, async_: bool) -> Any:
+                  timeout_ms: int, async_: bool, now: int = 0) -> Any:
     """Start replicating a new job (ADDJOB's synchronous or ASYNC path).
 
     Returns the reply for the client now, or None when it must wait (the
-    caller answers BLOCKED).
+    caller answers BLOCKED).  ``now``: the clock's ms, when the caller has
+    read it already.
     """
+    if not now:
+        now = state.clock.now_ms()
     cluster = state.cluster
-    myself = cluster.myself.id
     job.delivered = frozenset() if extrepl else cluster.myself_set
-    _add_targets(state, job, needed)
+    _add_targets(state, job, needed, now)
     if async_:
         if extrepl:
             if not job.delivered:
@@ -219,22 +226,23 @@ def replicate_job(state: ServerState, client: Waiter, job: Job, needed: int, ext
                                   "replication level")
             # Nothing is stored here: one recipient queues the job.
             targets = sorted(job.delivered)
-            broadcast_repljob_noreply(state, job)
+            _send_copies(state, job, False, True, now)
             _send_enqueue(state, random.choice(targets), job)
             return Status(job.id.decode())
         job.state = ACTIVE
         _store_achieved(state, job)
-        broadcast_repljob_noreply(state, job)
+        _send_copies(state, job, False, True, now)
         return Status(job.id.decode())
     job.state = WAIT_REPL
-    job.confirmed = frozenset() if extrepl else frozenset((myself,))
-    register_job(state, job)
-    blocked = BlockedAdd(client, job, needed, extrepl, state.clock.now_ms())
+    job.confirmed = frozenset() if extrepl else cluster.myself_set
+    # Not scheduled: _add_missing_copies watches its expiry while it waits.
+    register_job(state, job, schedule=False)
+    blocked = BlockedAdd(client, job, needed, extrepl, now)
     state.replicating[job.id] = blocked
     if state.replication_timer is None:
         state.replication_timer = asyncio.get_running_loop().call_later(
             EXTRA_NODE_PERIOD_S, _add_missing_copies, state)
-    _send_repljob(state, job)
+    _send_repljob(state, job, now)
     park(state, blocked, timeout_ms)
     return None
 
@@ -242,7 +250,7 @@ def replicate_job(state: ServerState, client: Waiter, job: Job, needed: int, ext
 def broadcast_repljob_noreply(state: ServerState, job: Job) -> None:
     """REPLJOB with NOREPLY to the job's other nodes: a new job's copies
     (ASYNC), or copies that must learn a change (a dead-letter move)."""
-    _send_copies(state, job, ask=False, inform=True)
+    _send_copies(state, job, False, True, state.clock.now_ms())
 
 
 def _add_missing_copies(state: ServerState) -> None:
@@ -259,13 +267,21 @@ def _add_missing_copies(state: ServerState) -> None:
     period = int(EXTRA_NODE_PERIOD_S * 1000)
     for blocked in list(state.replicating.values()):
         job = blocked.job
-        if job.state != WAIT_REPL or now - blocked.last_added < period:
+        if job.state != WAIT_REPL:
             continue
-        added = _add_targets(state, job, 1)
+        if now >= job.etime and state.jobs.get(job.id) is job:
+            # Its TTL passed while it waited (it is not in the schedule that
+            # expires the others): -NOREPL, as process_job's expiry gives.
+            unregister_job(state, job)
+            state.stats.expired_jobs += 1
+            continue
+        if now - blocked.last_added < period:
+            continue
+        added = _add_targets(state, job, 1, now)
         blocked.last_added = now
         if added or now - blocked.last_sent >= RESEND_PERIOD_MS:
             blocked.last_sent = now
-            _send_repljob(state, job, list_changed=added > 0)
+            _send_repljob(state, job, now, list_changed=added > 0)
     state.replication_timer = asyncio.get_running_loop().call_later(
         EXTRA_NODE_PERIOD_S, _add_missing_copies, state)
 
@@ -294,7 +310,7 @@ def _send_enqueue(state: ServerState, node_id: str, job: Job) -> None:
 
 def _replication_achieved(state: ServerState, blocked: BlockedAdd) -> None:
     job = blocked.job
-    state.replication_latency.observe(time.perf_counter() - blocked.started)
+    state.replication_latency.observe(_perf_counter() - blocked.started)
     if blocked.extrepl:
         # No local copy: one of the copies queues it, ours goes.
         _send_enqueue(state, random.choice(sorted(job.confirmed)), job)
@@ -431,6 +447,10 @@ def receive_repljob(state: ServerState, sender: ClusterNode, msg: Message) -> No
     if state.memory.level() >= 1 or state.cluster.leaving:
         return  # the sender will pick another node
     now = state.clock.now_ms()
+    cluster = state.cluster
+    # One header and one sender lookup for the GOTJOBs of all the copies.
+    gotjob = b"" if msg.mflags & messages.MFLAG_NOREPLY else cluster.header_key(messages.GOTJOB)
+    sender_id = sender.id
     for copy in jobs_in(msg, sender):
         assert copy.queue is not None  # jobs_in yields only jobs with a queue
         q = state.queues.lookup(copy.queue)
@@ -445,8 +465,12 @@ def receive_repljob(state: ServerState, sender: ClusterNode, msg: Message) -> No
             continue  # acked and collected while this copy travelled: no GOTJOB
         else:
             _store_copy(state, copy, now)
-        if not msg.mflags & messages.MFLAG_NOREPLY:
-            state.cluster.send_job_id(sender.id, messages.GOTJOB, copy.id, 0)
+        if gotjob:
+            cluster.send_entry(sender_id, gotjob, copy.id + _NO_AUX)
+
+
+#: The aux field of a GOTJOB: 0.
+_NO_AUX: Final = bytes(4)
 
 
 def _store_copy(state: ServerState, job: Job, now: int) -> None:

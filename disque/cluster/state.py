@@ -25,12 +25,12 @@ __all__ = ["ClusterNode", "ClusterState", "NodesFileError", "new_node_id"]
 log = logging.getLogger("disque.cluster")
 
 # Node flags, named like CLUSTER NODES prints them.
-FLAG_MYSELF = "myself"
-FLAG_PFAIL = "fail?"
-FLAG_FAIL = "fail"
-FLAG_HANDSHAKE = "handshake"
-FLAG_NOADDR = "noaddr"
-FLAG_LEAVING = "leaving"
+FLAG_MYSELF: Final = "myself"
+FLAG_PFAIL: Final = "fail?"
+FLAG_FAIL: Final = "fail"
+FLAG_HANDSHAKE: Final = "handshake"
+FLAG_NOADDR: Final = "noaddr"
+FLAG_LEAVING: Final = "leaving"
 KNOWN_FLAGS = (FLAG_MYSELF, FLAG_PFAIL, FLAG_FAIL, FLAG_HANDSHAKE, FLAG_NOADDR, FLAG_LEAVING)
 
 
@@ -184,7 +184,11 @@ class ClusterState:
         """Nodes in the table that finished the handshake, failed ones included."""
         if len(self.nodes) == 1:  # the common single-node case, on every ADDJOB
             return 1
-        return sum(1 for n in self.nodes.values() if FLAG_HANDSHAKE not in n.flags)
+        count = 0  # a loop, not sum() of a generator: this runs on every ADDJOB
+        for node in self.nodes.values():
+            if FLAG_HANDSHAKE not in node.flags:
+                count += 1
+        return count
 
     def reachable_nodes(self) -> list[ClusterNode]:
         """Other nodes we may replicate to (not failing, leaving or handshaking).
@@ -357,7 +361,7 @@ class ClusterState:
         self.broadcast(self.queue_message(messages.PAUSE, queue, flags))
 
 
-_MYSELF_WIRE = messages.WIRE_FLAGS[FLAG_MYSELF]
+_MYSELF_WIRE: Final = messages.WIRE_FLAGS[FLAG_MYSELF]
 _AUX: Final = struct.Struct(">I")
-_UNREACHABLE = frozenset((FLAG_MYSELF, FLAG_HANDSHAKE, FLAG_LEAVING, FLAG_PFAIL, FLAG_FAIL,
+_UNREACHABLE: Final = frozenset((FLAG_MYSELF, FLAG_HANDSHAKE, FLAG_LEAVING, FLAG_PFAIL, FLAG_FAIL,
                           FLAG_NOADDR))
