@@ -46,7 +46,7 @@ __all__ = [
     "deserialize_job",
 ]
 
-JOB_ID_LEN = 40
+JOB_ID_LEN: Final = 40
 
 
 class JobState(IntEnum):
@@ -68,10 +68,12 @@ class JobState(IntEnum):
 
 # The members as plain names: ``JobState.QUEUED`` is a metaclass lookup
 # (~80 ns) and the state machine compares states on every command.
-WAIT_REPL = JobState.WAIT_REPL
-ACTIVE = JobState.ACTIVE
-QUEUED = JobState.QUEUED
-ACKED = JobState.ACKED
+# Final: compiled, C statics, not lookups in this module's dict from every
+# module that compares states.
+WAIT_REPL: Final = JobState.WAIT_REPL
+ACTIVE: Final = JobState.ACTIVE
+QUEUED: Final = JobState.QUEUED
+ACKED: Final = JobState.ACKED
 
 _STATE_LABELS = {
     JobState.WAIT_REPL: "wait-repl",
@@ -84,11 +86,11 @@ STATE_LABEL_BYTES = {int(k): v.encode() for k, v in _STATE_LABELS.items()}
 
 # Job flags, same bits as the original so the serialized form matches.
 #: The next enqueue must broadcast QUEUED (set after the first, silent one).
-FLAG_BCAST_QUEUED = 1
+FLAG_BCAST_QUEUED: Final = 1
 #: Send WILLQUEUE to the other copies 500 ms before qtime.
-FLAG_BCAST_WILLQUEUE = 2
+FLAG_BCAST_WILLQUEUE: Final = 2
 #: Delivered to a client at least once (RETRY-0 jobs are then never queued again).
-FLAG_DELIVERED = 4
+FLAG_DELIVERED: Final = 4
 
 
 class Job:
@@ -406,6 +408,9 @@ _NODE_BLOBS: Final[dict[frozenset[str], bytes]] = {}
 
 
 def _node_list_blob(nodes: frozenset[str]) -> bytes:
+    last = _LAST_NODES
+    if last.nodes is nodes:  # the same shared set as the job before (usual)
+        return last.blob
     blob = _NODE_BLOBS.get(nodes)
     if blob is None:
         ordered = sorted(nodes)
@@ -413,6 +418,8 @@ def _node_list_blob(nodes: frozenset[str]) -> bytes:
         if len(_NODE_BLOBS) >= _NODE_LISTS_MAX:
             _NODE_BLOBS.clear()
         _NODE_BLOBS[nodes] = blob
+    last.nodes = nodes
+    last.blob = blob
     return blob
 
 #: Node lists seen in job blobs -> their frozenset.  A cluster has few
@@ -423,6 +430,9 @@ _NODE_LISTS_MAX: Final = 4096
 
 
 def _node_list(raw: bytes) -> frozenset[str]:
+    last = _LAST_NODES
+    if raw == last.raw:  # the list of the job before (usual): no hashing of raw
+        return last.raw_nodes
     nodes = _NODE_LISTS.get(raw)
     if nodes is None:
         text = raw.decode("ascii")
@@ -430,4 +440,22 @@ def _node_list(raw: bytes) -> frozenset[str]:
         if len(_NODE_LISTS) >= _NODE_LISTS_MAX:
             _NODE_LISTS.clear()
         _NODE_LISTS[raw] = nodes
+    last.raw = raw
+    last.raw_nodes = nodes
     return nodes
+
+
+class _LastNodeList:
+    """The node list serialized last and the one deserialized last, in both
+    forms: consecutive jobs nearly always carry the same one."""
+
+    __slots__ = ("blob", "nodes", "raw", "raw_nodes")
+
+    def __init__(self) -> None:
+        self.nodes: frozenset[str] = frozenset()
+        self.blob = _U32.pack(0)
+        self.raw = b""
+        self.raw_nodes: frozenset[str] = frozenset()
+
+
+_LAST_NODES: Final = _LastNodeList()

@@ -52,10 +52,10 @@ __all__ = [
 ]
 
 #: WILLQUEUE is sent this long before a job is requeued.
-WILLQUEUE_ADVANCE_MS = 500
+WILLQUEUE_ADVANCE_MS: Final = 500
 #: At most this many due jobs are processed per timer run, so a burst of
 #: expiries cannot stall the event loop; the rest run on the next turn.
-MAX_JOBS_PER_RUN = 10_000
+MAX_JOBS_PER_RUN: Final = 10_000
 
 #: Bytes attributed to one job besides its body (object, ID, times, registry
 #: and schedule entries); checked against tracemalloc in the tests.  Jobs

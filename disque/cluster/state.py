@@ -197,7 +197,8 @@ class ClusterState:
         counted them).
         """
         bad = _UNREACHABLE
-        return [n for n in self.nodes.values() if n.flags.isdisjoint(bad)]
+        # A peer's flags are nearly always empty: no method call then.
+        return [n for n in self.nodes.values() if not n.flags or n.flags.isdisjoint(bad)]
 
     def replication_targets(self, now_ms: int) -> tuple[list[str], frozenset[str]]:
         """The IDs of the reachable, linked nodes a job may be copied to, and
@@ -222,7 +223,8 @@ class ClusterState:
         bad = _UNREACHABLE
         count = 0
         for node in self.nodes.values():
-            if node.flags.isdisjoint(bad):
+            flags = node.flags
+            if not flags or flags.isdisjoint(bad):  # no method call for empty flags
                 count += 1
         return count
 
