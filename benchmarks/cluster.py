@@ -114,6 +114,18 @@ def cycle(nodes: list[DisqueProcess], jobs: int) -> dict[str, Any]:
             "jobs_per_s": jobs / (end - start)}
 
 
+def _flushed(nodes: list[DisqueProcess]) -> bool:
+    """DEBUG FLUSHALL on every node (it is local), then whether all are empty.
+
+    Again until they are: copies still on their way when a node flushed
+    (the original's ASYNC REPLJOBs, queued behind a -P 16 run's) land
+    after it and stay.
+    """
+    for node in nodes:
+        raw_command(node.port, "DEBUG", "FLUSHALL")
+    return all(registered_jobs(n.port) == 0 for n in nodes)
+
+
 def scenario_cluster(args: argparse.Namespace, root: Path,
                      request_counts: dict[int, int]) -> dict[str, Any]:
     impls = ["ours"] + (["original"] if reference_server() else [])
@@ -131,10 +143,7 @@ def scenario_cluster(args: argparse.Namespace, root: Path,
             try:
                 tests = CLUSTER_TESTS if size > 1 else [("single", SINGLE)]
                 this[f"{impl}/{size}"] = run_tests(nodes, tests, request_counts)
-                for node in nodes:  # FLUSHALL is local: every node's copies
-                    raw_command(node.port, "DEBUG", "FLUSHALL")
-                wait_for(lambda nodes=nodes: all(registered_jobs(n.port) == 0
-                                                 for n in nodes), timeout=30,
+                wait_for(lambda nodes=nodes: _flushed(nodes), timeout=30, interval=0.5,
                          message="DEBUG FLUSHALL to empty every node")
                 this[f"{impl}/{size}"]["cycle"] = cycle(nodes, args.cycle_jobs)
             finally:

@@ -59,6 +59,8 @@ COMPILED_MODULES: tuple[str, ...] = (
     "disque.blocking",
     # Every ACK records its job for WAITJOB (RecentAcks), used or not.
     "disque.completion",
+    # Every replicated ADDJOB records its replication time (LatencyHistogram).
+    "disque.latency",
     # The bus's per-job path: a peer spends its time here (REPLJOB in,
     # GOTJOB out), and the creator half of its time.
     "disque.cluster.messages",

@@ -39,6 +39,14 @@ HANDLERS = {
 }
 
 
+#: Handlers of a whole batched job-ID message (see ClusterBus.batch_handlers).
+BATCH_HANDLERS = {
+    messages.GOTJOB: replication.receive_gotjobs,
+}
+
+
 def register_job_messages(bus: ClusterBus, state: ServerState) -> None:
     for msg_type, handler in HANDLERS.items():
         bus.handlers[msg_type] = partial(handler, state)
+    for msg_type, handler in BATCH_HANDLERS.items():
+        bus.batch_handlers[msg_type] = partial(handler, state)

@@ -33,7 +33,7 @@ import itertools
 import logging
 import time
 from collections import deque
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, Final, cast
 
 from .blocking import NO_REPLY, Blocked, unblock
 from .commands import BLOCKED, execute
@@ -52,8 +52,8 @@ _client_ids = itertools.count(1)
 MAX_PENDING_COMMANDS = 10_000
 #: ADDJOBs of one client that may wait for their copies at the same time;
 #: the next one waits in ``pending`` like any blocked-behind command.
-MAX_OVERLAPPED_ADDJOBS = 1024
-_ADDJOBS = frozenset((b"addjob", b"addjobs"))
+MAX_OVERLAPPED_ADDJOBS: Final = 1024
+_ADDJOBS: Final = frozenset((b"addjob", b"addjobs"))
 #: Queued reply bytes after which running a client's pending commands waits
 #: for the next loop turn (the replies are written, back-pressure applies).
 DRAIN_OUTPUT_LIMIT = 256 * 1024
@@ -121,7 +121,11 @@ class ReplySlot:
 
 
 def _overlappable(argv: list[bytes]) -> bool:
-    return bool(argv) and argv[0].lower() in _ADDJOBS
+    if not argv:
+        return False
+    name = argv[0]
+    # The usual spellings first: lower() makes a new bytes object.
+    return name == b"ADDJOB" or name == b"addjob" or name.lower() in _ADDJOBS
 
 
 class ClientConnection(asyncio.Protocol):

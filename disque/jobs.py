@@ -53,10 +53,10 @@ __all__ = [
 ]
 
 #: WILLQUEUE is sent this long before a job is requeued.
-WILLQUEUE_ADVANCE_MS = 500
+WILLQUEUE_ADVANCE_MS: Final = 500
 #: At most this many due jobs are processed per timer run, so a burst of
 #: expiries cannot stall the event loop; the rest run on the next turn.
-MAX_JOBS_PER_RUN = 10_000
+MAX_JOBS_PER_RUN: Final = 10_000
 
 #: Bytes attributed to one job besides its body (object, ID, times, registry
 #: and schedule entries); checked against tracemalloc in the tests, and
@@ -239,8 +239,13 @@ def job_memory(job: Job) -> int:
     return JOB_OVERHEAD_BYTES + len(job.body)
 
 
-def register_job(state: ServerState, job: Job) -> bool:
-    """Add a job to the registry and the schedule; False if the ID exists."""
+def register_job(state: ServerState, job: Job, schedule: bool = True) -> bool:
+    """Add a job to the registry and the schedule; False if the ID exists.
+
+    ``schedule=False``: not in the schedule (a job waiting for its copies,
+    whose expiry the replication timer watches: it is scheduled once
+    queued, rather than scheduled at its expiry and moved a moment later).
+    """
     if not state.jobs._add(job):
         if state.jobs.get(job.id) is not job:
             state.jobs.schedule.discard(job)  # ADDJOB scheduled it before registering
@@ -250,7 +255,7 @@ def register_job(state: ServerState, job: Job) -> bool:
     if job_state == ACKED or (job.retry == 0 and job.flags & FLAG_DELIVERED
                               and job_state != QUEUED):
         state.jobs.evictable_add(job)
-    if not job.awakeme:  # else already scheduled (ADDJOB enqueues before registering)
+    if schedule and not job.awakeme:  # else already scheduled (ADDJOB enqueues first)
         update_awake_time(state, job)
     return True
 

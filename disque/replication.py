@@ -6,7 +6,9 @@ gets its ID:
 
 1. The job waits in ``wait-repl``; ``confirmed`` starts as {myself} ({}
    under external replication).  REPLJOB, with the full node list, goes to
-   ``needed`` reachable, linked nodes picked at random.
+   ``needed`` reachable, linked nodes picked at random.  The job is not in
+   the schedule meanwhile: the 50 ms timer below expires it if its TTL
+   passes (-NOREPL, as process_job's expiry would give).
 2. Each copy's node answers GOTJOB.  With n confirmations the job is
    *replication achieved*: queued here (or, under external replication,
    ENQUEUE goes to one of the copies and the local object is dropped), and
@@ -34,7 +36,7 @@ import logging
 import random
 import time
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 from .ack import acked_elsewhere
 from .blocking import Waiter, park, unblock
@@ -62,10 +64,13 @@ if TYPE_CHECKING:
     from .state import ServerState
 
 __all__ = ["BlockedAdd", "abort_all", "broadcast_repljob_noreply", "jobs_in",
-           "receive_enqueue", "receive_gotjob", "receive_repljob", "replicate_job",
-           "replication_removed"]
+           "receive_enqueue", "receive_gotjob", "receive_gotjobs", "receive_repljob",
+           "replicate_job", "replication_removed"]
 
 log = logging.getLogger("disque.replication")
+
+#: Final: compiled, a C static rather than two lookups (module, attribute).
+_perf_counter: Final = time.perf_counter
 
 #: One more node is asked this often while confirmations are missing.
 EXTRA_NODE_PERIOD_S = 0.05
@@ -102,7 +107,7 @@ class BlockedAdd:
         #: When REPLJOB last went to the unconfirmed nodes (ms).
         self.last_sent = now
         #: For the replication latency histogram (finer than the ms clock).
-        self.started = time.perf_counter()
+        self.started = _perf_counter()
 
     def release(self, state: ServerState) -> None:
         state.replicating.pop(self.job.id, None)
@@ -131,17 +136,58 @@ def _drop_partial_copies(state: ServerState, job: Job) -> None:
 # --------------------------------------------------------------------------
 
 def _repljob(state: ServerState, job: Job, noreply: bool) -> bytes:
+    """A whole REPLJOB frame, for a job with extension options (the trailer
+    after its blob describes the jobs of its own message)."""
     blob = serialize_job(job, bus_now_ms=state.clock.now_ms())
-    trailer = bus_trailer((job,)) if job.ext is not None else b""
     return state.cluster.jobs_message(messages.REPLJOB, [blob],
-                                      messages.MFLAG_NOREPLY if noreply else 0, trailer)
+                                      messages.MFLAG_NOREPLY if noreply else 0,
+                                      bus_trailer((job,)))
 
 
-def _add_targets(state: ServerState, job: Job, count: int) -> int:
+def _send_copies(state: ServerState, job: Job, ask: bool, inform: bool, now: int) -> None:
+    """REPLJOB to the job's other nodes: with ``ask``, to those that have not
+    confirmed (GOTJOB expected); with ``inform``, NOREPLY to those that have
+    (or to all of them without ``ask``), to learn the node list.
+
+    A job of the original's kind travels as its blob, handed to each link
+    (``BusLink.send_entry``): between our nodes the blobs of a turn leave as
+    one REPLJOB, without a message of its own made per job and sliced apart
+    again at flush time; the original still gets one REPLJOB per job.
+    """
+    cluster = state.cluster
+    myself = cluster.myself.id
+    confirmed = job.confirmed
+    if job.ext is not None:
+        ask_frame = _repljob(state, job, noreply=False) if ask else b""
+        inform_frame = b""
+        for node_id in job.delivered:
+            if node_id == myself:
+                continue
+            if ask and node_id not in confirmed:
+                cluster.send(node_id, ask_frame)
+            elif inform:
+                inform_frame = inform_frame or _repljob(state, job, noreply=True)
+                cluster.send(node_id, inform_frame)
+        return
+    blob = serialize_job(job, bus_now_ms=now)
+    ask_key = cluster.header_key(messages.REPLJOB) if ask else b""
+    inform_key = b""
+    for node_id in job.delivered:
+        if node_id == myself:
+            continue
+        if ask and node_id not in confirmed:
+            cluster.send_entry(node_id, ask_key, blob)
+        elif inform:
+            inform_key = inform_key or cluster.header_key(messages.REPLJOB,
+                                                          messages.MFLAG_NOREPLY)
+            cluster.send_entry(node_id, inform_key, blob)
+
+
+def _add_targets(state: ServerState, job: Job, count: int, now: int) -> int:
     """Add up to ``count`` new reachable, linked nodes to the job's node list."""
     delivered = job.delivered
     cluster = state.cluster
-    targets, with_myself = cluster.replication_targets(state.clock.now_ms())
+    targets, with_myself = cluster.replication_targets(now)
     if delivered is cluster.myself_set and len(targets) <= count:
         # A new job copied to every other node: the set all such jobs share.
         job.delivered = with_myself
@@ -154,33 +200,25 @@ def _add_targets(state: ServerState, job: Job, count: int) -> int:
     return len(chosen)
 
 
-def _send_repljob(state: ServerState, job: Job, list_changed: bool = True) -> None:
+def _send_repljob(state: ServerState, job: Job, now: int, list_changed: bool = True) -> None:
     """REPLJOB to every listed node that has not confirmed; when the node list
     changed, the confirmed ones get it too, with NOREPLY, to learn the list."""
-    cluster = state.cluster
-    ask = _repljob(state, job, noreply=False)
-    inform = None
-    for node_id in job.delivered:
-        if node_id == cluster.myself.id:
-            continue
-        if node_id not in job.confirmed:
-            cluster.send(node_id, ask)
-        elif list_changed:
-            inform = inform or _repljob(state, job, noreply=True)
-            cluster.send(node_id, inform)
+    _send_copies(state, job, True, list_changed, now)
 
 
 def replicate_job(state: ServerState, client: Waiter, job: Job, needed: int, extrepl: bool,
-                  timeout_ms: int, async_: bool) -> Any:
+                  timeout_ms: int, async_: bool, now: int = 0) -> Any:
     """Start replicating a new job (ADDJOB's synchronous or ASYNC path).
 
     Returns the reply for the client now, or None when it must wait (the
-    caller answers BLOCKED).
+    caller answers BLOCKED).  ``now``: the clock's ms, when the caller has
+    read it already.
     """
+    if not now:
+        now = state.clock.now_ms()
     cluster = state.cluster
-    myself = cluster.myself.id
     job.delivered = frozenset() if extrepl else cluster.myself_set
-    _add_targets(state, job, needed)
+    _add_targets(state, job, needed, now)
     if async_:
         if extrepl:
             if not job.delivered:
@@ -188,22 +226,23 @@ def replicate_job(state: ServerState, client: Waiter, job: Job, needed: int, ext
                                   "replication level")
             # Nothing is stored here: one recipient queues the job.
             targets = sorted(job.delivered)
-            broadcast_repljob_noreply(state, job)
+            _send_copies(state, job, False, True, now)
             _send_enqueue(state, random.choice(targets), job)
             return Status(job.id.decode())
         job.state = ACTIVE
         _store_achieved(state, job)
-        broadcast_repljob_noreply(state, job)
+        _send_copies(state, job, False, True, now)
         return Status(job.id.decode())
     job.state = WAIT_REPL
-    job.confirmed = frozenset() if extrepl else frozenset((myself,))
-    register_job(state, job)
-    blocked = BlockedAdd(client, job, needed, extrepl, state.clock.now_ms())
+    job.confirmed = frozenset() if extrepl else cluster.myself_set
+    # Not scheduled: _add_missing_copies watches its expiry while it waits.
+    register_job(state, job, schedule=False)
+    blocked = BlockedAdd(client, job, needed, extrepl, now)
     state.replicating[job.id] = blocked
     if state.replication_timer is None:
         state.replication_timer = asyncio.get_running_loop().call_later(
             EXTRA_NODE_PERIOD_S, _add_missing_copies, state)
-    _send_repljob(state, job)
+    _send_repljob(state, job, now)
     park(state, blocked, timeout_ms)
     return None
 
@@ -211,10 +250,7 @@ def replicate_job(state: ServerState, client: Waiter, job: Job, needed: int, ext
 def broadcast_repljob_noreply(state: ServerState, job: Job) -> None:
     """REPLJOB with NOREPLY to the job's other nodes: a new job's copies
     (ASYNC), or copies that must learn a change (a dead-letter move)."""
-    message = _repljob(state, job, noreply=True)
-    for node_id in job.delivered:
-        if node_id != state.cluster.myself.id:
-            state.cluster.send(node_id, message)
+    _send_copies(state, job, False, True, state.clock.now_ms())
 
 
 def _add_missing_copies(state: ServerState) -> None:
@@ -231,13 +267,21 @@ def _add_missing_copies(state: ServerState) -> None:
     period = int(EXTRA_NODE_PERIOD_S * 1000)
     for blocked in list(state.replicating.values()):
         job = blocked.job
-        if job.state != WAIT_REPL or now - blocked.last_added < period:
+        if job.state != WAIT_REPL:
             continue
-        added = _add_targets(state, job, 1)
+        if now >= job.etime and state.jobs.get(job.id) is job:
+            # Its TTL passed while it waited (it is not in the schedule that
+            # expires the others): -NOREPL, as process_job's expiry gives.
+            unregister_job(state, job)
+            state.stats.expired_jobs += 1
+            continue
+        if now - blocked.last_added < period:
+            continue
+        added = _add_targets(state, job, 1, now)
         blocked.last_added = now
         if added or now - blocked.last_sent >= RESEND_PERIOD_MS:
             blocked.last_sent = now
-            _send_repljob(state, job, list_changed=added > 0)
+            _send_repljob(state, job, now, list_changed=added > 0)
     state.replication_timer = asyncio.get_running_loop().call_later(
         EXTRA_NODE_PERIOD_S, _add_missing_copies, state)
 
@@ -261,13 +305,12 @@ def _store_achieved(state: ServerState, job: Job) -> None:
 
 
 def _send_enqueue(state: ServerState, node_id: str, job: Job) -> None:
-    state.cluster.send(node_id, state.cluster.job_id_message(messages.ENQUEUE, job.id,
-                                                             job.delay))
+    state.cluster.send_job_id(node_id, messages.ENQUEUE, job.id, job.delay)
 
 
 def _replication_achieved(state: ServerState, blocked: BlockedAdd) -> None:
     job = blocked.job
-    state.replication_latency.observe(time.perf_counter() - blocked.started)
+    state.replication_latency.observe(_perf_counter() - blocked.started)
     if blocked.extrepl:
         # No local copy: one of the copies queues it, ours goes.
         _send_enqueue(state, random.choice(sorted(job.confirmed)), job)
@@ -317,14 +360,47 @@ def abort_all(state: ServerState) -> None:
 # --------------------------------------------------------------------------
 
 def receive_gotjob(state: ServerState, sender: ClusterNode, msg: Message) -> None:
-    job = state.jobs.get(msg.job_id)
-    if job is None or job.state != WAIT_REPL:
+    _confirm(state, sender.id, msg.job_id)
+
+
+def receive_gotjobs(state: ServerState, sender: ClusterNode, msg: Message) -> None:
+    """A batched GOTJOB (CAP_BATCH): every entry's confirmation, read from
+    the payload as it is rather than made a message each; a failing entry
+    does not drop the ones after it."""
+    payload = msg.payload
+    node_id = sender.id
+    for offset in range(0, len(payload) - 43, 44):
+        try:
+            _confirm(state, node_id, payload[offset:offset + 40])
+        except Exception:  # a bug: log it, keep the other confirmations
+            log.exception("Error processing a GOTJOB from %s", node_id)
+
+
+#: (confirmed set, node ID) -> the set with the node: every job replicated
+#: to the same nodes goes through the same few sets, and a set union costs
+#: more than finding it here.
+_CONFIRMED: Final[dict[tuple[frozenset[str], str], frozenset[str]]] = {}
+_CONFIRMED_MAX: Final = 4096
+
+
+def _confirm(state: ServerState, node_id: str, job_id: bytes) -> None:
+    """GOTJOB: ``node_id`` holds a copy of the job we wait to replicate."""
+    blocked = state.replicating.get(job_id)
+    if blocked is None:
+        return  # replicated already (a late answer), or not ours
+    job = blocked.job
+    if job.state != WAIT_REPL:
         return
-    job.confirmed = job.confirmed | {sender.id}
-    if len(job.confirmed) >= job.repl:
-        blocked = state.replicating.get(job.id)
-        if blocked is not None:
-            _replication_achieved(state, blocked)
+    key = (job.confirmed, node_id)
+    confirmed = _CONFIRMED.get(key)
+    if confirmed is None:
+        confirmed = job.confirmed | {node_id}
+        if len(_CONFIRMED) >= _CONFIRMED_MAX:
+            _CONFIRMED.clear()
+        _CONFIRMED[key] = confirmed
+    job.confirmed = confirmed
+    if len(confirmed) >= job.repl:
+        _replication_achieved(state, blocked)
 
 
 def jobs_in(msg: Message, sender: ClusterNode) -> Iterator[Job]:
@@ -371,6 +447,10 @@ def receive_repljob(state: ServerState, sender: ClusterNode, msg: Message) -> No
     if state.memory.level() >= 1 or state.cluster.leaving:
         return  # the sender will pick another node
     now = state.clock.now_ms()
+    cluster = state.cluster
+    # One header and one sender lookup for the GOTJOBs of all the copies.
+    gotjob = b"" if msg.mflags & messages.MFLAG_NOREPLY else cluster.header_key(messages.GOTJOB)
+    sender_id = sender.id
     for copy in jobs_in(msg, sender):
         assert copy.queue is not None  # jobs_in yields only jobs with a queue
         q = state.queues.lookup(copy.queue)
@@ -385,9 +465,12 @@ def receive_repljob(state: ServerState, sender: ClusterNode, msg: Message) -> No
             continue  # acked and collected while this copy travelled: no GOTJOB
         else:
             _store_copy(state, copy, now)
-        if not msg.mflags & messages.MFLAG_NOREPLY:
-            state.cluster.send(sender.id, state.cluster.job_id_message(messages.GOTJOB,
-                                                                       copy.id, 0))
+        if gotjob:
+            cluster.send_entry(sender_id, gotjob, copy.id + _NO_AUX)
+
+
+#: The aux field of a GOTJOB: 0.
+_NO_AUX: Final = bytes(4)
 
 
 def _store_copy(state: ServerState, job: Job, now: int) -> None:

@@ -56,6 +56,10 @@ class ClusterBus:
         self.max_message = max_message
         self.membership = Membership(cluster, now_ms, node_timeout)
         self.handlers: dict[int, Handler] = {}
+        #: Handlers of a whole batched job-ID message (CAP_BATCH) by type,
+        #: that read its entries from the payload themselves; a type
+        #: without one has each entry made a message for its handler.
+        self.batch_handlers: dict[int, Handler] = {}
         self.before_flush = before_flush if before_flush is not None else []
         self.bind_ip = ""
         self.inbound: set[BusLink] = set()
@@ -197,7 +201,13 @@ class ClusterBus:
                 self.stats_dropped += 1
                 return
             if msg.numjobs > 1 and msg.type in messages.JOB_ID_TYPES:
-                self._receive_batch(handler, sender, msg)
+                batch_handler = self.batch_handlers.get(msg.type)
+                if batch_handler is not None:
+                    self.stats_received[msg.type] += msg.numjobs - 1
+                    self.stats_batches_received += 1
+                    batch_handler(sender, msg)
+                else:
+                    self._receive_batch(handler, sender, msg)
             else:
                 handler(sender, msg)
         except Exception:  # a bug: drop this message, keep the link and the node

@@ -6,9 +6,16 @@ link, on which we only answer PING/MEET with PONG (as the original).
 
 Reads are parsed in bulk (every whole message of a read, by
 ``messages.FrameReader``); writes wait until the end of the event-loop turn
-and leave in one ``write`` per link (the bus's flush), like client replies;
-to a peer that takes batched messages (``messages.CAP_BATCH``, only our
-nodes) neighbouring GOTJOBs, QUEUEDs, REPLJOBs ... are merged first.
+and leave in one ``write`` per link (the bus's flush), like client replies.
+
+The per-job messages (GOTJOB, QUEUED, REPLJOB of one job ...) are handed to
+the link as *entries* (:meth:`BusLink.send_entry`: the header from byte 8,
+shared by thousands of them, and the job ID + aux or the job's blob).  To a
+peer that takes batched messages (``messages.CAP_BATCH``, only our nodes)
+neighbouring entries with the same header are kept in a run that becomes one
+message when something else is sent or the turn ends; any other peer gets
+each as the message of its own that the original expects.  (Whole messages
+that could merge are still merged at flush time, ``messages.coalesce``.)
 A link that breaks the framing, stalls in the middle of a message or piles
 up more unread output than :data:`OUTPUT_LIMIT` is closed; the cron
 reconnects outbound links.
@@ -20,7 +27,17 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING, cast
 
-from .messages import CAP_BATCH, FrameError, FrameReader, coalesce
+from .messages import (
+    CAP_BATCH,
+    MAX_BATCH,
+    MAX_BATCH_BYTES,
+    MAX_BATCHED_ENTRY,
+    FrameError,
+    FrameReader,
+    batch_frame,
+    coalesce,
+    single_frame,
+)
 
 if TYPE_CHECKING:
     from .bus import ClusterBus
@@ -36,8 +53,9 @@ OUTPUT_LIMIT = 256 * 1024 * 1024
 
 
 class BusLink(asyncio.Protocol):
-    __slots__ = ("_out", "bus", "closed", "ctime", "last_read", "local_ip", "node",
-                 "partial_since", "peer_ip", "reader", "target", "transport")
+    __slots__ = ("_out", "_queued", "_run", "_run_bytes", "_run_key", "bus", "closed", "ctime",
+                 "last_read", "local_ip", "node", "partial_since", "peer_ip", "reader", "target",
+                 "transport")
 
     def __init__(self, bus: ClusterBus, node: ClusterNode | None = None,
                  target: tuple[str, int] | None = None) -> None:
@@ -56,6 +74,12 @@ class BusLink(asyncio.Protocol):
         #: When the incomplete message now buffered started (0: none).
         self.partial_since = 0
         self._out: list[bytes] = []
+        #: The open run of entries (send_entry) and the header they share.
+        self._run: list[bytes] = []
+        self._run_key = b""
+        self._run_bytes = 0
+        #: Something waits for the bus's flush (it was asked to call ours).
+        self._queued = False
 
     # -- asyncio callbacks ----------------------------------------------------
 
@@ -90,21 +114,71 @@ class BusLink(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         self._out.clear()
+        self._run = []
         self.bus.link_lost(self)
 
     # -- sending --------------------------------------------------------------
 
     def send(self, message: bytes) -> None:
+        """A whole message, after everything sent before it."""
         if self.closed:
             return
         self.bus.stats_sent += 1
-        out = self._out
-        out.append(message)
-        if len(out) == 1:
+        if self._run:
+            self._close_run()
+        self._out.append(message)
+        if not self._queued:
+            self._queued = True
             self.bus.want_flush(self)
+
+    def send_entry(self, key: bytes, entry: bytes) -> None:
+        """A message of one entry: ``key`` is its header from byte 8
+        (``messages.header_rest``), ``entry`` the job ID + aux of a job-ID
+        message or the blob of a REPLJOB's one job.
+
+        To a CAP_BATCH peer it joins the open run when that has the same
+        header (one message at the end, ``messages.batch_frame``); to any
+        other peer it leaves as the original's message of one entry.
+        """
+        if self.closed:
+            return
+        self.bus.stats_sent += 1
+        node = self.node
+        run = self._run
+        if node is None or not node.caps & CAP_BATCH or len(entry) > MAX_BATCHED_ENTRY:
+            if run:
+                self._close_run()
+            self._out.append(single_frame(key, entry))
+        elif run:
+            if ((key is self._run_key or key == self._run_key) and len(run) < MAX_BATCH
+                    and self._run_bytes < MAX_BATCH_BYTES):
+                run.append(entry)
+                self._run_bytes += len(entry)
+                return  # the flush is already asked for
+            self._close_run()
+            self._run = [entry]
+            self._run_key = key
+            self._run_bytes = len(entry)
+        else:
+            run.append(entry)
+            self._run_key = key
+            self._run_bytes = len(entry)
+        if not self._queued:
+            self._queued = True
+            self.bus.want_flush(self)
+
+    def _close_run(self) -> None:
+        """The open run as one message, queued after what was sent before it."""
+        run = self._run
+        self._out.append(batch_frame(self._run_key, run))
+        self.bus.stats_merged += len(run) - 1
+        self._run = []
 
     def flush(self) -> None:
         """Write what this turn queued, in one write (the bus calls this)."""
+        self._queued = False
+        if self._run:
+            self._close_run()
         if self.closed or not self._out or self.transport is None:
             self._out.clear()
             return
@@ -130,6 +204,7 @@ class BusLink(asyncio.Protocol):
             return
         self.closed = True
         self._out.clear()
+        self._run = []
         if self.transport is not None:
             self.transport.abort()
         else:

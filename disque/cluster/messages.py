@@ -52,30 +52,46 @@ from collections.abc import Callable, Iterable
 from typing import Final, NamedTuple
 
 __all__ = [
-    "FrameError", "FrameReader", "GossipEntry", "Message", "coalesce", "decode",
-    "flags_from_wire", "flags_to_wire", "is_node_id", "split_job_ids", "type_name",
+    "FrameError", "FrameReader", "GossipEntry", "Message", "batch_frame", "coalesce", "decode",
+    "flags_from_wire", "flags_to_wire", "header_rest", "is_node_id", "single_frame",
+    "split_job_ids", "type_name",
 ]
 
-SIGNATURE = b"DbuZ"
+SIGNATURE: Final = b"DbuZ"
 VERSION = 1
-HEADER = struct.Struct(">4sIHHHH40s46s34sHHB3s")
-HEADER_SIZE = HEADER.size
-assert HEADER_SIZE == 144
-GOSSIP = struct.Struct(">40sII46sHHHI")
+HEADER: Final = struct.Struct(">4sIHHHH40s46s34sHHB3s")
+HEADER_SIZE: Final = 144
+assert HEADER.size == HEADER_SIZE
+GOSSIP: Final = struct.Struct(">40sII46sHHHI")
 assert GOSSIP.size == 104
-_AUX = struct.Struct(">I")
-_TWO_U32 = struct.Struct(">II")
-_TOTLEN = struct.Struct(">I")
+_AUX: Final = struct.Struct(">I")
+_TWO_U32: Final = struct.Struct(">II")
+_TOTLEN: Final = struct.Struct(">I")
 #: The header fields a receiver reads (version, type, count, sender, port,
 #: flags, mflags[0], mflags[1]), skipping the rest: unpacking the unused 80
 #: bytes of myip and reserved made two bytes objects per message for nothing.
-_DECODED_HEADER = struct.Struct(">8xH2xHH40s80xHHxBBx")
-_COUNT = struct.Struct(">H")
+_DECODED_HEADER: Final = struct.Struct(">8xH2xHH40s80xHHxBBx")
+_COUNT: Final = struct.Struct(">H")
 assert _DECODED_HEADER.size == HEADER_SIZE
 
-# Message types.
-PING, PONG, MEET, FAIL, REPLJOB, GOTJOB, ENQUEUE, QUEUED, SETACK, WILLQUEUE, \
-    GOTACK, DELJOB, NEEDJOBS, YOURJOBS, WORKING, PAUSE = range(16)
+# Message types.  Final: compiled, each use (``messages.GOTJOB`` in the
+# job modules too) is a constant rather than a lookup in a module's dict.
+PING: Final = 0
+PONG: Final = 1
+MEET: Final = 2
+FAIL: Final = 3
+REPLJOB: Final = 4
+GOTJOB: Final = 5
+ENQUEUE: Final = 6
+QUEUED: Final = 7
+SETACK: Final = 8
+WILLQUEUE: Final = 9
+GOTACK: Final = 10
+DELJOB: Final = 11
+NEEDJOBS: Final = 12
+YOURJOBS: Final = 13
+WORKING: Final = 14
+PAUSE: Final = 15
 TYPE_NAMES = ("ping", "pong", "meet", "fail", "repljob", "gotjob", "enqueue", "queued",
               "setack", "willqueue", "gotack", "deljob", "needjobs", "yourjobs", "working",
               "pause")
@@ -86,19 +102,19 @@ JOBS_TYPES: Final = frozenset((REPLJOB, YOURJOBS))
 QUEUE_TYPES: Final = frozenset((NEEDJOBS, PAUSE))
 
 # mflags[0] bits.
-MFLAG_NOREPLY = 1
-MFLAG_INCR_NACKS = 2
-MFLAG_INCR_DELIV = 4
+MFLAG_NOREPLY: Final = 1
+MFLAG_INCR_NACKS: Final = 2
+MFLAG_INCR_DELIV: Final = 4
 
 # mflags[1] bits (ours, see above), set in every message we send.
-CAP_BATCH = 1
+CAP_BATCH: Final = 1
 #: Entries one batched message carries at most: 4096 job-ID entries are
 #: 180 KB, well under SMALL_MESSAGE.
-MAX_BATCH = 4096
+MAX_BATCH: Final = 4096
 #: Bytes of messages merged into one at most, and the largest REPLJOB that
 #: is merged at all: a batch stays a small message (SMALL_MESSAGE).
-_MAX_MERGED = 256 * 1024
-_MAX_MERGED_REPLJOB = 64 * 1024
+_MAX_MERGED: Final = 256 * 1024
+_MAX_MERGED_REPLJOB: Final = 64 * 1024
 
 # Node flag bits, in the header (the sender's own flags) and in gossip entries.
 WIRE_FLAGS = {"fail?": 1, "fail": 2, "myself": 4, "handshake": 8, "noaddr": 16,
@@ -213,7 +229,7 @@ def fail_message(sender_id: str, port: int, flags: int, failing_id: str) -> byte
 #: them: thousands a second go out with the same one.
 _HEADER_RESTS: dict[tuple[int, str, int, int, int], bytes] = {}
 #: The first 8 bytes of every job-ID message (they all have one length).
-_JOB_ID_PREFIX = SIGNATURE + _TOTLEN.pack(HEADER_SIZE + 44)
+_JOB_ID_PREFIX: Final = SIGNATURE + _TOTLEN.pack(HEADER_SIZE + 44)
 
 
 def _header_rest(msg_type: int, sender_id: str, port: int, flags: int, mflags: int) -> bytes:
@@ -277,18 +293,54 @@ def _batch_key(frame: bytes) -> bytes:
     return b""
 
 
+def header_rest(msg_type: int, sender_id: str, port: int, flags: int, mflags: int = 0) -> bytes:
+    """Bytes 8-144 of a header (all but the signature and totlen): the
+    ``key`` of :func:`single_frame`, :func:`batch_frame` and a link's
+    ``send_entry``."""
+    return _header_rest(msg_type, sender_id, port, flags, mflags)
+
+
+#: Entries bigger than this (a REPLJOB's job blob) leave in a message of
+#: their own, never batched: a batch stays a small message.
+MAX_BATCHED_ENTRY: Final = _MAX_MERGED_REPLJOB - HEADER_SIZE - 8
+#: Bytes of entries one batched message carries at most (one more entry
+#: may go over it).
+MAX_BATCH_BYTES: Final = _MAX_MERGED
+
+
+def single_frame(key: bytes, entry: bytes) -> bytes:
+    """The message of one entry under the header ``key`` (:func:`header_rest`):
+    a job-ID message (entry = job ID + aux) or a REPLJOB/YOURJOBS of one job
+    (entry = its blob), byte for byte what :func:`job_id_message` and
+    :func:`jobs_message` make (what the original takes)."""
+    if key[5] in JOBS_TYPES:  # key[5] is byte 13 of the frame: the type's low byte
+        return b"".join((SIGNATURE, _TOTLEN.pack(HEADER_SIZE + 8 + len(entry)), key,
+                         _TWO_U32.pack(1, len(entry)), entry))
+    return b"".join((_JOB_ID_PREFIX, key, entry))
+
+
+def batch_frame(key: bytes, entries: list[bytes]) -> bytes:
+    """One message for ``entries`` under the header ``key`` (CAP_BATCH peers
+    only when there are several): REPLJOB blobs as one REPLJOB of that many
+    jobs, job-ID entries as one message whose ``count`` says how many."""
+    if len(entries) == 1:
+        return single_frame(key, entries[0])
+    if key[5] in JOBS_TYPES:
+        data = b"".join(entries)
+        return b"".join((SIGNATURE, _TOTLEN.pack(HEADER_SIZE + 8 + len(data)), key,
+                         _TWO_U32.pack(len(entries), len(data)), data))
+    # Job-ID messages: ``count`` (bytes 14-16) says how many entries follow.
+    return b"".join([SIGNATURE, _TOTLEN.pack(HEADER_SIZE + 44 * len(entries)), key[:6],
+                     _COUNT.pack(len(entries)), key[8:], *entries])
+
+
 def _merged(run: list[bytes], key: bytes) -> bytes:
     """One message for a run of messages with the same header ``key``."""
     if len(run) == 1:
         return run[0]
-    if key[5] == REPLJOB:  # key[5] is byte 13 of the frame: the type's low byte
-        data = b"".join([frame[HEADER_SIZE + 8:] for frame in run])
-        return b"".join((SIGNATURE, _TOTLEN.pack(HEADER_SIZE + 8 + len(data)), key,
-                         _TWO_U32.pack(len(run), len(data)), data))
-    # Job-ID messages: ``count`` (bytes 14-16) says how many entries follow.
-    return b"".join([SIGNATURE, _TOTLEN.pack(HEADER_SIZE + 44 * len(run)), key[:6],
-                     _COUNT.pack(len(run)), key[8:],
-                     *[frame[HEADER_SIZE:] for frame in run]])
+    if key[5] == REPLJOB:
+        return batch_frame(key, [frame[HEADER_SIZE + 8:] for frame in run])
+    return batch_frame(key, [frame[HEADER_SIZE:] for frame in run])
 
 
 def coalesce(frames: list[bytes]) -> list[bytes]:

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import logging
 import os
+import struct
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Final, Protocol
 
 from ..job import Job
 from . import messages
@@ -24,12 +25,12 @@ __all__ = ["ClusterNode", "ClusterState", "NodesFileError", "new_node_id"]
 log = logging.getLogger("disque.cluster")
 
 # Node flags, named like CLUSTER NODES prints them.
-FLAG_MYSELF = "myself"
-FLAG_PFAIL = "fail?"
-FLAG_FAIL = "fail"
-FLAG_HANDSHAKE = "handshake"
-FLAG_NOADDR = "noaddr"
-FLAG_LEAVING = "leaving"
+FLAG_MYSELF: Final = "myself"
+FLAG_PFAIL: Final = "fail?"
+FLAG_FAIL: Final = "fail"
+FLAG_HANDSHAKE: Final = "handshake"
+FLAG_NOADDR: Final = "noaddr"
+FLAG_LEAVING: Final = "leaving"
 KNOWN_FLAGS = (FLAG_MYSELF, FLAG_PFAIL, FLAG_FAIL, FLAG_HANDSHAKE, FLAG_NOADDR, FLAG_LEAVING)
 
 
@@ -43,6 +44,8 @@ class Link(Protocol):
     ctime: int
 
     def send(self, message: bytes) -> None: ...
+
+    def send_entry(self, key: bytes, entry: bytes) -> None: ...
 
     def close(self) -> None: ...
 
@@ -111,6 +114,11 @@ class ClusterState:
         # the end of the event-loop turn (many changes, one write), as the
         # original's clusterBeforeSleep.  Without a bus: write now.
         self.save_later: Callable[[], None] = self.save
+        # Our headers from byte 8 by type | mflags << 8 | wire flags << 16
+        # (header_key), for the ID and port they were made with.
+        self._keys: dict[int, bytes] = {}
+        self._keys_id = ""
+        self._keys_port = 0
 
     # -- identity and persistence ------------------------------------------
 
@@ -176,7 +184,11 @@ class ClusterState:
         """Nodes in the table that finished the handshake, failed ones included."""
         if len(self.nodes) == 1:  # the common single-node case, on every ADDJOB
             return 1
-        return sum(1 for n in self.nodes.values() if FLAG_HANDSHAKE not in n.flags)
+        count = 0  # a loop, not sum() of a generator: this runs on every ADDJOB
+        for node in self.nodes.values():
+            if FLAG_HANDSHAKE not in node.flags:
+                count += 1
+        return count
 
     def reachable_nodes(self) -> list[ClusterNode]:
         """Other nodes we may replicate to (not failing, leaving or handshaking).
@@ -185,7 +197,8 @@ class ClusterState:
         counted them).
         """
         bad = _UNREACHABLE
-        return [n for n in self.nodes.values() if n.flags.isdisjoint(bad)]
+        # A peer's flags are nearly always empty: no method call then.
+        return [n for n in self.nodes.values() if not n.flags or n.flags.isdisjoint(bad)]
 
     def replication_targets(self, now_ms: int) -> tuple[list[str], frozenset[str]]:
         """The IDs of the reachable, linked nodes a job may be copied to, and
@@ -210,7 +223,8 @@ class ClusterState:
         bad = _UNREACHABLE
         count = 0
         for node in self.nodes.values():
-            if node.flags.isdisjoint(bad):
+            flags = node.flags
+            if not flags or flags.isdisjoint(bad):  # no method call for empty flags
                 count += 1
         return count
 
@@ -264,11 +278,47 @@ class ClusterState:
         return messages.jobs_message(msg_type, me.id, me.port, self.wire_flags, blobs, mflags,
                                      trailer)
 
-    def _send_to_copies(self, nodes: Iterable[str], message: bytes) -> None:
+    def header_key(self, msg_type: int, mflags: int = 0) -> bytes:
+        """Our header from byte 8 for ``msg_type`` (``messages.header_rest``):
+        the key of the entries of a link's batches (BusLink.send_entry).
+        Made once per type, flags and mflags, not per message."""
+        me = self.myself
+        if me.id is not self._keys_id or me.port != self._keys_port:
+            self._keys.clear()
+            self._keys_id = me.id
+            self._keys_port = me.port
+        flags = self.wire_flags
+        code = msg_type | mflags << 8 | flags << 16
+        key = self._keys.get(code)
+        if key is None:
+            key = self._keys[code] = messages.header_rest(msg_type, me.id, me.port, flags,
+                                                          mflags)
+        return key
+
+    def send_entry(self, node_id: str, key: bytes, entry: bytes) -> bool:
+        """``send`` for the message of one entry under our header ``key``."""
+        node = self.nodes.get(node_id)
+        if node is None or node.link is None or node is self.myself:
+            self.messages_dropped += node is not self.myself
+            return False
+        node.link.send_entry(key, entry)
+        return True
+
+    def send_job_id(self, node_id: str, msg_type: int, job_id: bytes, aux: int,
+                    mflags: int = 0) -> bool:
+        """A job-ID message (GOTJOB, ENQUEUE ...) to ``node_id``."""
+        return self.send_entry(node_id, self.header_key(msg_type, mflags),
+                               job_id + _AUX.pack(aux & 0xFFFFFFFF))
+
+    def _send_id_to_copies(self, nodes: Iterable[str], msg_type: int, job_id: bytes, aux: int,
+                           mflags: int = 0) -> None:
+        """A job-ID message to every node of ``nodes`` but us."""
+        key = self.header_key(msg_type, mflags)
+        entry = job_id + _AUX.pack(aux & 0xFFFFFFFF)
         myself = self.myself.id
         for node_id in nodes:
             if node_id != myself:
-                self.send(node_id, message)
+                self.send_entry(node_id, key, entry)
 
     def broadcast(self, message: bytes) -> None:
         """``message`` to every linked node."""
@@ -286,37 +336,34 @@ class ClusterState:
             flags = 0
             if count:
                 flags = messages.MFLAG_INCR_NACKS if nack else messages.MFLAG_INCR_DELIV
-            self._send_to_copies(job.delivered,
-                                 self.job_id_message(messages.QUEUED, job.id, 0, flags))
+            self._send_id_to_copies(job.delivered, messages.QUEUED, job.id, 0, flags)
 
     def broadcast_willqueue(self, job: Job) -> None:
         if len(job.delivered) > 1:
-            self._send_to_copies(job.delivered,
-                                 self.job_id_message(messages.WILLQUEUE, job.id, 0))
+            self._send_id_to_copies(job.delivered, messages.WILLQUEUE, job.id, 0)
 
     def broadcast_working(self, job: Job, delay_s: int = 0) -> None:
         """WORKING to the other copies; ``delay_s``: a NACK ... DELAY, the
         copies hold theirs that much longer (aux, which the original ignores)."""
         if len(job.delivered) > 1:
-            self._send_to_copies(job.delivered,
-                                 self.job_id_message(messages.WORKING, job.id, delay_s))
+            self._send_id_to_copies(job.delivered, messages.WORKING, job.id, delay_s)
 
     def send_setack(self, node_id: str, job: Job, may_have: int) -> None:
-        self.send(node_id, self.job_id_message(messages.SETACK, job.id, may_have))
+        self.send_job_id(node_id, messages.SETACK, job.id, may_have)
 
     def send_gotack(self, node_id: str, job_id: bytes, known: bool) -> None:
-        self.send(node_id, self.job_id_message(messages.GOTACK, job_id, int(known)))
+        self.send_job_id(node_id, messages.GOTACK, job_id, int(known))
 
     def broadcast_deljob(self, job_id: bytes, nodes: Iterable[str] | None) -> None:
         """DELJOB to ``nodes`` (every node when the job was unknown here)."""
         targets = self.other_node_ids() if nodes is None else nodes
-        message = self.job_id_message(messages.DELJOB, job_id, 0)
-        self._send_to_copies(list(targets), message)
+        self._send_id_to_copies(list(targets), messages.DELJOB, job_id, 0)
 
     def broadcast_pause(self, queue: bytes, flags: int) -> None:
         self.broadcast(self.queue_message(messages.PAUSE, queue, flags))
 
 
-_MYSELF_WIRE = messages.WIRE_FLAGS[FLAG_MYSELF]
-_UNREACHABLE = frozenset((FLAG_MYSELF, FLAG_HANDSHAKE, FLAG_LEAVING, FLAG_PFAIL, FLAG_FAIL,
+_MYSELF_WIRE: Final = messages.WIRE_FLAGS[FLAG_MYSELF]
+_AUX: Final = struct.Struct(">I")
+_UNREACHABLE: Final = frozenset((FLAG_MYSELF, FLAG_HANDSHAKE, FLAG_LEAVING, FLAG_PFAIL, FLAG_FAIL,
                           FLAG_NOADDR))

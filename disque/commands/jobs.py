@@ -260,7 +260,7 @@ def addjob(state: ServerState, client: CommandClient, argv: list[bytes]) -> Any:
         if opts.idmp is not None:
             idmp_record(state, opts, q.name, argv[2], job.id, now, pending=True)
         reply = replicate_job(state, client, job, needed, bool(extrepl), opts.timeout,
-                              opts.async_)
+                              opts.async_, now)
         if reply is None:
             return BLOCKED  # the entry is settled when the ADDJOB answers
         if opts.idmp is not None:

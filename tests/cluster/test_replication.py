@@ -247,6 +247,26 @@ def test_waiting_addjobs_are_answered_by_flushall_and_by_an_ack(make_cluster) ->
             os.kill(other.pid, signal.SIGCONT)
 
 
+def test_a_waiting_job_whose_ttl_passes_is_removed(make_cluster) -> None:
+    """A job waiting for its copies is not in the awake schedule (the
+    replication timer watches its expiry): with no ms-timeout (0, forever)
+    and a TTL of 1 s, its ADDJOB still gets -NOREPL when the TTL passes, and
+    the job is gone."""
+    a, b, c = make_cluster(3)
+    for other in (b, c):
+        os.kill(other.pid, signal.SIGSTOP)  # nobody confirms
+    try:
+        started = time.monotonic()
+        with pytest.raises(redis.ResponseError, match="NOREPL job removed"):
+            a.client(socket_timeout=10).execute_command("ADDJOB", "q", "x", 0, "TTL", 1)
+        assert 0.9 <= time.monotonic() - started < 5
+        assert a.client().execute_command("JSCAN", 0, "COUNT", 1000)[1] == []
+        assert a.client().info("stats")["expired_jobs"] == 1
+    finally:
+        for other in (b, c):
+            os.kill(other.pid, signal.SIGCONT)
+
+
 def test_a_leaving_node_only_passes_jobs_on(make_cluster) -> None:
     """The spec's graceful removal: ADDJOB replicates without a local copy,
     a GETJOB that would block gets -LEAVING, no dummy ACKs are made."""

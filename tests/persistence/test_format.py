@@ -24,6 +24,7 @@ from disque.job import (
     Job,
     JobIdGenerator,
     JobState,
+    SerializationError,
     deserialize_job,
     serialize_job,
 )
@@ -66,6 +67,29 @@ def test_fast_decoder_matches_deserialize_job(job: Job) -> None:
     assert end == len(blob)
     for checked in (True, False):
         assert same_job(BlobDecoder().decode(blob, checked), reference)
+
+
+def test_blobs_round_trip_and_damaged_ones_are_refused() -> None:
+    """serialize_job packs with one struct per queue-name length and
+    deserialize_job reads lengths byte by byte: any queue length round
+    trips, and a cut or a wrong length field gives SerializationError,
+    never another exception or a job read from the next blob's bytes."""
+    for qlen in (1, 7, 255, 256, 70_000):
+        job = make_job(queue=b"q" * qlen, body=b"b" * (qlen % 97))
+        blob = serialize_job(job)
+        copy, end = deserialize_job(blob + b"next blob")
+        assert end == len(blob) and same_job(copy, job)
+    blob = serialize_job(make_job(queue=b"queue", body=b"body",
+                                  delivered=frozenset([NODE_A, NODE_B])))
+    for cut in range(len(blob)):
+        with pytest.raises(SerializationError):
+            deserialize_job(blob[:cut])
+    qlen_at, blen_at = 72, 76 + 5
+    for at, value in ((0, 10), (0, len(blob)), (qlen_at, 1000), (blen_at, 1000),
+                      (blen_at, 3), (blen_at + 4 + 4, 1)):
+        bad = blob[:at] + value.to_bytes(4, "little") + blob[at + 4:]
+        with pytest.raises(SerializationError):
+            deserialize_job(bad + serialize_job(make_job()))
 
 
 def test_records_parse_back() -> None:

@@ -10,6 +10,8 @@ from __future__ import annotations
 import asyncio
 import gc
 import inspect
+import random
+import re
 import time
 import weakref
 
@@ -18,7 +20,7 @@ import pytest
 from disque import _native, gcpolicy
 from disque.connection import ClientConnection
 from disque.gcpolicy import CollectorPolicy
-from disque.job import Job, JobIdGenerator, are_valid_job_ids, is_valid_job_id
+from disque.job import _ID_PATTERN, Job, JobIdGenerator, are_valid_job_ids, is_valid_job_id
 from disque.jobs import AwakeSchedule, JobRegistry
 
 from .statekit import Node
@@ -145,6 +147,20 @@ def test_valid_id_lists(ids: list[bytes]) -> None:
 def test_invalid_id_lists(ids: list[bytes]) -> None:
     assert not are_valid_job_ids(ids)
     assert not all(is_valid_job_id(job_id) for job_id in ids)
+
+
+def test_the_id_check_agrees_with_the_id_pattern() -> None:
+    """is_valid_job_id (a translate and one integer mask, not a regular
+    expression) against the pattern, on IDs with 1-3 random bytes changed."""
+    pattern = re.compile(_ID_PATTERN)
+    rng = random.Random(16)
+    for _ in range(50_000):
+        job_id = bytearray(GOOD)
+        for _ in range(rng.randint(1, 3)):
+            job_id[rng.randrange(40)] = rng.randrange(256)
+        assert is_valid_job_id(bytes(job_id)) == (pattern.fullmatch(job_id) is not None)
+    for length in (0, 1, 39, 41, 80):
+        assert not is_valid_job_id((GOOD * 2)[:length])
 
 
 # --------------------------------------------------------------------------

@@ -144,3 +144,24 @@ def test_clear_leaves_no_flags_behind() -> None:
     order.clear()
     assert not order and order.pop_oldest() is None
     assert not any(job.flags & (FLAG_IN_FIFO | FLAG_FIFO_STALE) for job in jobs)
+
+
+def test_fifo_flags_are_never_serialized_nor_loaded() -> None:
+    """They describe this node's deque: a copy sent to a peer or written to
+    the AOF must not carry them, and a blob that has them (a buggy or
+    future peer) must not make a job look queued."""
+    from disque.job import SERIALIZED_FLAGS, deserialize_job, serialize_job
+
+    order = JobOrder()
+    job = Job(b"D-dcb833cf-8YL1NT17e9+wsA/09NqxscQI-05a1", b"q", b"body", ctime=10)
+    order.add(job)
+    assert job.flags & FLAG_IN_FIFO
+    blob = serialize_job(job)
+    copy, _ = deserialize_job(blob)
+    assert copy.flags == job.flags & SERIALIZED_FLAGS
+    assert not copy.flags & (FLAG_IN_FIFO | FLAG_FIFO_STALE)
+    flags_at = 4 + 40 + 1  # length, ID, state/gc byte
+    forged = bytearray(blob)
+    forged[flags_at] |= FLAG_IN_FIFO | FLAG_FIFO_STALE
+    loaded, _ = deserialize_job(bytes(forged))
+    assert not loaded.flags & (FLAG_IN_FIFO | FLAG_FIFO_STALE)

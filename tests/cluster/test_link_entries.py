@@ -1,0 +1,138 @@
+"""What a link writes for the per-job messages handed to it as entries
+(BusLink.send_entry): the original's messages, one per job, to a node that
+does not take batches; to one of ours, runs of neighbours with the same
+header as one message, everything in the order it was sent.
+
+Sans-IO: a real bus and link object, a transport that records the bytes
+(the process tests, test_batching.py and test_interop.py, run the same path
+between real nodes and against the original).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+from collections.abc import Callable
+from typing import Any
+
+from disque.cluster import messages as m
+from disque.cluster.bus import ClusterBus
+from disque.cluster.link import BusLink
+from disque.cluster.state import ClusterNode, ClusterState
+
+ME = "0123456789abcdef0123456789abcdef01234567"
+PEER = "fedcba9876543210fedcba9876543210fedcba98"
+JOB_IDS = [b"D-dcb833cf-8YL1NT17e9+wsA/09NqxscQI-%04x" % i for i in range(8)]
+
+
+class RecordingTransport:
+    def __init__(self) -> None:
+        self.written: list[bytes] = []
+
+    def write(self, data: bytes) -> None:
+        self.written.append(data)
+
+    def get_write_buffer_size(self) -> int:
+        return 0
+
+    def abort(self) -> None:
+        pass
+
+
+def _blob(i: int, size: int = 20) -> bytes:
+    return struct.pack("<I", size) + bytes([i]) * size
+
+
+def _run(caps: int, sends: Callable[[ClusterState, BusLink], None]) -> tuple[list[bytes], Any]:
+    """``sends`` in one event-loop turn; the frames the link wrote at its end."""
+    cluster = ClusterState(ClusterNode(ME, "127.0.0.1", 7711), None)
+    peer = ClusterNode(PEER, "127.0.0.1", 7712)
+    peer.caps = caps
+    cluster.nodes[PEER] = peer
+    bus = ClusterBus(cluster, lambda: 0, lambda: 15000)
+    link = BusLink(bus, peer, ("127.0.0.1", 7712))
+    transport = RecordingTransport()
+    link.transport = transport  # type: ignore[assignment]
+    peer.link = link
+
+    async def turn() -> None:
+        sends(cluster, link)
+        await asyncio.sleep(0)  # the bus flushes at the end of the turn
+        await asyncio.sleep(0)
+
+    asyncio.run(turn())
+    assert len(transport.written) == 1  # one write for the turn
+    return m.FrameReader().feed(transport.written[0]), bus
+
+
+def _burst(cluster: ClusterState, link: BusLink) -> None:
+    """GOTJOBs, then a PING, REPLJOBs, an ENQUEUE, a NOREPLY REPLJOB, GOTJOBs."""
+    for job_id in JOB_IDS[:3]:
+        cluster.send_job_id(PEER, m.GOTJOB, job_id, 0)
+    link.send(m.gossip_message(m.PING, ME, 7711, 4, []))
+    repljob = cluster.header_key(m.REPLJOB)
+    for i in range(3):
+        cluster.send_entry(PEER, repljob, _blob(i))
+    cluster.send_job_id(PEER, m.ENQUEUE, JOB_IDS[3], 7)
+    cluster.send_entry(PEER, cluster.header_key(m.REPLJOB, m.MFLAG_NOREPLY), _blob(9))
+    for job_id in JOB_IDS[4:6]:
+        cluster.send_job_id(PEER, m.GOTJOB, job_id, 0)
+
+
+def test_the_original_gets_one_message_per_entry_as_before() -> None:
+    frames, bus = _run(0, _burst)
+    expected = [
+        *[m.job_id_message(m.GOTJOB, ME, 7711, 4, job_id, 0) for job_id in JOB_IDS[:3]],
+        m.gossip_message(m.PING, ME, 7711, 4, []),
+        *[m.jobs_message(m.REPLJOB, ME, 7711, 4, [_blob(i)]) for i in range(3)],
+        m.job_id_message(m.ENQUEUE, ME, 7711, 4, JOB_IDS[3], 7),
+        m.jobs_message(m.REPLJOB, ME, 7711, 4, [_blob(9)], m.MFLAG_NOREPLY),
+        *[m.job_id_message(m.GOTJOB, ME, 7711, 4, job_id, 0) for job_id in JOB_IDS[4:6]],
+    ]
+    assert frames == expected  # byte for byte
+    assert bus.stats_sent == len(expected) and bus.stats_merged == 0
+
+
+def test_our_nodes_get_runs_of_neighbours_merged_in_order() -> None:
+    frames, bus = _run(m.CAP_BATCH, _burst)
+    decoded = [m.decode(frame) for frame in frames]
+    assert [(msg.type, msg.numjobs, msg.mflags) for msg in decoded] == [
+        (m.GOTJOB, 3, 0), (m.PING, 0, 0), (m.REPLJOB, 3, 0), (m.ENQUEUE, 0, 0),
+        (m.REPLJOB, 1, m.MFLAG_NOREPLY), (m.GOTJOB, 2, 0)]
+    assert [e.job_id for e in m.split_job_ids(decoded[0])] == JOB_IDS[:3]
+    assert decoded[2].payload == b"".join(_blob(i) for i in range(3))
+    assert decoded[3].job_id == JOB_IDS[3] and decoded[3].aux == 7
+    assert decoded[4].payload == _blob(9)
+    assert [e.job_id for e in m.split_job_ids(decoded[5])] == JOB_IDS[4:6]
+    # A merged message has the header the single ones would have had.
+    assert frames[0][16:144] == m.job_id_message(m.GOTJOB, ME, 7711, 4, JOB_IDS[0], 0)[16:144]
+    assert bus.stats_sent == 11 and bus.stats_merged == 11 - len(frames)
+
+
+def test_a_large_job_travels_alone_and_batches_are_bounded() -> None:
+    big = _blob(1, m.MAX_BATCHED_ENTRY + 1)
+
+    def sends(cluster: ClusterState, link: BusLink) -> None:
+        key = cluster.header_key(m.REPLJOB)
+        cluster.send_entry(PEER, key, _blob(0))
+        cluster.send_entry(PEER, key, big)
+        cluster.send_entry(PEER, key, _blob(2))
+        for _ in range(m.MAX_BATCH + 1):
+            cluster.send_job_id(PEER, m.DELJOB, JOB_IDS[0], 0)
+
+    frames, _bus = _run(m.CAP_BATCH, sends)
+    decoded = [m.decode(frame) for frame in frames]
+    assert [(msg.type, msg.numjobs) for msg in decoded] == [
+        (m.REPLJOB, 1), (m.REPLJOB, 1), (m.REPLJOB, 1), (m.DELJOB, m.MAX_BATCH), (m.DELJOB, 0)]
+    assert frames[1] == m.jobs_message(m.REPLJOB, ME, 7711, 4, [big])
+    assert all(len(frame) <= m.SMALL_MESSAGE for frame in frames)
+
+
+def test_the_header_follows_our_flags() -> None:
+    def sends(cluster: ClusterState, link: BusLink) -> None:
+        cluster.send_job_id(PEER, m.QUEUED, JOB_IDS[0], 0)
+        cluster.set_leaving(True)
+        cluster.send_job_id(PEER, m.QUEUED, JOB_IDS[1], 0)
+
+    frames, _bus = _run(m.CAP_BATCH, sends)
+    assert [m.decode(frame).flags for frame in frames] == [4, 4 | 128]
