@@ -1,9 +1,12 @@
 """``python3 -m benchmarks.instructions`` counts a node's instructions per command.
 
 Needs valgrind and redis-benchmark (Debian packages valgrind and redis-tools).
-Few requests, so the figures are rough; the floor node's ADDJOB must still
-come out cheaper than the real one, as it does with the default counts
-(~35 k vs ~41 k instructions).  The measured node runs with ``hz 1``, so a
+Few requests, so the figures are rough.  Interpreted, the floor node's
+ADDJOB (benchmarks/floor_node.py: the least an interpreted node of this
+design can do) must come out cheaper than the real one.  The compiled core
+went below that floor (24.5 k against ~35 k instructions with the default
+counts; 25.9 k against 27.9 k with these few), so there the two are not
+ordered by design and only each figure is checked.  The measured node runs with ``hz 1``, so a
 loaded machine (a longer run under callgrind) does not add cron work to the
 figures: with three busy loops beside it the counts moved by 0.1%.
 """
@@ -17,6 +20,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from disque import _native
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -45,4 +50,5 @@ def test_instruction_counts_per_command(tmp_path: Path) -> None:
         assert result["instructions_large"] > result["instructions_small"] > 0, result
         # A command through Python's eval loop costs thousands of instructions.
         assert 5_000 < result["per_command"] < 5_000_000, result
-    assert floor["per_command"] < real["per_command"], (floor, real)
+    if _native.MODE == "interpreted":  # the node runs the same core as this process
+        assert floor["per_command"] < real["per_command"], (floor, real)
