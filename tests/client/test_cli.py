@@ -231,6 +231,10 @@ def test_interactive_not_connected_then_reconnects(server_factory, tmp_path: Pat
     node.restart()  # the connection drops under the session: re-sent once
     child.sendline("ping")
     child.expect_exact("PONG")
+    # Ctrl-D only once readline reads again (it draws the prompt after it
+    # took the terminal): sent while the CLI still printed PONG, on a loaded
+    # machine, the EOF reached a terminal in line mode and was lost.
+    child.expect_exact(f"127.0.0.1:{port}> ")
     child.sendeof()
     child.expect(pexpect.EOF)
     child.close()

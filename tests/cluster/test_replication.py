@@ -96,13 +96,15 @@ def test_no_job_is_queued_on_two_nodes_at_once(make_cluster) -> None:
                     queued[job_id] = queued.get(job_id, 0) + 1
         assert all(count == 1 for count in queued.values()), queued
         assert len(queued) == len(ids)  # and none lost from every queue
-        return time.monotonic() - started > 3.5  # the copies' RETRY came 3 times
+        # The copies' RETRY came 3 times, and the cluster was looked at more
+        # than 5 times meanwhile (a poll of 90 SHOWs takes long on a loaded
+        # machine: then it looks on past the 3.5 s).
+        return time.monotonic() - started > 3.5 and polls > 5
 
     # Nobody consumes: at every RETRY each copy would queue the job again,
     # unless WILLQUEUE/QUEUED tell it the job is queued elsewhere.
     wait_for(three_retry_periods_without_a_double, timeout=30, interval=0.2,
-             message="three RETRY periods")
-    assert polls > 5
+             message="three RETRY periods, looked at more than 5 times")
     delivered: list[bytes] = []
 
     def drained() -> bool:
