@@ -13,8 +13,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
-from disque.client._cluster import parse_address
-
 if TYPE_CHECKING:
     from disque.client import Client
 
@@ -159,6 +157,11 @@ class ConnectionConfig:
         nodes = _split_list(raw)
         if not nodes:
             raise OptionError("nodes", f"must list at least one host:port, got {raw!r}")
+        # Imported here, not with the module: disque.client loads redis-py
+        # (0.25 s), and Spark's process that only asks for the schema
+        # imports this module too.
+        from disque.client import parse_address
+
         for node in nodes:
             try:
                 parse_address(node)

@@ -644,8 +644,10 @@ class _DriverSide:
 
     def _count_fetched(self, seq: int, table: pa.Table) -> None:
         fetched = table.num_rows
-        redelivered = pa.compute.sum(pa.compute.greater(
-            table.column("additional_deliveries"), 0)).as_py() or 0
+        # sign() of a counter is 0 or 1: no scalar operand, whose conversion
+        # (pa.scalar) would import pandas into this process (see fetch.py).
+        redelivered = pa.compute.sum(pa.compute.sign(
+            table.column("additional_deliveries"))).as_py() or 0
         self.counters["jobsFetched"] += fetched
         self.counters["redeliveredSeen"] += redelivered
         if self.available_now_budget is not None:

@@ -12,7 +12,6 @@ from typing import TYPE_CHECKING
 from pyspark.sql.datasource import DataSource
 
 from .options import SourceConfig, option_choice
-from .schema import source_schema
 
 if TYPE_CHECKING:
     from pyspark.sql.datasource import (
@@ -65,10 +64,17 @@ class DisqueDataSource(DataSource):
         return "disque"
 
     def schema(self) -> StructType:
+        # Lazy imports in this module: Spark unpickles this class in a fresh
+        # process for schema() at load() and for planning at start(); what
+        # they do not use (pyarrow, redis-py, the readers) is not loaded there.
+        from .schema import source_schema
+
         body_format = option_choice(self.options, "bodyFormat", ("binary", "string"), "binary")
         return source_schema(body_format)
 
     def _checked_schema(self, schema: StructType, config: SourceConfig) -> StructType:
+        from .schema import source_schema
+
         expected = source_schema(config.body_format)
         if schema != expected:
             raise ValueError(
