@@ -277,9 +277,14 @@ class _DriverSide:
     """State and connections of the streaming reader on the driver."""
 
     def __init__(self, config: SourceConfig) -> None:
+        from .source import check_reachable
+
         assert config.staging_path is not None
         self.config = config
         _log_to_stderr(config.log_level)
+        # Before anything else (staging, leases): a wrong address fails the
+        # query before its first batch, with an error naming the option.
+        check_reachable(config)
         self.staging = StagingArea(config.staging_path)
         self.staging.ensure()
         #: The cluster's nodes (seeds plus HELLO), one pinned client each.

@@ -85,8 +85,11 @@ class DisqueDataSource(DataSource):
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         from .reader import DisqueStreamReader
 
+        # No check_reachable() here: Spark also creates a stream reader in a
+        # process of its own to plan the executors' reads, which then needed
+        # disque.client (redis-py, 0.25 s) and a connection for nothing.  The
+        # driver side checks the nodes before its first batch (_DriverSide).
         config = SourceConfig.from_options(self.options, streaming=True)
-        check_reachable(config)
         return DisqueStreamReader(config, self._checked_schema(schema, config))
 
     def reader(self, schema: StructType) -> DataSourceReader:
