@@ -21,6 +21,7 @@ def test_defaults() -> None:
     assert (config.ack_mode, config.fetch_mode, config.body_format) == ("ackjob", "driver",
                                                                        "binary")
     assert config.max_jobs_per_trigger is None and config.fetch_timeout_ms == 500
+    assert (config.num_partitions, config.jobs_per_partition) == (1, 25_000)
 
 
 def test_options_are_case_insensitive_and_lists_are_trimmed() -> None:
