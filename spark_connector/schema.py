@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 __all__ = ["source_schema", "arrow_schema", "STAGED_SCHEMA"]  # noqa: F822
 
 # pyarrow (with numpy, 0.2-0.3 s) is imported on first use, not with this
-# module: Spark asks for source_schema() in a fresh process at every
+# module: Spark asks for source_schema() in a process of its own at
 # ``load()``, which needs no Arrow at all.
 
 

@@ -86,3 +86,14 @@ print(json.dumps({{"rows": rows, "batches": batches, "acked": metrics["jobsAcked
     assert out["batches"] == 4  # three of 1000, 1000, 500, then the empty closing batch
     assert out["redelivered"] == 1
     assert out["pandas"] is False
+
+
+def test_columns_built_from_buffers_equal_pa_array() -> None:
+    import pyarrow as pa
+
+    from spark_connector.fetch import binary_array, int64_array
+
+    for values in ([], [b""], [b"a", b"", "é".encode(), b"\x00\xff" * 300]):
+        assert binary_array(values).equals(pa.array(values, pa.binary()))
+    for numbers in ([], [0], [3, 0, 2**40]):
+        assert int64_array(numbers).equals(pa.array(numbers, pa.int64()))
