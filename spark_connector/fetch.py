@@ -7,6 +7,7 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
+import numpy as np
 import pyarrow as pa
 
 from disque.exceptions import ConnectionFailed, ProtocolError
@@ -36,7 +37,8 @@ def jobs_to_table(jobs: list[Job], fetched_at_us: int | None = None) -> pa.Table
 
 
 def empty_table() -> pa.Table:
-    return STAGED_SCHEMA.empty_table()
+    # Not Schema.empty_table(): it imports pandas (see binary_array).
+    return pa.Table.from_batches([], schema=STAGED_SCHEMA)
 
 
 def _getjob_raw(client: Client, queues: tuple[str, ...] | list[str], count: int,
@@ -60,16 +62,51 @@ def _getjob_raw(client: Client, queues: tuple[str, ...] | list[str], count: int,
     return reply
 
 
+#: Above this many bytes a column no longer fits ``binary``'s 32-bit offsets.
+_MAX_BINARY_BYTES = 2**31 - 1
+
+
+def binary_array(values: list[bytes]) -> pa.Array | pa.ChunkedArray:
+    """``pa.array(values, pa.binary())``, built from one joined buffer.
+
+    Not ``pa.array`` on a list: its first call in a process imports pandas
+    (pyarrow checks whether the list is a pandas object), 0.2-0.4 s in the
+    fresh Python process Spark starts for every streaming query's driver
+    side, on the path of its first batch.  The joined buffer is also about
+    twice as fast (100 k IDs: 11-14 ms against 27 ms).
+    """
+    offsets = np.empty(len(values) + 1, dtype=np.int64)
+    offsets[0] = 0
+    np.cumsum(np.fromiter(map(len, values), dtype=np.int64, count=len(values)),
+              out=offsets[1:])
+    if offsets[-1] > _MAX_BINARY_BYTES:
+        return pa.array(values, pa.binary())  # pyarrow splits it into chunks
+    return pa.Array.from_buffers(pa.binary(), len(values), [
+        None, pa.py_buffer(offsets.astype(np.int32)), pa.py_buffer(b"".join(values))])
+
+
+def int64_array(values: list[int]) -> pa.Array:
+    """``pa.array(values, pa.int64())`` from a numpy buffer: no pandas import (above)."""
+    return pa.Array.from_buffers(pa.int64(), len(values),
+                                 [None, pa.py_buffer(np.array(values, dtype=np.int64))])
+
+
+def _timestamps(at_us: int, count: int) -> pa.Array:
+    """``count`` times the UTC timestamp ``at_us``, without ``pa.scalar`` (pandas, above)."""
+    return pa.Array.from_buffers(pa.timestamp("us", tz="UTC"), count,
+                                 [None, pa.py_buffer(np.full(count, at_us, dtype=np.int64))])
+
+
 def _entries_to_table(entries: list, fetched_at_us: int) -> pa.Table:
     # One flat list, then a C-level slice per column: no Python loop per job.
     flat = list(itertools.chain.from_iterable(entries))
     return pa.Table.from_arrays([
-        pa.array(flat[0::7], pa.binary()).cast(pa.string()),
-        pa.array(flat[1::7], pa.binary()).cast(pa.string()),
-        pa.array(flat[2::7], pa.binary()),
-        pa.array(flat[4::7], pa.int64()),
-        pa.array(flat[6::7], pa.int64()),
-        pa.repeat(pa.scalar(fetched_at_us, pa.timestamp("us", tz="UTC")), len(entries)),
+        binary_array(flat[0::7]).cast(pa.string()),
+        binary_array(flat[1::7]).cast(pa.string()),
+        binary_array(flat[2::7]),
+        int64_array(flat[4::7]),
+        int64_array(flat[6::7]),
+        _timestamps(fetched_at_us, len(entries)),
     ], schema=STAGED_SCHEMA)
 
 

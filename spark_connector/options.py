@@ -13,8 +13,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
-from disque.client._cluster import parse_address
-
 if TYPE_CHECKING:
     from disque.client import Client
 
@@ -32,6 +30,8 @@ _UNIT_MS = {None: 1, "ms": 1, "s": 1000, "sec": 1000, "m": 60_000, "min": 60_000
 #: A batch's jobs are held in the driver's memory while staged: a ceiling
 #: that catches typos (an extra zero or three) before they cost an OOM.
 MAX_JOBS_PER_BATCH = 10_000_000
+#: A batch gets at least ceil(jobs / this) Spark partitions (``jobsPerPartition``).
+DEFAULT_JOBS_PER_PARTITION = 25_000
 
 
 class OptionError(ValueError):
@@ -159,6 +159,11 @@ class ConnectionConfig:
         nodes = _split_list(raw)
         if not nodes:
             raise OptionError("nodes", f"must list at least one host:port, got {raw!r}")
+        # Imported here, not with the module: disque.client loads redis-py
+        # (0.25 s), and Spark's process that only asks for the schema
+        # imports this module too.
+        from disque.client import parse_address
+
         for node in nodes:
             try:
                 parse_address(node)
@@ -232,7 +237,11 @@ class SourceConfig:
     fetch_batch_size: int = 1000
     fetch_timeout_ms: int = 500
     num_partitions: int = 1
-    jobs_per_partition: int = 10_000
+    #: 25 000, not 10 000: each Spark task has a fixed cost, about what
+    #: converting 10 000 rows costs (benchmarks.spark_source, local[2]: 200 k
+    #: jobs in batches of 100 k spent 1.9 s in addBatch as 20 tasks, 1.3 s as
+    #: 8, median runs of the same rounds); a default batch still has 4 tasks.
+    jobs_per_partition: int = DEFAULT_JOBS_PER_PARTITION
     working_interval_ms: int | None = None
     log_level: str = "warning"
     min_job_retry_ms: int = 1000
@@ -289,8 +298,10 @@ class SourceConfig:
             fetch_timeout_ms=option_duration_ms(options, "fetchTimeoutMs", 500) or 0,
             num_partitions=option_int(options, "numPartitions", 1,
                                       minimum=1, maximum=10_000) or 1,
-            jobs_per_partition=option_int(options, "jobsPerPartition", 10_000, minimum=1,
-                                          maximum=MAX_JOBS_PER_BATCH) or 10_000,
+            jobs_per_partition=option_int(options, "jobsPerPartition",
+                                          DEFAULT_JOBS_PER_PARTITION, minimum=1,
+                                          maximum=MAX_JOBS_PER_BATCH)
+            or DEFAULT_JOBS_PER_PARTITION,
             working_interval_ms=working,
             min_job_retry_ms=option_duration_ms(options, "minJobRetry", 1000,
                                                 minimum=1000) or 1000,

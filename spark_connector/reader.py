@@ -277,9 +277,14 @@ class _DriverSide:
     """State and connections of the streaming reader on the driver."""
 
     def __init__(self, config: SourceConfig) -> None:
+        from .source import check_reachable
+
         assert config.staging_path is not None
         self.config = config
         _log_to_stderr(config.log_level)
+        # Before anything else (staging, leases): a wrong address fails the
+        # query before its first batch, with an error naming the option.
+        check_reachable(config)
         self.staging = StagingArea(config.staging_path)
         self.staging.ensure()
         #: The cluster's nodes (seeds plus HELLO), one pinned client each.
@@ -644,8 +649,10 @@ class _DriverSide:
 
     def _count_fetched(self, seq: int, table: pa.Table) -> None:
         fetched = table.num_rows
-        redelivered = pa.compute.sum(pa.compute.greater(
-            table.column("additional_deliveries"), 0)).as_py() or 0
+        # sign() of a counter is 0 or 1: no scalar operand, whose conversion
+        # (pa.scalar) would import pandas into this process (see fetch.py).
+        redelivered = pa.compute.sum(pa.compute.sign(
+            table.column("additional_deliveries"))).as_py() or 0
         self.counters["jobsFetched"] += fetched
         self.counters["redeliveredSeen"] += redelivered
         if self.available_now_budget is not None:

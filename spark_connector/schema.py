@@ -8,26 +8,42 @@ from the Spark schema with Spark's own converter, never written by hand.
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING
 
-import pyarrow as pa
-import pyarrow.compute as pc
-
 if TYPE_CHECKING:
+    import pyarrow as pa
     from pyspark.sql.types import StructType
 
-__all__ = ["source_schema", "arrow_schema", "STAGED_SCHEMA"]
+# STAGED_SCHEMA comes from the module's __getattr__ (below).
+__all__ = ["source_schema", "arrow_schema", "STAGED_SCHEMA"]  # noqa: F822
 
-#: What a staged batch file holds: everything needed to rebuild the rows
-#: identically on replay.  Bodies stay binary here whatever ``bodyFormat`` is.
-STAGED_SCHEMA = pa.schema([
-    pa.field("queue", pa.string(), nullable=False),
-    pa.field("id", pa.string(), nullable=False),
-    pa.field("body", pa.binary(), nullable=False),
-    pa.field("nacks", pa.int64(), nullable=False),
-    pa.field("additional_deliveries", pa.int64(), nullable=False),
-    pa.field("fetched_at", pa.timestamp("us", tz="UTC"), nullable=False),
-])
+# pyarrow (with numpy, 0.2-0.3 s) is imported on first use, not with this
+# module: Spark asks for source_schema() in a process of its own at
+# ``load()``, which needs no Arrow at all.
+
+
+@functools.cache
+def _staged_schema() -> pa.Schema:
+    import pyarrow as pa
+
+    return pa.schema([
+        pa.field("queue", pa.string(), nullable=False),
+        pa.field("id", pa.string(), nullable=False),
+        pa.field("body", pa.binary(), nullable=False),
+        pa.field("nacks", pa.int64(), nullable=False),
+        pa.field("additional_deliveries", pa.int64(), nullable=False),
+        pa.field("fetched_at", pa.timestamp("us", tz="UTC"), nullable=False),
+    ])
+
+
+def __getattr__(name: str) -> object:
+    #: STAGED_SCHEMA: what a staged batch file holds, everything needed to
+    #: rebuild the rows identically on replay.  Bodies stay binary here
+    #: whatever ``bodyFormat`` is.
+    if name == "STAGED_SCHEMA":
+        return _staged_schema()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def source_schema(body_format: str = "binary") -> StructType:
@@ -67,6 +83,9 @@ def arrow_schema(schema: StructType) -> pa.Schema:
 
 def to_rows(staged: pa.Table, schema: StructType) -> pa.Table:
     """Turn a staged table into the source's rows (``schema`` order and types)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
     target = arrow_schema(schema)
     ids = staged.column("id")
     columns = {
@@ -87,6 +106,8 @@ def to_rows(staged: pa.Table, schema: StructType) -> pa.Table:
 
 def _utf8_bodies(staged: pa.Table) -> pa.ChunkedArray:
     """Bodies as strings (``bodyFormat=string``), naming the first job that is not UTF-8."""
+    import pyarrow as pa
+
     bodies = staged.column("body")
     try:
         return bodies.cast(pa.string())

@@ -12,7 +12,6 @@ from typing import TYPE_CHECKING
 from pyspark.sql.datasource import DataSource
 
 from .options import SourceConfig, option_choice
-from .schema import source_schema
 
 if TYPE_CHECKING:
     from pyspark.sql.datasource import (
@@ -65,10 +64,17 @@ class DisqueDataSource(DataSource):
         return "disque"
 
     def schema(self) -> StructType:
+        # Lazy imports in this module: Spark unpickles this class in a fresh
+        # process for schema() at load() and for planning at start(); what
+        # they do not use (pyarrow, redis-py, the readers) is not loaded there.
+        from .schema import source_schema
+
         body_format = option_choice(self.options, "bodyFormat", ("binary", "string"), "binary")
         return source_schema(body_format)
 
     def _checked_schema(self, schema: StructType, config: SourceConfig) -> StructType:
+        from .schema import source_schema
+
         expected = source_schema(config.body_format)
         if schema != expected:
             raise ValueError(
@@ -79,8 +85,11 @@ class DisqueDataSource(DataSource):
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         from .reader import DisqueStreamReader
 
+        # No check_reachable() here: Spark also creates a stream reader in a
+        # process of its own to plan the executors' reads, which then needed
+        # disque.client (redis-py, 0.25 s) and a connection for nothing.  The
+        # driver side checks the nodes before its first batch (_DriverSide).
         config = SourceConfig.from_options(self.options, streaming=True)
-        check_reachable(config)
         return DisqueStreamReader(config, self._checked_schema(schema, config))
 
     def reader(self, schema: StructType) -> DataSourceReader:

@@ -21,6 +21,7 @@ def test_defaults() -> None:
     assert (config.ack_mode, config.fetch_mode, config.body_format) == ("ackjob", "driver",
                                                                        "binary")
     assert config.max_jobs_per_trigger is None and config.fetch_timeout_ms == 500
+    assert (config.num_partitions, config.jobs_per_partition) == (1, 25_000)
 
 
 def test_options_are_case_insensitive_and_lists_are_trimmed() -> None:
@@ -106,3 +107,33 @@ def test_dead_letter_queues_option() -> None:
     assert named.queues == ("a", "poison") and named.dead_letter_queues == ("poison",)
     with pytest.raises(OptionError, match="'deadLetterQueues' must be 'default' or queue names"):
         parse(deadLetterQueues=" , ")
+
+
+def test_stream_reader_checks_the_nodes_on_the_driver_side_only(unused_port: int,
+                                                                tmp_path) -> None:
+    """Creating a stream reader connects nowhere (Spark also creates one only to plan
+    the executors' reads); its first driver call fails, naming the option."""
+    from pyspark.sql.streaming.datasource import ReadMaxRows
+
+    source = DisqueDataSource({"queues": "q", "stagingPath": str(tmp_path / "staging"),
+                               "nodes": f"127.0.0.1:{unused_port}",
+                               "connectTimeoutMs": "200", "reconnectTimeout": "200ms"})
+    reader = source.streamReader(source.schema())
+    assert reader.initialOffset() == {"batch": 0}
+    with pytest.raises(OptionError, match=f"option 'nodes' lists 127.0.0.1:{unused_port}"):
+        reader.latestOffset({"batch": 0}, ReadMaxRows(10))
+    assert not (tmp_path / "staging").exists()  # failed before touching the staging area
+
+
+def test_a_query_with_an_unreachable_node_fails_before_its_first_batch(
+        spark, unused_port: int, tmp_path) -> None:
+    query = (spark.readStream.format("disque")
+             .option("queues", "q").option("nodes", f"127.0.0.1:{unused_port}")
+             .option("stagingPath", str(tmp_path / "staging"))
+             .option("connectTimeoutMs", "200").option("reconnectTimeout", "200ms")
+             .load().writeStream.format("noop")
+             .option("checkpointLocation", str(tmp_path / "checkpoint"))
+             .trigger(availableNow=True).start())
+    with pytest.raises(Exception, match=f"option 'nodes' lists 127.0.0.1:{unused_port}"):
+        query.awaitTermination(120)
+    assert not query.recentProgress

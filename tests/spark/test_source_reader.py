@@ -306,6 +306,17 @@ def test_partitions_split_a_big_batch(server, client: Client, tmp_path: Path) ->
     reader.stop()
 
 
+def test_default_partitions_hold_up_to_25000_jobs(server, client: Client,
+                                                  tmp_path: Path) -> None:
+    client.add_jobs("q", [b"x"] * 25_001)
+    reader = make_reader(server, tmp_path / "s")
+    end = reader.latestOffset({"batch": 0}, ReadMaxRows(100_000))
+    parts = reader.partitions({"batch": 0}, end)
+    sizes = [sum(b.num_rows for b in reader.read(p)) for p in parts]
+    assert sizes == [12_501, 12_500]
+    reader.stop()
+
+
 def test_missing_staged_batch_is_a_clear_error(server, tmp_path: Path) -> None:
     reader = make_reader(server, tmp_path / "s")
     with pytest.raises(RuntimeError, match="not staged"):

@@ -1,0 +1,99 @@
+"""What the source loads in the Python processes Spark starts for it.
+
+Spark unpickles the data source in a fresh process for ``schema()`` at every
+``load()``, and the driver side of every streaming query runs in a new
+Python process: each module loaded there is paid per query, on the way to
+its first batch.  These tests run a fresh interpreter (the state those
+processes start from: pyspark loaded, nothing else) and check that
+
+* asking for the schema loads neither redis-py (through ``disque.client``)
+  nor pyarrow;
+* the driver side of a whole drain (fetch, stage, lease, partitions, the
+  executor's read, ACK, the empty closing batch) never loads pandas, which
+  pyarrow loads the first time ``pa.array`` gets a list or ``pa.scalar`` a
+  value: 0.2-0.4 s in a process that lives for one query.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def run_fresh(code: str) -> dict:
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+LOADED = ("redis", "disque.client", "pyarrow", "pandas")
+
+
+def test_schema_loads_neither_the_client_nor_arrow() -> None:
+    out = run_fresh(f"""
+import json, pickle, sys
+import pyspark.sql.worker.create_data_source  # what Spark's process has loaded
+from spark_connector.source import DisqueDataSource
+source = pickle.loads(pickle.dumps(DisqueDataSource({{"queues": "q", "bodyFormat": "string"}})))
+schema = source.schema()
+print(json.dumps({{"fields": schema.fieldNames(),
+                  "loaded": [m for m in {LOADED!r} if m in sys.modules]}}))
+""")
+    assert out["fields"] == ["queue", "id", "body", "nacks", "additional_deliveries", "node",
+                             "fetched_at"]
+    assert out["loaded"] == []
+
+
+def test_a_drain_on_the_driver_side_never_loads_pandas(server, tmp_path: Path) -> None:
+    from disque.client import Client
+
+    with Client(f"127.0.0.1:{server.port}") as client:
+        client.add_jobs("q", [b"job-%d" % i for i in range(2500)])
+        # One job delivered before (then queued again without a NACK): the
+        # redelivery counter's path runs too.
+        client.enqueue(*[job.id for job in client.get_jobs("q", count=1)])
+    out = run_fresh(f"""
+import json, pickle, sys
+from pyspark.sql.streaming.datasource import ReadMaxRows
+from spark_connector.source import DisqueDataSource
+source = DisqueDataSource({{"nodes": "127.0.0.1:{server.port}", "queues": "q",
+                          "stagingPath": {str(tmp_path / "staging")!r}, "fetchTimeoutMs": "0",
+                          "maxJobsPerTrigger": "1000"}})
+reader = source.streamReader(source.schema())
+reader.prepareForTriggerAvailableNow()
+start, rows, batches = reader.initialOffset(), 0, 0
+while True:
+    end = reader.latestOffset(start, ReadMaxRows(1000))
+    if end == start:
+        break
+    for part in reader.partitions(start, end):
+        for batch in reader.read(pickle.loads(pickle.dumps(part))):
+            rows += batch.num_rows
+    reader.commit(end)
+    start, batches = end, batches + 1
+metrics = reader.reportLatestOffset()
+reader.stop()
+print(json.dumps({{"rows": rows, "batches": batches, "acked": metrics["jobsAcked"],
+                  "redelivered": metrics["redeliveredSeen"],
+                  "pandas": "pandas" in sys.modules}}))
+""")
+    assert out["rows"] == out["acked"] == 2500
+    assert out["batches"] == 4  # three of 1000, 1000, 500, then the empty closing batch
+    assert out["redelivered"] == 1
+    assert out["pandas"] is False
+
+
+def test_columns_built_from_buffers_equal_pa_array() -> None:
+    import pyarrow as pa
+
+    from spark_connector.fetch import binary_array, int64_array
+
+    for values in ([], [b""], [b"a", b"", "é".encode(), b"\x00\xff" * 300]):
+        assert binary_array(values).equals(pa.array(values, pa.binary()))
+    for numbers in ([], [0], [3, 0, 2**40]):
+        assert int64_array(numbers).equals(pa.array(numbers, pa.int64()))
