@@ -245,6 +245,22 @@ class ClusterBus:
     def flush(self) -> None:
         """End of the turn: persistence first, then one write per link."""
         self._flush_scheduled = False
+        self.write_links()
+        if self._save_pending:
+            self._save_pending = False
+            try:
+                self.cluster.save()
+            except OSError as err:
+                log.warning("Could not save the cluster config: %s", err)
+
+    def write_links(self) -> None:
+        """Write every link's queued output now (persistence first).
+
+        The end-of-turn flush does this; a link also calls it in the middle
+        of a long turn (:data:`link.EARLY_WRITE_ENTRIES`), so that peers
+        start on the first jobs of a big pipelined burst while this node is
+        still parsing the rest, instead of every node waiting in turn.
+        """
         links, self._dirty_links = self._dirty_links, []
         if links:
             try:
@@ -255,12 +271,6 @@ class ClusterBus:
                     link.flush()
                 if self.auth is not None:
                     self.auth.forget()
-        if self._save_pending:
-            self._save_pending = False
-            try:
-                self.cluster.save()
-            except OSError as err:
-                log.warning("Could not save the cluster config: %s", err)
 
     # -- the cron ---------------------------------------------------------------
 

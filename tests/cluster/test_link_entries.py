@@ -17,7 +17,7 @@ from typing import Any
 
 from disque.cluster import messages as m
 from disque.cluster.bus import ClusterBus
-from disque.cluster.link import BusLink
+from disque.cluster.link import EARLY_WRITE_ENTRIES, BusLink
 from disque.cluster.state import ClusterNode, ClusterState
 
 ME = "0123456789abcdef0123456789abcdef01234567"
@@ -43,8 +43,11 @@ def _blob(i: int, size: int = 20) -> bytes:
     return struct.pack("<I", size) + bytes([i]) * size
 
 
-def _run(caps: int, sends: Callable[[ClusterState, BusLink], None]) -> tuple[list[bytes], Any]:
-    """``sends`` in one event-loop turn; the frames the link wrote at its end."""
+def _run(caps: int, sends: Callable[[ClusterState, BusLink], None],
+         writes: int = 1) -> tuple[list[bytes], Any]:
+    """``sends`` in one event-loop turn; the frames the link wrote, in
+    ``writes`` writes (one at the end of the turn, plus one per run that
+    reached EARLY_WRITE_ENTRIES)."""
     cluster = ClusterState(ClusterNode(ME, "127.0.0.1", 7711), None)
     peer = ClusterNode(PEER, "127.0.0.1", 7712)
     peer.caps = caps
@@ -61,8 +64,8 @@ def _run(caps: int, sends: Callable[[ClusterState, BusLink], None]) -> tuple[lis
         await asyncio.sleep(0)
 
     asyncio.run(turn())
-    assert len(transport.written) == 1  # one write for the turn
-    return m.FrameReader().feed(transport.written[0]), bus
+    assert len(transport.written) == writes
+    return m.FrameReader().feed(b"".join(transport.written)), bus
 
 
 def _burst(cluster: ClusterState, link: BusLink) -> None:
@@ -117,15 +120,56 @@ def test_a_large_job_travels_alone_and_batches_are_bounded() -> None:
         cluster.send_entry(PEER, key, _blob(0))
         cluster.send_entry(PEER, key, big)
         cluster.send_entry(PEER, key, _blob(2))
-        for _ in range(m.MAX_BATCH + 1):
+        for _ in range(EARLY_WRITE_ENTRIES + 1):
             cluster.send_job_id(PEER, m.DELJOB, JOB_IDS[0], 0)
 
-    frames, _bus = _run(m.CAP_BATCH, sends)
+    # The run of DELJOBs reached EARLY_WRITE_ENTRIES: written at once, with
+    # everything before it; the last DELJOB at the end of the turn.
+    frames, _bus = _run(m.CAP_BATCH, sends, writes=2)
     decoded = [m.decode(frame) for frame in frames]
     assert [(msg.type, msg.numjobs) for msg in decoded] == [
-        (m.REPLJOB, 1), (m.REPLJOB, 1), (m.REPLJOB, 1), (m.DELJOB, m.MAX_BATCH), (m.DELJOB, 0)]
+        (m.REPLJOB, 1), (m.REPLJOB, 1), (m.REPLJOB, 1), (m.DELJOB, EARLY_WRITE_ENTRIES),
+        (m.DELJOB, 0)]
     assert frames[1] == m.jobs_message(m.REPLJOB, ME, 7711, 4, [big])
     assert all(len(frame) <= m.SMALL_MESSAGE for frame in frames)
+    assert EARLY_WRITE_ENTRIES <= m.MAX_BATCH
+
+
+def test_a_long_run_is_written_before_the_turn_ends() -> None:
+    """A pipelined burst: every EARLY_WRITE_ENTRIES entries of a run leave
+    at once (the peer starts on them while this node parses the rest), in
+    order, persistence hooks first; the remainder at the end of the turn."""
+    written_during_turn: list[int] = []
+    hooks: list[int] = []
+
+    def sends(cluster: ClusterState, link: BusLink) -> None:
+        transport = link.transport
+        assert isinstance(transport, RecordingTransport)
+        link.bus.before_flush.append(lambda: hooks.append(len(transport.written)))
+        key = cluster.header_key(m.REPLJOB)
+        for i in range(2 * EARLY_WRITE_ENTRIES + 5):
+            cluster.send_entry(PEER, key, _blob(i % 256))
+        written_during_turn.append(len(transport.written))
+
+    frames, bus = _run(m.CAP_BATCH, sends, writes=3)
+    assert written_during_turn == [2]
+    assert hooks == [0, 1, 2]  # before each write
+    decoded = [m.decode(frame) for frame in frames]
+    assert [msg.numjobs for msg in decoded] == [EARLY_WRITE_ENTRIES, EARLY_WRITE_ENTRIES, 5]
+    blobs = b"".join(msg.payload for msg in decoded)
+    assert blobs == b"".join(_blob(i % 256) for i in range(2 * EARLY_WRITE_ENTRIES + 5))
+    assert bus.stats_sent == 2 * EARLY_WRITE_ENTRIES + 5
+
+
+def test_a_link_to_the_original_starts_no_early_write() -> None:
+    """Runs are only for our nodes: alone, the original's single messages
+    leave in one write at the end of the turn, however many."""
+    def sends(cluster: ClusterState, link: BusLink) -> None:
+        for _ in range(2 * EARLY_WRITE_ENTRIES):
+            cluster.send_job_id(PEER, m.GOTJOB, JOB_IDS[0], 0)
+
+    frames, _bus = _run(0, sends, writes=1)
+    assert len(frames) == 2 * EARLY_WRITE_ENTRIES
 
 
 def test_the_header_follows_our_flags() -> None:
