@@ -12,7 +12,7 @@ import pyarrow as pa
 
 from disque.exceptions import ConnectionFailed, ProtocolError
 
-from .schema import STAGED_SCHEMA
+from .schema import STAGED_SCHEMA, empty_table
 
 if TYPE_CHECKING:
     from disque.client import Client, Job
@@ -34,11 +34,6 @@ def jobs_to_table(jobs: list[Job], fetched_at_us: int | None = None) -> pa.Table
         pa.array([j.additional_deliveries or 0 for j in jobs], pa.int64()),
         pa.array([fetched_at_us] * len(jobs), pa.timestamp("us", tz="UTC")),
     ], schema=STAGED_SCHEMA)
-
-
-def empty_table() -> pa.Table:
-    # Not Schema.empty_table(): it imports pandas (see binary_array).
-    return pa.Table.from_batches([], schema=STAGED_SCHEMA)
 
 
 def _getjob_raw(client: Client, queues: tuple[str, ...] | list[str], count: int,

@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from pyspark.sql.types import StructType
 
 # STAGED_SCHEMA comes from the module's __getattr__ (below).
-__all__ = ["source_schema", "arrow_schema", "STAGED_SCHEMA"]  # noqa: F822
+__all__ = ["source_schema", "arrow_schema", "empty_table", "STAGED_SCHEMA"]  # noqa: F822
 
 # pyarrow (with numpy, 0.2-0.3 s) is imported on first use, not with this
 # module: Spark asks for source_schema() in a process of its own at
@@ -37,13 +37,25 @@ def _staged_schema() -> pa.Schema:
     ])
 
 
-def __getattr__(name: str) -> object:
+def __getattr__(name: str) -> pa.Schema:
     #: STAGED_SCHEMA: what a staged batch file holds, everything needed to
     #: rebuild the rows identically on replay.  Bodies stay binary here
     #: whatever ``bodyFormat`` is.
     if name == "STAGED_SCHEMA":
         return _staged_schema()
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def empty_table() -> pa.Table:
+    """A staged table with no rows.
+
+    Not ``Schema.empty_table()``: that imports pandas, 0.2-0.4 s in the
+    fresh Python process Spark starts for each streaming query's driver
+    side (see ``fetch.binary_array``).
+    """
+    import pyarrow as pa
+
+    return pa.Table.from_batches([], schema=_staged_schema())
 
 
 def source_schema(body_format: str = "binary") -> StructType:

@@ -35,7 +35,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.ipc
 
-from .schema import STAGED_SCHEMA
+from .schema import STAGED_SCHEMA, empty_table
 
 __all__ = ["StagingArea", "BatchPlan", "write_table", "read_table", "publish_part"]
 
@@ -209,7 +209,7 @@ class StagingArea:
 
     def read_batch(self, seq: int) -> pa.Table:
         """Every job staged for batch ``seq`` so far, as one table."""
-        return pa.concat_tables([STAGED_SCHEMA.empty_table(),
+        return pa.concat_tables([empty_table(),
                                  *(table for _, table in self.read_parts(seq))])
 
     def remove(self, seq: int) -> None:
