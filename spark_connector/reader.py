@@ -62,7 +62,7 @@ from .leases import LeaseKeeper
 from .options import ConnectionConfig, SourceConfig
 from .schema import to_rows
 from .staging import StagingArea, publish_part, read_table
-from .topology import NodeSet
+from .topology import NodeSet, check_reachable
 
 if TYPE_CHECKING:
     from pyspark.sql.types import StructType
@@ -277,8 +277,6 @@ class _DriverSide:
     """State and connections of the streaming reader on the driver."""
 
     def __init__(self, config: SourceConfig) -> None:
-        from .source import check_reachable
-
         assert config.staging_path is not None
         self.config = config
         _log_to_stderr(config.log_level)

@@ -22,33 +22,7 @@ if TYPE_CHECKING:
     )
     from pyspark.sql.types import StructType
 
-__all__ = ["DisqueDataSource", "check_reachable"]
-
-
-def check_reachable(config: SourceConfig) -> None:
-    """Fail the query at its start, naming the option, if a node does not answer.
-
-    Each node is tried for ``reconnectTimeout``, the rule the sink follows
-    too: a node that is restarting is waited for, a wrong address fails the
-    query once that time has passed.
-    """
-    from disque.exceptions import AuthError, ConnectionFailed
-
-    from .options import OptionError
-
-    connection = config.connection
-    for node in connection.nodes:
-        client = connection.client(node=node, client_name="spark-disque-check")
-        try:
-            client.ping()
-        except AuthError as exc:
-            raise OptionError("password", f"was refused by {node}: {exc}") from None
-        except ConnectionFailed as exc:
-            raise OptionError("nodes", f"lists {node}, which cannot be reached (tried for "
-                              f"{connection.reconnect_timeout_s:g} s, reconnectTimeout): "
-                              f"{exc}") from None
-        finally:
-            client.close()
+__all__ = ["DisqueDataSource"]
 
 
 class DisqueDataSource(DataSource):
@@ -94,6 +68,7 @@ class DisqueDataSource(DataSource):
 
     def reader(self, schema: StructType) -> DataSourceReader:
         from .batch_reader import DisqueBatchReader
+        from .topology import check_reachable
 
         config = SourceConfig.from_options(self.options, streaming=False)
         check_reachable(config)

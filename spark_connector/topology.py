@@ -22,14 +22,16 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from disque.exceptions import ConnectionFailed, DisqueError
+from disque.exceptions import AuthError, ConnectionFailed, DisqueError
+
+from .options import OptionError
 
 if TYPE_CHECKING:
     from disque.client import Client
 
-    from .options import ConnectionConfig
+    from .options import ConnectionConfig, SourceConfig
 
-__all__ = ["NodeView", "NodeSet", "discover", "USABLE_PRIORITY"]
+__all__ = ["NodeView", "NodeSet", "check_reachable", "discover", "USABLE_PRIORITY"]
 
 log = logging.getLogger("spark_connector.topology")
 
@@ -238,3 +240,25 @@ class NodeSet:
         for client in self.clients.values():
             client.close()
         self.clients.clear()
+
+
+def check_reachable(config: SourceConfig) -> None:
+    """Fail the query at its start, naming the option, if a node does not answer.
+
+    Each node is tried for ``reconnectTimeout``, the rule the sink follows
+    too: a node that is restarting is waited for, a wrong address fails the
+    query once that time has passed.
+    """
+    connection = config.connection
+    for node in connection.nodes:
+        client = connection.client(node=node, client_name="spark-disque-check")
+        try:
+            client.ping()
+        except AuthError as exc:
+            raise OptionError("password", f"was refused by {node}: {exc}") from None
+        except ConnectionFailed as exc:
+            raise OptionError("nodes", f"lists {node}, which cannot be reached (tried for "
+                              f"{connection.reconnect_timeout_s:g} s, reconnectTimeout): "
+                              f"{exc}") from None
+        finally:
+            client.close()

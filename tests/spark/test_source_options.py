@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from spark_connector.options import OptionError, SourceConfig
-from spark_connector.source import DisqueDataSource, check_reachable
+from spark_connector.source import DisqueDataSource
+from spark_connector.topology import check_reachable
 
 BASE = {"queues": "q1", "stagingPath": "/tmp/staging"}
 

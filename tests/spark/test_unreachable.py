@@ -16,7 +16,7 @@ from pyspark.sql.types import StringType, StructField, StructType
 from disque.client import Client
 from spark_connector.options import OptionError, SourceConfig
 from spark_connector.sink_options import SinkConfig
-from spark_connector.source import check_reachable
+from spark_connector.topology import check_reachable
 from spark_connector.writer import DisqueWriteError, PartitionWriter
 
 BODY_ONLY = StructType([StructField("body", StringType())])
