@@ -64,11 +64,13 @@ def test_killed_node_is_flagged_failing_then_cleared_on_restart(make_cluster) ->
     seen: dict[str, float] = {}
 
     def failing_everywhere() -> bool:
-        for node in (a, b):
-            flags = flags_of(node, dead) or set()
+        # One read per node serves both the record and the answer: a second
+        # read could see FAIL that the first one (and so `seen`) missed.
+        views = [flags_of(node, dead) or set() for node in (a, b)]
+        for flags in views:
             for flag in flags & {"fail?", "fail"}:
                 seen.setdefault(flag, time.monotonic() - killed)
-        return all("fail" in (flags_of(n, dead) or set()) for n in (a, b))
+        return all("fail" in flags for flags in views)
 
     wait_for(failing_everywhere, timeout=10 * TEST_NODE_TIMEOUT_MS / 1000, interval=0.05,
              message=lambda: f"FAIL everywhere, seen {seen}")
