@@ -297,7 +297,8 @@ def update_awake_time(state: ServerState, job: Job) -> None:
             when = qtime
     if when != job.awakeme:
         state.jobs.schedule.move(job, state.shared_int(when))
-        state.schedule_changed(when)
+        if when < state.job_timer_at:
+            state.schedule_changed(when)
 
 
 def requeue_time(state: ServerState, retry_s: int, now: int) -> int:

@@ -7,8 +7,6 @@ into the exposition's cumulative buckets at scrape time).
 
 from __future__ import annotations
 
-from bisect import bisect_left
-
 __all__ = ["REPLICATION_BUCKETS_S", "LatencyHistogram"]
 
 #: From a loopback round trip to a replication that needed extra nodes
@@ -27,7 +25,15 @@ class LatencyHistogram:
         self.total = 0.0
 
     def observe(self, seconds: float) -> None:
-        self.counts[bisect_left(self.bounds, seconds)] += 1
+        # bisect_left as a scan: compiled, a few float comparisons (most
+        # observations fall in the first buckets) cost less than the call
+        # into the bisect module (~1k instructions per replicated ADDJOB).
+        bounds = self.bounds
+        index = 0
+        end = len(bounds)
+        while index < end and bounds[index] < seconds:
+            index += 1
+        self.counts[index] += 1
         self.total += seconds
 
     def cumulative(self) -> list[tuple[str, int]]:

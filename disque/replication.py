@@ -71,6 +71,7 @@ log = logging.getLogger("disque.replication")
 
 #: Final: compiled, a C static rather than two lookups (module, attribute).
 _perf_counter: Final = time.perf_counter
+_random: Final = random.random
 
 #: One more node is asked this often while confirmations are missing.
 EXTRA_NODE_PERIOD_S = 0.05
@@ -194,10 +195,24 @@ def _add_targets(state: ServerState, job: Job, count: int, now: int) -> int:
         return len(targets)
     candidates = [node_id for node_id in targets if node_id not in delivered]
     # A random pick among more candidates than needed; all of them otherwise.
-    chosen = random.sample(candidates, count) if len(candidates) > count else candidates
-    if chosen:
-        job.delivered = delivered | frozenset(chosen)
+    chosen = _random_pick(candidates, count) if len(candidates) > count else candidates
+    for node_id in chosen:
+        delivered = _with_node(delivered, node_id)
+    job.delivered = delivered
     return len(chosen)
+
+
+def _random_pick(candidates: list[str], count: int) -> list[str]:
+    """``count`` distinct candidates at random: a partial Fisher-Yates
+    shuffle on ``random.random()``.  ``random.sample`` is interpreted Python
+    (a few microseconds a call), and REPLICATE below the cluster size makes
+    this pick for every new job."""
+    pool = list(candidates)
+    size = len(pool)
+    for i in range(count):
+        j = i + int(_random() * (size - i))
+        pool[i], pool[j] = pool[j], pool[i]
+    return pool[:count]
 
 
 def _send_repljob(state: ServerState, job: Job, now: int, list_changed: bool = True) -> None:
@@ -376,11 +391,23 @@ def receive_gotjobs(state: ServerState, sender: ClusterNode, msg: Message) -> No
             log.exception("Error processing a GOTJOB from %s", node_id)
 
 
-#: (confirmed set, node ID) -> the set with the node: every job replicated
-#: to the same nodes goes through the same few sets, and a set union costs
-#: more than finding it here.
-_CONFIRMED: Final[dict[tuple[frozenset[str], str], frozenset[str]]] = {}
-_CONFIRMED_MAX: Final = 4096
+#: (node set, node ID) -> the set with the node, for the node lists and
+#: confirmations of new jobs: every job replicated to the same nodes goes
+#: through the same few sets, and a set union costs more than finding it
+#: here (and one set shared by many jobs is memory saved).
+_WITH_NODE: Final[dict[tuple[frozenset[str], str], frozenset[str]]] = {}
+_WITH_NODE_MAX: Final = 4096
+
+
+def _with_node(nodes: frozenset[str], node_id: str) -> frozenset[str]:
+    key = (nodes, node_id)
+    found = _WITH_NODE.get(key)
+    if found is None:
+        found = nodes | {node_id}
+        if len(_WITH_NODE) >= _WITH_NODE_MAX:
+            _WITH_NODE.clear()
+        _WITH_NODE[key] = found
+    return found
 
 
 def _confirm(state: ServerState, node_id: str, job_id: bytes) -> None:
@@ -391,13 +418,7 @@ def _confirm(state: ServerState, node_id: str, job_id: bytes) -> None:
     job = blocked.job
     if job.state != WAIT_REPL:
         return
-    key = (job.confirmed, node_id)
-    confirmed = _CONFIRMED.get(key)
-    if confirmed is None:
-        confirmed = job.confirmed | {node_id}
-        if len(_CONFIRMED) >= _CONFIRMED_MAX:
-            _CONFIRMED.clear()
-        _CONFIRMED[key] = confirmed
+    confirmed = _with_node(job.confirmed, node_id)
     job.confirmed = confirmed
     if len(confirmed) >= job.repl:
         _replication_achieved(state, blocked)

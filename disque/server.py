@@ -41,7 +41,7 @@ from .federation import need_jobs_cron
 from .gcpolicy import CollectorPolicy
 from .jobs import MAX_JOBS_PER_RUN, process_due_jobs
 from .log import set_level, setup_logging
-from .state import ServerState
+from .state import NO_JOB_TIMER, ServerState
 from .tls import TLSError, TLSListener, server_context
 
 __all__ = ["DisqueServer", "main"]
@@ -198,16 +198,29 @@ class DisqueServer:
     # -- the job timer ------------------------------------------------------
 
     def _schedule_changed(self, when_ms: int) -> None:
+        # update_awake_time calls this only for a time before
+        # state.job_timer_at (see _set_job_timer_when): the tests here
+        # repeat that filter for other callers.
         if self._processing_jobs:
             return  # re-armed once when the run ends
         if self._job_timer_when is None or when_ms < self._job_timer_when:
             self._arm_job_timer(when_ms)
 
+    def _set_job_timer_when(self, when_ms: int | None) -> None:
+        """The job timer's time, here and as the state's filter for
+        update_awake_time (compiled: it skips the call for later times)."""
+        self._job_timer_when = when_ms
+        assert self.state is not None
+        if self._processing_jobs:
+            self.state.job_timer_at = -1  # re-armed once when the run ends
+        else:
+            self.state.job_timer_at = NO_JOB_TIMER if when_ms is None else when_ms
+
     def _arm_job_timer(self, when_ms: int | None, minimum_ms: int = 0) -> None:
         if self._job_timer is not None:
             self._job_timer.cancel()
             self._job_timer = None
-        self._job_timer_when = when_ms
+        self._set_job_timer_when(when_ms)
         if when_ms is None or self._stopping:
             return
         assert self.state is not None
@@ -219,8 +232,8 @@ class DisqueServer:
         state = self.state
         assert state is not None
         self._job_timer = None
-        self._job_timer_when = None
         self._processing_jobs = True
+        self._set_job_timer_when(None)
         processed = 0
         try:
             processed = process_due_jobs(state, state.clock.now_ms())

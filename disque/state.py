@@ -14,7 +14,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 from . import _native
 from .clock import Clock
@@ -63,6 +63,10 @@ class Stats:
     tls_handshake_failures: int = 0
 
 
+#: ServerState.job_timer_at when no job timer is armed: every time is earlier.
+NO_JOB_TIMER: Final = 1 << 62
+
+
 def _no_timer(when_ms: int) -> None:
     """``ServerState.schedule_changed`` before a server owns the state (tests)."""
 
@@ -97,6 +101,12 @@ class ServerState:
         # no-op with its own method (re-arm the job timer if earlier).  An
         # attribute, not a method calling a hook: it runs on every ADDJOB.
         self.schedule_changed: Callable[[int], None] = _no_timer
+        #: update_awake_time calls schedule_changed only for a time before
+        #: this one (ms): the server keeps it at its job timer's time
+        #: (NO_JOB_TIMER when none is armed, -1 while due jobs are processed).
+        #: Compiled, the comparison saves most jobs a call into the
+        #: interpreted server (~850 instructions per ADDJOB).
+        self.job_timer_at = NO_JOB_TIMER
         # Event hooks for the persistence layer (the AOF), called with the job.
         self.job_created_hooks: list[Callable[[Job], None]] = []
         self.job_removed_hooks: list[Callable[[Job], None]] = []

@@ -379,3 +379,42 @@ def test_a_long_pending_pipeline_is_written_over_several_turns() -> None:
         assert transport.written.startswith(b"*1\r\n*3\r\n$5\r\ndrain\r\n")
 
     asyncio.run(main())
+
+
+# --------------------------------------------------------------------------
+# The replication latency histogram, and the pick of a job's copy nodes
+# --------------------------------------------------------------------------
+
+def test_latency_histogram_buckets_agree_with_bisect() -> None:
+    import bisect
+
+    from disque.latency import REPLICATION_BUCKETS_S, LatencyHistogram
+
+    values = [0.0, 0.0001, *REPLICATION_BUCKETS_S, 0.0007, 0.003, 0.7, 9.99, 10.0001, 1e9]
+    histogram = LatencyHistogram(REPLICATION_BUCKETS_S)
+    expected = [0] * (len(REPLICATION_BUCKETS_S) + 1)
+    for value in values:
+        histogram.observe(value)
+        expected[bisect.bisect_left(REPLICATION_BUCKETS_S, value)] += 1
+    assert histogram.counts == expected
+    # A bound belongs to its own bucket (Prometheus's le), +Inf takes the rest.
+    assert histogram.counts[0] == 3 and histogram.counts[-1] == 2
+    assert histogram.total == pytest.approx(sum(values))
+
+
+def test_random_pick_takes_distinct_candidates_and_every_one_in_turn() -> None:
+    from disque.replication import _random_pick
+
+    candidates = [f"node{i}" for i in range(5)]
+    seen: dict[str, int] = dict.fromkeys(candidates, 0)
+    for _ in range(2000):
+        for count in (1, 2, 4):
+            chosen = _random_pick(candidates, count)
+            assert len(chosen) == count == len(set(chosen))
+            assert set(chosen) <= set(candidates)
+        [one] = _random_pick(candidates, 1)
+        seen[one] += 1
+    assert candidates == [f"node{i}" for i in range(5)]  # the caller's list is left alone
+    # 2000 draws of 1 in 5: each near 400; below 300 would be a broken shuffle.
+    assert min(seen.values()) > 300, seen
+

@@ -66,6 +66,25 @@ def test_retry_requeues_with_additional_delivery(r: redis.Redis) -> None:
     assert entry == [b"q", job_id, b"work", b"nacks", 0, b"additional-deliveries", 1]
 
 
+def test_an_earlier_time_rearms_the_job_timer_and_a_later_one_keeps_it(r: redis.Redis) -> None:
+    # The job timer is armed for the earliest awake time, and update_awake_time
+    # only calls into the server for a time before it (state.job_timer_at):
+    # a job due sooner than the armed time must still re-arm it, and one
+    # due later must not push the earlier one back.
+    late = r.execute_command("ADDJOB", "late", "x", 0, "RETRY", 3600)
+    assert r.execute_command("GETJOB", "FROM", "late")[0][1] == late  # timer: ~1 h
+    soon = r.execute_command("ADDJOB", "soon", "x", 0, "RETRY", 1)
+    assert r.execute_command("GETJOB", "FROM", "soon")[0][1] == soon  # timer: ~1 s
+    later = r.execute_command("ADDJOB", "later", "x", 0, "RETRY", 1800)
+    assert r.execute_command("GETJOB", "FROM", "later")[0][1] == later
+    wait_for(lambda: r.execute_command("QLEN", "soon") == 1, 5, message="RETRY 1 requeue")
+    # And after that run the timer is armed again, for the next due job.
+    again = r.execute_command("ADDJOB", "again", "x", 0, "RETRY", 1)
+    assert r.execute_command("GETJOB", "FROM", "again")[0][1] == again
+    wait_for(lambda: r.execute_command("QLEN", "again") == 1, 5, message="second requeue")
+    assert r.execute_command("QLEN", "late") == 0 and r.execute_command("QLEN", "later") == 0
+
+
 def test_ttl_expiry(r: redis.Redis) -> None:
     job_id = r.execute_command("ADDJOB", "q", "short", 0, "TTL", 1)
     assert show(r, job_id) is not None
