@@ -836,7 +836,9 @@ class AppendOnlyFile:
     def __init__(self, state: ServerState) -> None:
         self.state = state
         self.config = state.config
-        self.status = OFF
+        self._status = OFF
+        self._rewrite: Rewrite | None = None
+        self._job_hooks_on = False
         self.path = os.path.abspath(self.config.appendfilename)
         self.fd: int | None = None
         self.pending: list[bytes] = []
@@ -853,7 +855,6 @@ class AppendOnlyFile:
         self.fsync_max_lag = 0.0
         self.delayed_fsyncs = 0
         self.bio = BackgroundIO()
-        self.rewrite: Rewrite | None = None
         self.rewrite_scheduled = False
         self.last_rewrite_time = -1
         self.last_rewrite_max_step = 0.0
@@ -863,11 +864,6 @@ class AppendOnlyFile:
         self._rewrite_failed_at = 0.0
         self.loading = False
         self.write_each_command = True
-        state.job_created_hooks.append(self._on_created)
-        state.job_acked_hooks.append(self._on_acked)
-        state.job_moved_hooks.append(self._on_created)  # a later LOADJOB replaces the earlier
-        state.job_removed_hooks.append(self._on_removed)
-        state.dedup.on_settled.append(self._on_idmp)
         state.before_reply_hooks.append(self.before_reply)
         self.config.on_change("appendonly", self._set_appendonly)
         self.config.on_change("appendfsync", self._set_appendfsync)
@@ -875,8 +871,50 @@ class AppendOnlyFile:
     # -- hooks ----------------------------------------------------------------
 
     @property
+    def status(self) -> str:
+        return self._status
+
+    @status.setter
+    def status(self, value: str) -> None:
+        self._status = value
+        self._sync_job_hooks()
+
+    @property
+    def rewrite(self) -> Rewrite | None:
+        return self._rewrite
+
+    @rewrite.setter
+    def rewrite(self, value: Rewrite | None) -> None:
+        self._rewrite = value
+        self._sync_job_hooks()
+
+    @property
     def logging(self) -> bool:
-        return self.status != OFF or self.rewrite is not None
+        return self._status != OFF or self._rewrite is not None
+
+    def _sync_job_hooks(self) -> None:
+        """The job hooks are in the state's lists only while something is
+        logged: this module is interpreted, and a hook called for every
+        stored job only to find the AOF off cost each ADDJOB (and each copy
+        a peer stores) ~750 instructions."""
+        on = self.logging
+        if on == self._job_hooks_on:
+            return
+        self._job_hooks_on = on
+        state = self.state
+        hooks: list[tuple[list[Any], Any]] = [
+            (state.job_created_hooks, self._on_created),
+            (state.job_acked_hooks, self._on_acked),
+            # A later LOADJOB replaces the earlier.
+            (state.job_moved_hooks, self._on_created),
+            (state.job_removed_hooks, self._on_removed),
+            (state.dedup.on_settled, self._on_idmp),
+        ]
+        for registry, hook in hooks:
+            if on:
+                registry.append(hook)
+            else:
+                registry.remove(hook)
 
     def _append(self, record: bytes) -> None:
         self.pending.append(record)

@@ -52,6 +52,21 @@ def test_config_set_appendonly_no_stops_logging(aof_node) -> None:
     assert r.info("jobs")["registered_jobs"] == 1 and present(r, [kept]) == {kept}
 
 
+def test_appendonly_off_then_on_logs_new_jobs_and_acks_again(aof_node) -> None:
+    # The job hooks leave the state's lists while nothing is logged and come
+    # back with the AOF: what happens after the second "yes" must be logged.
+    r = aof_node.client()
+    acked_later = r.execute_command("ADDJOB", "q", "acked later", 0)
+    assert r.execute_command("CONFIG", "SET", "appendonly", "no") == b"OK"
+    assert r.execute_command("CONFIG", "SET", "appendonly", "yes") == b"OK"
+    wait_for(lambda: persistence(r)["aof_state"] == "on", timeout=20,
+             message="aof_state to become on again")
+    added_later = r.execute_command("ADDJOB", "q", "added later", 0)
+    assert r.execute_command("ACKJOB", acked_later) == 1
+    r = crash_and_restart(aof_node)
+    assert present(r, [acked_later, added_later]) == {added_later}
+
+
 def test_appendfsync_can_change_at_run_time(aof_node) -> None:
     r = aof_node.client()
     for policy in ("everysec", "no", "always"):
