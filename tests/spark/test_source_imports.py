@@ -11,7 +11,8 @@ processes start from: pyspark loaded, nothing else) and check that
 * the driver side of a whole drain (fetch, stage, lease, partitions, the
   executor's read, ACK, the empty closing batch) never loads pandas, which
   pyarrow loads the first time ``pa.array`` gets a list or ``pa.scalar`` a
-  value: 0.2-0.4 s in a process that lives for one query.
+  value: 0.2-0.4 s in a process that lives for one query, nor the asyncio
+  client (``disque.client.aio``).
 """
 
 from __future__ import annotations
@@ -86,13 +87,15 @@ metrics = reader.reportLatestOffset()
 reader.stop()
 print(json.dumps({{"rows": rows, "batches": batches, "acked": metrics["jobsAcked"],
                   "redelivered": metrics["redeliveredSeen"],
-                  "pandas": "pandas" in sys.modules}}))
+                  "pandas": "pandas" in sys.modules,
+                  "aio": "disque.client.aio" in sys.modules}}))
 """)
     assert out["rows"] == out["acked"] == 2500
     if fetch_mode == "driver":  # executor mode plans from QLEN and counts on the executors
         assert out["batches"] == 4  # three of 1000, 1000, 500, then the empty closing batch
         assert out["redelivered"] == 1
     assert out["pandas"] is False
+    assert out["aio"] is False  # the sync client only (tests/client/test_imports.py)
 
 
 def test_columns_built_from_buffers_equal_pa_array() -> None:
