@@ -23,16 +23,21 @@ log = logging.getLogger("spark_connector.fetch")
 
 
 def jobs_to_table(jobs: list[Job], fetched_at_us: int | None = None) -> pa.Table:
-    """Staged-form table of ``jobs`` (counters must have been fetched)."""
+    """Staged-form table of ``jobs`` (counters must have been fetched).
+
+    Columns built from buffers, as the GETJOB path's: ``pa.array`` on a
+    list would import pandas into the executor's Python worker (see
+    :func:`binary_array`).
+    """
     if fetched_at_us is None:
         fetched_at_us = time.time_ns() // 1000
     return pa.Table.from_arrays([
-        pa.array([j.queue for j in jobs], pa.string()),
-        pa.array([j.id for j in jobs], pa.string()),
-        pa.array([j.body for j in jobs], pa.binary()),
-        pa.array([j.nacks or 0 for j in jobs], pa.int64()),
-        pa.array([j.additional_deliveries or 0 for j in jobs], pa.int64()),
-        pa.array([fetched_at_us] * len(jobs), pa.timestamp("us", tz="UTC")),
+        _utf8_array([j.queue for j in jobs]),
+        _utf8_array([j.id for j in jobs]),
+        binary_array([j.body for j in jobs]),
+        int64_array([j.nacks or 0 for j in jobs]),
+        int64_array([j.additional_deliveries or 0 for j in jobs]),
+        _timestamps(fetched_at_us, len(jobs)),
     ], schema=STAGED_SCHEMA)
 
 
@@ -84,6 +89,16 @@ def int64_array(values: list[int]) -> pa.Array:
     """``pa.array(values, pa.int64())`` from a numpy buffer: no pandas import (above)."""
     return pa.Array.from_buffers(pa.int64(), len(values),
                                  [None, pa.py_buffer(np.array(values, dtype=np.int64))])
+
+
+def _utf8_array(values: list[str]) -> pa.Array | pa.ChunkedArray:
+    """``pa.array(values, pa.string())`` through :func:`binary_array`.
+
+    The client decoded names with ``surrogateescape``; encoding them back the
+    same way gives the bytes the node sent, which the cast checks as UTF-8
+    exactly as the GETJOB path's cast does.
+    """
+    return binary_array([v.encode("utf-8", "surrogateescape") for v in values]).cast(pa.string())
 
 
 def _timestamps(at_us: int, count: int) -> pa.Array:

@@ -11,6 +11,8 @@ only commands and replies the original has.  See docs/CLIENT.md.
 ...         c.ack(job.id)
 """
 
+from typing import TYPE_CHECKING
+
 from ..exceptions import (
     Acked,
     AuthError,
@@ -35,8 +37,10 @@ from ..exceptions import (
 from ._base import DEFAULTS
 from ._cluster import parse_address, parse_addresses
 from ._wire import Hello, Job, NodeInfo
-from .aio import AsyncClient
 from .sync import Client
+
+if TYPE_CHECKING:
+    from .aio import AsyncClient
 
 __all__ = [
     "Client", "AsyncClient", "Job", "Hello", "NodeInfo", "DEFAULTS",
@@ -45,3 +49,21 @@ __all__ = [
     "NoRepl", "Paused", "Leaving", "MaxLen", "TooLate", "OutOfMemory", "Acked", "Loading",
     "Misconf", "AuthError", "NoAuth", "IdmpConflict", "IdmpBusy",
 ]
+
+
+def __getattr__(name: str) -> object:
+    # AsyncClient loads on first use: most processes want the sync Client
+    # only (the CLI, each Spark query's driver-side worker, the sink's
+    # partitions), and the asyncio client module costs 10-20 ms to import.
+    # (redis.asyncio itself is loaded either way: redis-py's own __init__
+    # imports it.)
+    if name == "AsyncClient":
+        from .aio import AsyncClient
+
+        globals()["AsyncClient"] = AsyncClient  # later lookups skip this hook
+        return AsyncClient
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -11,7 +11,10 @@ processes start from: pyspark loaded, nothing else) and check that
 * the driver side of a whole drain (fetch, stage, lease, partitions, the
   executor's read, ACK, the empty closing batch) never loads pandas, which
   pyarrow loads the first time ``pa.array`` gets a list or ``pa.scalar`` a
-  value: 0.2-0.4 s in a process that lives for one query.
+  value: 0.2-0.4 s in a process that lives for one query, nor the asyncio
+  client (``disque.client.aio``);
+* neither does a batch ``spark.read`` (peek or drain) in the executor's
+  Python worker.
 """
 
 from __future__ import annotations
@@ -86,13 +89,62 @@ metrics = reader.reportLatestOffset()
 reader.stop()
 print(json.dumps({{"rows": rows, "batches": batches, "acked": metrics["jobsAcked"],
                   "redelivered": metrics["redeliveredSeen"],
-                  "pandas": "pandas" in sys.modules}}))
+                  "pandas": "pandas" in sys.modules,
+                  "aio": "disque.client.aio" in sys.modules}}))
 """)
     assert out["rows"] == out["acked"] == 2500
     if fetch_mode == "driver":  # executor mode plans from QLEN and counts on the executors
         assert out["batches"] == 4  # three of 1000, 1000, 500, then the empty closing batch
         assert out["redelivered"] == 1
     assert out["pandas"] is False
+    assert out["aio"] is False  # the sync client only (tests/client/test_imports.py)
+
+
+@pytest.mark.parametrize("drain", ["false", "true"])
+def test_a_batch_read_never_loads_pandas(server, drain: str) -> None:
+    """``spark.read.format("disque")``: the executor's Python worker peeks
+    (JSCAN, ``fetch.jobs_to_table``) or drains (GETJOB) without pandas."""
+    from disque.client import Client
+
+    with Client(f"127.0.0.1:{server.port}") as client:
+        client.add_jobs("q", [b"job-%d" % i for i in range(300)])
+    out = run_fresh(f"""
+import json, pickle, sys
+from spark_connector.source import DisqueDataSource
+source = DisqueDataSource({{"nodes": "127.0.0.1:{server.port}", "queues": "q",
+                          "drain": {drain!r}}})
+reader = source.reader(source.schema())
+rows, ids = 0, set()
+for part in reader.partitions():
+    for batch in reader.read(pickle.loads(pickle.dumps(part))):
+        rows += batch.num_rows
+        ids.update(batch.column("id").to_pylist())
+print(json.dumps({{"rows": rows, "ids": len(ids), "pandas": "pandas" in sys.modules}}))
+""")
+    assert out == {"rows": 300, "ids": 300, "pandas": False}
+    with Client(f"127.0.0.1:{server.port}") as client:
+        assert client.qlen("q") == (0 if drain == "true" else 300)
+
+
+def test_jobs_to_table_equals_pa_array_columns() -> None:
+    import pyarrow as pa
+
+    from disque.client import Job
+    from spark_connector.fetch import jobs_to_table
+    from spark_connector.schema import STAGED_SCHEMA
+
+    jobs = [Job("q", "D-1", b"a", 0, 0), Job("é", "D-2", b"", 2, None),
+            Job("q", "D-3", b"\x00\xff" * 300, None, 5)]
+    expected = pa.Table.from_arrays([
+        pa.array([j.queue for j in jobs], pa.string()),
+        pa.array([j.id for j in jobs], pa.string()),
+        pa.array([j.body for j in jobs], pa.binary()),
+        pa.array([j.nacks or 0 for j in jobs], pa.int64()),
+        pa.array([j.additional_deliveries or 0 for j in jobs], pa.int64()),
+        pa.array([1_700_000_000_000_000] * len(jobs), pa.timestamp("us", tz="UTC")),
+    ], schema=STAGED_SCHEMA)
+    assert jobs_to_table(jobs, 1_700_000_000_000_000).equals(expected)
+    assert jobs_to_table([], 0).equals(expected.slice(0, 0))
 
 
 def test_columns_built_from_buffers_equal_pa_array() -> None:

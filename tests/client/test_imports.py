@@ -1,0 +1,65 @@
+"""What ``from disque.client import Client`` loads, in a fresh interpreter.
+
+Processes that want only the sync client (the CLI, the Python worker Spark
+starts for each streaming query's driver side, the sink's partitions) must
+not pay for the asyncio client module: it loads on first use of
+``AsyncClient``.  ``redis.asyncio`` is not checked: redis-py's own
+``__init__`` imports it (``from redis import asyncio``), so any use of
+redis-py loads it; what this package can keep out is its own async layer.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def run_fresh(code: str) -> dict:
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_the_sync_client_does_not_load_the_async_one() -> None:
+    out = run_fresh("""
+import json, sys
+from disque.client import Client
+import disque
+sync_only = "disque.client.aio" in sys.modules
+c = disque.Client("127.0.0.1:1")  # through the package's lazy names too: no connection yet
+sync_only = sync_only or "disque.client.aio" in sys.modules
+print(json.dumps({"aio_loaded": sync_only, "client": Client.__module__}))
+""")
+    assert out == {"aio_loaded": False, "client": "disque.client.sync"}
+
+
+def test_async_client_loads_on_first_use_by_every_spelling() -> None:
+    out = run_fresh("""
+import json, sys
+import disque.client
+from disque.client import AsyncClient
+from disque import AsyncClient as FromPackage
+import disque.client.aio
+listed = "AsyncClient" in disque.client.__all__ and "AsyncClient" in dir(disque.client)
+namespace = {}
+exec("from disque.client import *", namespace)
+print(json.dumps({
+    "same": AsyncClient is FromPackage is disque.client.AsyncClient
+            is disque.client.aio.AsyncClient is namespace["AsyncClient"],
+    "listed": listed, "module": AsyncClient.__module__}))
+""")
+    assert out == {"same": True, "listed": True, "module": "disque.client.aio"}
+
+
+def test_an_unknown_name_is_still_an_attribute_error() -> None:
+    import disque.client
+
+    with pytest.raises(AttributeError, match="NoSuchThing"):
+        disque.client.NoSuchThing  # noqa: B018 - the lookup is the test
