@@ -25,7 +25,6 @@ already (ack.remember_collected).
 from __future__ import annotations
 
 import asyncio
-from collections import deque
 from typing import TYPE_CHECKING, Any, Final
 
 from .blocking import Waiter, park, unblock
@@ -49,23 +48,51 @@ NOJOB_REMOVED: Final = ("NOJOB Job removed from this node before it was acknowle
 
 
 class RecentAcks:
-    """Job IDs acked on this node lately (bounded: count and age)."""
+    """Job IDs acked on this node lately (bounded: count and age).
 
-    __slots__ = ("_order", "_table")
+    A ring of (ID, until) slots in two lists, oldest at ``_head``, beside
+    the table: compiled, list slots are native reads and writes, where a
+    deque of tuples cost a tuple and two Python-level method calls per ACK
+    (a fifth of ACKJOB's time with 1,000 IDs per call).  An ID acked again
+    takes a second slot; its first one is skipped when it falls out (its
+    ``until`` no longer matches the table's).
+    """
+
+    __slots__ = ("_count", "_head", "_ids", "_table", "_untils")
 
     def __init__(self) -> None:
         self._table: dict[bytes, int] = {}
-        self._order: deque[tuple[int, bytes]] = deque()
+        # Allocated on the first ACK: most nodes of a test suite never ack.
+        self._ids: list[bytes] = []
+        self._untils: list[int] = []
+        self._head = 0
+        self._count = 0
 
     def add(self, job_id: bytes, now: int) -> None:
-        table, order = self._table, self._order
-        while order and (order[0][0] <= now or len(table) >= RECENT_ACK_MAX):
-            until, old = order.popleft()
-            if table.get(old) == until:
+        table, ids, untils = self._table, self._ids, self._untils
+        if not ids:
+            ids.extend([b""] * RECENT_ACK_MAX)
+            untils.extend([0] * RECENT_ACK_MAX)
+        head, count = self._head, self._count
+        # Expired ones go, and the oldest while the table is full or the
+        # ring is (re-acked IDs take slots the table does not count).
+        while count and (untils[head] <= now or len(table) >= RECENT_ACK_MAX
+                         or count == RECENT_ACK_MAX):
+            old = ids[head]
+            if table.get(old) == untils[head]:
                 del table[old]
+            ids[head] = b""
+            head = head + 1 if head + 1 < RECENT_ACK_MAX else 0
+            count -= 1
         until = now + RECENT_ACK_MS
         table[job_id] = until
-        order.append((until, job_id))
+        tail = head + count
+        if tail >= RECENT_ACK_MAX:
+            tail -= RECENT_ACK_MAX
+        ids[tail] = job_id
+        untils[tail] = until
+        self._head = head
+        self._count = count + 1
 
     def __contains__(self, job_id: object) -> bool:
         return job_id in self._table

@@ -418,3 +418,50 @@ def test_random_pick_takes_distinct_candidates_and_every_one_in_turn() -> None:
     # 2000 draws of 1 in 5: each near 400; below 300 would be a broken shuffle.
     assert min(seen.values()) > 300, seen
 
+
+# --------------------------------------------------------------------------
+# RecentAcks: the ring of IDs acked lately (WAITJOB)
+# --------------------------------------------------------------------------
+
+def test_recent_acks_forget_by_age_and_by_count_across_the_ring() -> None:
+    from disque import completion
+    from disque.completion import RECENT_ACK_MAX, RECENT_ACK_MS, RecentAcks
+
+    acks = RecentAcks()
+    acks.add(b"first", 1000)
+    acks.add(b"second", 1500)
+    assert acks.acked(b"first", 1000 + RECENT_ACK_MS - 1) and len(acks) == 2
+    # An ack at the first one's expiry forgets it, not the second.
+    acks.add(b"third", 1000 + RECENT_ACK_MS)
+    assert b"first" not in acks and b"second" in acks and len(acks) == 2
+    # Past the count, the oldest go first, however recent; many times
+    # around the ring, the table and the ring stay bounded and agree.
+    now = 2000
+    total = 3 * RECENT_ACK_MAX + 17
+    for i in range(total):
+        acks.add(b"%d" % i, now)
+    assert len(acks) == RECENT_ACK_MAX
+    assert b"%d" % (total - RECENT_ACK_MAX - 1) not in acks
+    assert all(b"%d" % i in acks for i in range(total - RECENT_ACK_MAX, total))
+    assert b"second" not in acks and b"third" not in acks
+    assert completion.RECENT_ACK_MAX == RECENT_ACK_MAX
+
+
+def test_recent_acks_an_id_acked_again_keeps_its_later_time() -> None:
+    from disque.completion import RECENT_ACK_MAX, RECENT_ACK_MS, RecentAcks
+
+    acks = RecentAcks()
+    acks.add(b"again", 0)
+    acks.add(b"other", 10)
+    acks.add(b"again", 20)
+    # The first slot of "again" expires at RECENT_ACK_MS; the ID stays
+    # until its second ack's time.
+    acks.add(b"late", RECENT_ACK_MS + 15)
+    assert acks.acked(b"again", RECENT_ACK_MS + 15) and b"other" not in acks
+    acks.add(b"later", RECENT_ACK_MS + 20)
+    assert b"again" not in acks
+    # Re-acking one ID over and over never takes more than the ring.
+    for i in range(RECENT_ACK_MAX + 5):
+        acks.add(b"same", RECENT_ACK_MS + 30 + i // 1000)
+    assert acks.acked(b"same", RECENT_ACK_MS + 30) and len(acks) <= 3
+
