@@ -10,21 +10,9 @@ redis-py loads it; what this package can keep out is its own async layer.
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def run_fresh(code: str) -> dict:
-    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
-                          text=True, timeout=60)
-    assert proc.returncode == 0, proc.stderr
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+from tests.support.fresh import run_fresh
 
 
 def test_the_sync_client_does_not_load_the_async_one() -> None:

@@ -19,22 +19,11 @@ processes start from: pyspark loaded, nothing else) and check that
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def run_fresh(code: str) -> dict:
-    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
-                          text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr
-    return json.loads(proc.stdout.strip().splitlines()[-1])
-
+from tests.support.fresh import run_fresh
 
 LOADED = ("redis", "disque.client", "pyarrow", "pandas")
 
