@@ -920,21 +920,20 @@ class AppendOnlyFile:
         self.pending.append(record)
         self.pending_bytes += len(record)
 
+    # The job hooks below are registered only while something is logged
+    # (_sync_job_hooks).
+
     def _on_created(self, job: Job) -> None:
-        if self.status != OFF or self.rewrite is not None:
-            self._append(loadjob_record(job))
+        self._append(loadjob_record(job))
 
     def _on_acked(self, job: Job) -> None:
-        if self.status != OFF or self.rewrite is not None:
-            self._acked.append(job)
+        self._acked.append(job)
 
     def _on_idmp(self, entry: DedupEntry) -> None:
-        if self.status != OFF or self.rewrite is not None:
-            self._append(idmp_record(entry))
+        self._append(idmp_record(entry))
 
     def _on_removed(self, job: Job) -> None:
-        if ((self.status != OFF or self.rewrite is not None) and job.state != JobState.WAIT_REPL
-                and not job.is_dummy_ack):
+        if job.state != JobState.WAIT_REPL and not job.is_dummy_ack:
             self._append(deljob_record(job.id))
 
     def _resolve_acks(self) -> None:

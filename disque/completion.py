@@ -74,10 +74,10 @@ class RecentAcks:
             ids.extend([b""] * RECENT_ACK_MAX)
             untils.extend([0] * RECENT_ACK_MAX)
         head, count = self._head, self._count
-        # Expired ones go, and the oldest while the table is full or the
-        # ring is (re-acked IDs take slots the table does not count).
-        while count and (untils[head] <= now or len(table) >= RECENT_ACK_MAX
-                         or count == RECENT_ACK_MAX):
+        # Expired ones go, and the oldest while the ring is full.  Every ID
+        # in the table has a slot (its latest ack's), so a full table means
+        # a full ring; re-acked IDs take slots the table does not count.
+        while count and (untils[head] <= now or count == RECENT_ACK_MAX):
             old = ids[head]
             if table.get(old) == untils[head]:
                 del table[old]

@@ -63,8 +63,6 @@ class DisqueServer:
         self.state: ServerState | None = None
         self._servers: list[asyncio.base_events.Server] = []
         self._job_timer: asyncio.TimerHandle | None = None
-        self._job_timer_when: int | None = None
-        self._processing_jobs = False
         self._cron_handle: asyncio.TimerHandle | None = None
         self._cron_deadline = 0.0
         self._last_queue_eviction = 0.0
@@ -198,32 +196,22 @@ class DisqueServer:
     # -- the job timer ------------------------------------------------------
 
     def _schedule_changed(self, when_ms: int) -> None:
-        # update_awake_time calls this only for a time before
-        # state.job_timer_at (see _set_job_timer_when): the tests here
-        # repeat that filter for other callers.
-        if self._processing_jobs:
-            return  # re-armed once when the run ends
-        if self._job_timer_when is None or when_ms < self._job_timer_when:
-            self._arm_job_timer(when_ms)
-
-    def _set_job_timer_when(self, when_ms: int | None) -> None:
-        """The job timer's time, here and as the state's filter for
-        update_awake_time (compiled: it skips the call for later times)."""
-        self._job_timer_when = when_ms
+        # state.job_timer_at is the armed timer's time (NO_JOB_TIMER for
+        # none, -1 while due jobs are processed: re-armed once the run
+        # ends).  update_awake_time, compiled, calls this only for an
+        # earlier time; the test is repeated for any other caller.
         assert self.state is not None
-        if self._processing_jobs:
-            self.state.job_timer_at = -1  # re-armed once when the run ends
-        else:
-            self.state.job_timer_at = NO_JOB_TIMER if when_ms is None else when_ms
+        if when_ms < self.state.job_timer_at:
+            self._arm_job_timer(when_ms)
 
     def _arm_job_timer(self, when_ms: int | None, minimum_ms: int = 0) -> None:
         if self._job_timer is not None:
             self._job_timer.cancel()
             self._job_timer = None
-        self._set_job_timer_when(when_ms)
+        assert self.state is not None
+        self.state.job_timer_at = NO_JOB_TIMER if when_ms is None else when_ms
         if when_ms is None or self._stopping:
             return
-        assert self.state is not None
         delay_ms = max(when_ms - self.state.clock.now_ms(), minimum_ms)
         self._job_timer = asyncio.get_running_loop().call_later(
             delay_ms / 1000, self._run_due_jobs)
@@ -232,15 +220,12 @@ class DisqueServer:
         state = self.state
         assert state is not None
         self._job_timer = None
-        self._processing_jobs = True
-        self._set_job_timer_when(None)
+        state.job_timer_at = -1  # no re-arming while the run moves jobs
         processed = 0
         try:
             processed = process_due_jobs(state, state.clock.now_ms())
         except Exception:  # a bug: keep the timer alive, or no job would ever move again
             log.exception("Error processing due jobs")
-        finally:
-            self._processing_jobs = False
         if processed >= MAX_JOBS_PER_RUN:
             self._arm_job_timer(state.clock.now_ms())  # more due: next loop turn
         else:

@@ -101,11 +101,11 @@ class ServerState:
         # no-op with its own method (re-arm the job timer if earlier).  An
         # attribute, not a method calling a hook: it runs on every ADDJOB.
         self.schedule_changed: Callable[[int], None] = _no_timer
-        #: update_awake_time calls schedule_changed only for a time before
-        #: this one (ms): the server keeps it at its job timer's time
-        #: (NO_JOB_TIMER when none is armed, -1 while due jobs are processed).
-        #: Compiled, the comparison saves most jobs a call into the
-        #: interpreted server (~850 instructions per ADDJOB).
+        #: The server's job timer's time (ms): NO_JOB_TIMER when none is
+        #: armed, -1 while due jobs are processed.  update_awake_time calls
+        #: schedule_changed only for an earlier time: compiled, the
+        #: comparison saves most jobs a call into the interpreted server
+        #: (~850 instructions per ADDJOB).
         self.job_timer_at = NO_JOB_TIMER
         # Event hooks for the persistence layer (the AOF), called with the job.
         self.job_created_hooks: list[Callable[[Job], None]] = []
