@@ -182,11 +182,11 @@ class LeaseKeeper:
                     # Released (acknowledged) while the heartbeat was in
                     # flight: NOJOB/ACKED answers are the ACK, not a loss.
                     continue
-                for job_id, reply in refused:
+                for job_id, refusal in refused:
                     lease.lost.add(job_id)
                     self.leases_lost += 1
                     log.warning("lease on job %s of batch %d lost (%s): the node may "
-                                "deliver it again", job_id, seq, reply)
+                                "deliver it again", job_id, seq, refusal)
                 if self._fixed_interval is not None:
                     lease.interval = self._fixed_interval
                 elif retries:

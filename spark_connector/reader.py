@@ -677,7 +677,7 @@ class _DriverSide:
                 self.idle.wait(config.fetch_timeout_ms / 1000)  # bounded idle wait
             return False
         wanted = total if max_jobs is None else min(total, max_jobs)
-        parts = []
+        parts: list[dict[str, Any]] = []
         for addr, queued in per_node:
             if queued == 0:
                 continue

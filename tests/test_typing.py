@@ -27,6 +27,12 @@ def test_the_package_type_checks() -> None:
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+def test_the_spark_connector_type_checks() -> None:
+    pytest.importorskip("pyspark", reason="needs the 'spark' extra: pip install -e '.[spark]'")
+    result = _mypy("spark_connector")
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
 def test_the_compiled_modules_pass_mypy_strict() -> None:
     files = [str(source_path(m).relative_to(ROOT)) for m in COMPILED_MODULES]
     result = _mypy("--strict", "--follow-imports=silent", *files)

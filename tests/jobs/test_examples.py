@@ -173,11 +173,11 @@ def start_demo(tmp_path: Path) -> tuple[subprocess.Popen, Path]:
     return proc, log_path
 
 
-def run_demo_on_a_terminal(tmp_path: Path) -> tuple[int, str, int]:
+def run_demo_on_a_terminal(tmp_path: Path, *args: str) -> tuple[int, str, int]:
     """(exit status, what the terminal showed, pid) of a demo run under a pty."""
     import pexpect
 
-    command = demo_command(tmp_path)
+    command = [*demo_command(tmp_path), *args]
     child = pexpect.spawn(command[0], command[1:], cwd=str(ROOT), encoding="utf-8",
                           timeout=600, dimensions=(40, 120),
                           env={**os.environ, "PYSPARK_PYTHON": sys.executable,
@@ -197,35 +197,33 @@ def readme_tour_line(prefix: str) -> str:
     raise AssertionError(f"no '$ {prefix}...' line in README.md")
 
 
+def plain_text(terminal_output: str) -> str:
+    """What a terminal showed, without its escape sequences, one line per line."""
+    return re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", terminal_output).replace("\r", "\n")
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("output", ["pipe", "terminal"])
-def test_demo_runs_end_to_end_and_leaves_nothing_behind(tmp_path: Path, output: str) -> None:
-    if output == "pipe":
-        proc, log_path = start_demo(tmp_path)
-        try:
-            code = proc.wait(timeout=600)
-        finally:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-        text, pid = log_path.read_text(), proc.pid
-    else:
-        code, text, pid = run_demo_on_a_terminal(tmp_path)
-    plain = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", text).replace("\r", "\n")
-    assert code == 0, plain[-3000:]
-    assert "produced:   2000 jobs" in plain
-    assert "consumed:   2000 jobs" in plain
-    assert "acked:      2000 jobs; 0 still queued, 0 on the node" in plain
-    assert "result:     OK" in plain
+def test_demo_runs_end_to_end_and_leaves_nothing_behind(tmp_path: Path) -> None:
+    """Output to a pipe (a log, CI); the terminal's progress bar is checked by
+    the three-node run below, so the two runs cover both outputs."""
+    proc, log_path = start_demo(tmp_path)
+    try:
+        code = proc.wait(timeout=600)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    text = log_path.read_text()
+    assert code == 0, text[-3000:]
+    assert "produced:   2000 jobs" in text
+    assert "consumed:   2000 jobs" in text
+    assert "acked:      2000 jobs; 0 still queued, 0 on the node" in text
+    assert "result:     OK" in text
     # While Spark starts it says so, instead of repeating "0/2000 consumed".
-    assert "starting Spark" in plain
-    if output == "pipe":
-        assert plain.count(demo.FIRST_BATCH) == 1
-        assert "] 0/2000 consumed" not in plain
-    else:
-        assert demo.FIRST_BATCH_SHORT in plain and "━" in plain  # the progress bar
-        assert "2000/2000 consumed, 2000 acked" in plain  # the bar ends with the final ACK
-    wait_for(lambda: not session_processes(pid), timeout=30,
-             message=lambda: f"demo processes to exit: {session_processes(pid)}")
+    assert "starting Spark" in text
+    assert text.count(demo.FIRST_BATCH) == 1
+    assert "] 0/2000 consumed" not in text
+    wait_for(lambda: not session_processes(proc.pid), timeout=30,
+             message=lambda: f"demo processes to exit: {session_processes(proc.pid)}")
     # The tour's next command, run as the README writes it, in the directory
     # that holds demo-output/ (it needs pandas, which the spark extra installs).
     look = subprocess.run(["bash", "-c", readme_tour_line("python3 -c")], cwd=tmp_path,
@@ -253,22 +251,16 @@ def test_demo_ctrl_c_stops_everything(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_demo_on_a_three_node_cluster_shows_where_the_jobs_went(tmp_path: Path) -> None:
-    log_path = tmp_path / "demo.log"
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(
-            [*demo_command(tmp_path), "--nodes", "3"], cwd=ROOT, stdout=log,
-            stderr=subprocess.STDOUT, start_new_session=True,
-            env={**os.environ, "PYSPARK_PYTHON": sys.executable})
-    try:
-        code = proc.wait(timeout=600)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-    text = log_path.read_text()
+    """On a terminal (a pty), so the same run checks the progress bar."""
+    code, shown, pid = run_demo_on_a_terminal(tmp_path, "--nodes", "3")
+    text = plain_text(shown)
     assert code == 0, text[-3000:]
     assert "3 nodes up and joined in one cluster" in text
     assert "acked:      2000 jobs; 0 still queued, 0 on the nodes" in text
     assert "result:     OK" in text
+    assert "starting Spark" in text
+    assert demo.FIRST_BATCH_SHORT in text and "━" in text  # the progress bar
+    assert "2000/2000 consumed, 2000 acked" in text  # the bar ends with the final ACK
     # One line per node: jobs the sink queued there / jobs it delivered.
     per_node = [(int(q), int(f)) for q, f in
                 re.findall(r"^ {4}127\.0\.0\.1:\d+ +(\d+) / +(\d+)$", text, re.M)]
@@ -276,5 +268,5 @@ def test_demo_on_a_three_node_cluster_shows_where_the_jobs_went(tmp_path: Path) 
     assert sum(q for q, _ in per_node) == 2000 and all(q > 0 for q, _ in per_node)
     assert sum(f for _, f in per_node) == 2000
     assert "stopped the nodes; nothing left running" in text
-    wait_for(lambda: not session_processes(proc.pid), timeout=30,
-             message=lambda: f"demo processes to exit: {session_processes(proc.pid)}")
+    wait_for(lambda: not session_processes(pid), timeout=30,
+             message=lambda: f"demo processes to exit: {session_processes(pid)}")

@@ -66,13 +66,17 @@ reader = source.streamReader(source.schema())
 reader.prepareForTriggerAvailableNow()
 start, rows, batches = reader.initialOffset(), 0, 0
 while True:
+    # Spark's order: the batch ending at ``start`` is in the commit log when
+    # it asks for the next offset (the source acknowledges it there); the
+    # source's commit() of it comes only once a new batch is logged.
     end = reader.latestOffset(start, ReadMaxRows(1000))
     if end == start:
         break
+    if batches:
+        reader.commit(start)
     for part in reader.partitions(start, end):
         for batch in reader.read(pickle.loads(pickle.dumps(part))):
             rows += batch.num_rows
-    reader.commit(end)
     start, batches = end, batches + 1
 metrics = reader.reportLatestOffset()
 reader.stop()
