@@ -24,10 +24,9 @@ already (ack.remember_collected).
 
 from __future__ import annotations
 
-import asyncio
 from typing import TYPE_CHECKING, Any, Final
 
-from .blocking import Waiter, park, unblock
+from .blocking import Blocked, Waiter, park, unblock
 from .job import ACKED
 from .protocol import ReplyError, Status
 
@@ -105,15 +104,15 @@ class RecentAcks:
         return len(self._table)
 
 
-class BlockedWait:
-    """A client in WAITJOB (blocking.Blocked)."""
+class BlockedWait(Blocked):
+    """A client in WAITJOB."""
 
-    __slots__ = ("client", "job_id", "timer")
+    __slots__ = ("job_id",)
 
     def __init__(self, client: Waiter, job_id: bytes) -> None:
         self.client = client
+        self.timer = None
         self.job_id = job_id
-        self.timer: asyncio.TimerHandle | None = None
 
     def release(self, state: ServerState) -> None:
         waiters = state.job_waiters.get(self.job_id)

@@ -39,7 +39,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, Final
 
 from .ack import acked_elsewhere
-from .blocking import Waiter, park, unblock
+from .blocking import Blocked, Waiter, park, unblock
 from .clock import random_time_error
 from .cluster import messages
 from .deadletter import merge_copy
@@ -85,11 +85,10 @@ NOREPL_REMOVED = ("NOREPL job removed (expired?) before the requested replicatio
                   "was achieved")
 
 
-class BlockedAdd:
-    """A client waiting for its job's copies (blocking.Blocked)."""
+class BlockedAdd(Blocked):
+    """A client waiting for its job's copies."""
 
-    __slots__ = ("client", "extrepl", "job", "last_added", "last_sent", "needed", "started",
-                 "timer")
+    __slots__ = ("extrepl", "job", "last_added", "last_sent", "needed", "started")
 
     #: The connection may run the ADDJOBs pipelined after this one meanwhile
     #: (connection.ReplySlot): replicating them one at a time would cost a
@@ -99,10 +98,10 @@ class BlockedAdd:
     def __init__(self, client: Waiter, job: Job, needed: int, extrepl: bool,
                  now: int) -> None:
         self.client = client
+        self.timer = None
         self.job = job
         self.needed = needed
         self.extrepl = extrepl
-        self.timer: asyncio.TimerHandle | None = None
         #: When a node was last added to the job's list (ms).
         self.last_added = now
         #: When REPLJOB last went to the unconfirmed nodes (ms).

@@ -32,8 +32,6 @@ from .jobs import addjob, parse_addjob
 from .registry import BLOCKED, OOM, CommandClient, CommandError, command
 
 if TYPE_CHECKING:
-    import asyncio
-
     from ..state import ServerState
 
 __all__ = ["MAX_BODIES", "addjobs"]
@@ -66,29 +64,29 @@ class _Member:
         self.batch.member_done(self.index, reply)
 
 
-class BlockedBatch:
-    """An ADDJOBS whose jobs wait for their copies (blocking.Blocked).
+class BlockedBatch(Blocked):
+    """An ADDJOBS whose jobs wait for their copies.
 
     Each waiting job is parked on its own :class:`_Member` with ADDJOB's
     replication timeout; the client is released when the last one answers.
     """
 
-    __slots__ = ("client", "members", "parked", "remaining", "replies", "state", "timer")
+    __slots__ = ("members", "parked", "remaining", "replies", "state")
 
     #: ADDJOBs and ADDJOBS pipelined after this one may run meanwhile
     #: (connection.ReplySlot), as after a replicating ADDJOB.
     overlappable = True
 
     def __init__(self, state: ServerState, client: Waiter, size: int) -> None:
-        self.state = state
         self.client = client
+        self.timer = None
+        self.state = state
         self.replies: list[Any] = [None] * size
         self.members: list[_Member] = []
         self.remaining = 0
         #: The client waits (set once every body was tried): a job answered
         #: before that only fills its place.
         self.parked = False
-        self.timer: asyncio.TimerHandle | None = None
 
     def member_done(self, index: int, reply: Any) -> None:
         self.replies[index] = _element(reply)
