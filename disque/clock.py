@@ -5,15 +5,20 @@ from __future__ import annotations
 
 import time
 from random import random
+from typing import Final
 
 __all__ = ["Clock", "ManualClock", "random_time_error"]
+
+#: Final: compiled, a C static rather than two lookups (module, attribute)
+#: in a method every command calls.
+_time_ns: Final = time.time_ns
 
 
 class Clock:
     """Wall-clock milliseconds: job times are persisted and must survive restarts."""
 
     def now_ms(self) -> int:
-        return time.time_ns() // 1_000_000
+        return _time_ns() // 1_000_000
 
 
 class ManualClock(Clock):
