@@ -334,6 +334,9 @@ def serialize_job(job: Job, bus_now_ms: int | None = None) -> bytes:
     gc_retry = job.gc_retry
     nacks = job.nacks
     deliveries = job.additional_deliveries
+    # An IntEnum is an int: compiled, this unboxes it, where int() was a
+    # Python-level call of the int type (~450 instructions a job).
+    state: int = job.state
     nodes = _node_list_blob(job.delivered)
     qlen = len(queue)
     head = _HEADS.get(qlen)
@@ -343,7 +346,7 @@ def serialize_job(job: Job, bus_now_ms: int | None = None) -> bytes:
         head = _HEADS[qlen] = struct.Struct(f"<I40sBBHIQIIHHI{qlen}sI")
     return b"".join((
         head.pack(_FIXED_SIZE + 8 + qlen + len(body) + len(nodes), job.id,
-                  (int(job.state) & 0x0F) | ((gc_retry if gc_retry < 15 else 15) << 4),
+                  (state & 0x0F) | ((gc_retry if gc_retry < 15 else 15) << 4),
                   flags & SERIALIZED_FLAGS, job.repl & 0xFFFF, etime_s & 0xFFFFFFFF,
                   job.ctime & 0xFFFFFFFFFFFFFFFF, job.delay & 0xFFFFFFFF,
                   job.retry & 0xFFFFFFFF, nacks if nacks < 0xFFFF else 0xFFFF,
