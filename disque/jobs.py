@@ -123,7 +123,8 @@ class AwakeSchedule:
             key = when >> self.BUCKET_SHIFT
             bucket = self._buckets.get(key)
             if bucket is not None:
-                bucket.pop(job, None)
+                if job in bucket:  # not pop(job, None): compiled, a Python-level call
+                    del bucket[job]
                 if not bucket:
                     del self._buckets[key]
                     if len(self._keys) > 2 * len(self._buckets) + 1024:
@@ -215,7 +216,8 @@ class JobRegistry:
         self._evictable[job] = None
 
     def evictable_discard(self, job: Job) -> None:
-        self._evictable.pop(job, None)
+        if job in self._evictable:
+            del self._evictable[job]
 
     def oldest_evictable(self) -> Job | None:
         return next(iter(self._evictable), None)
@@ -230,7 +232,8 @@ class JobRegistry:
         return self._jobs.add(job.id, job)
 
     def _remove(self, job: Job) -> bool:
-        self._evictable.pop(job, None)
+        if job in self._evictable:
+            del self._evictable[job]
         self.schedule.discard(job)
         return self._jobs.pop(job.id) is not None
 

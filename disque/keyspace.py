@@ -78,8 +78,11 @@ class SlicedDict(Generic[K, V]):
 
     def pop(self, key: K) -> V | None:
         part = self._slices[self._slice_of(key)]
-        value = part.pop(key, None)
+        # get and del rather than pop(key, None), which compiled is a
+        # Python-level method call (this runs for every job forgotten).
+        value = part.get(key)
         if value is not None:
+            del part[key]
             self._len -= 1
         return value
 

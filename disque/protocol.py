@@ -311,9 +311,11 @@ class CommandParser:
 
 #: ``$<len>`` for every bulk length the fast path handles.
 _FAST_MAX_BULK: Final = 4096
-_BULK_HEADERS = [b"$%d" % size for size in range(_FAST_MAX_BULK)]
+_BULK_HEADERS: Final = [b"$%d" % size for size in range(_FAST_MAX_BULK)]
 #: ``*<count>`` headers of the usual sizes, parsed in advance.
-_request_count = {b"*%d" % count: count for count in range(1, 256)}.get
+#: Final (compiled: C statics): a module global is a dict lookup per use,
+#: and a bound ``dict.get`` a Python-level call per request.
+_REQUEST_COUNTS: Final = {b"*%d" % count: count for count in range(1, 256)}
 
 
 def _whole_requests(data: bytes, out: list[list[bytes]]) -> int:
@@ -333,7 +335,7 @@ def _whole_requests(data: bytes, out: list[list[bytes]]) -> int:
     last = len(tokens) - 1  # the last token is not followed by CRLF: incomplete
     i = 0
     while i < last:
-        count = _request_count(tokens[i])
+        count = _REQUEST_COUNTS.get(tokens[i])
         if count is None:
             head = tokens[i]
             if len(head) > MAX_HEADER_SIZE or head[:1] != b"*":

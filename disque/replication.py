@@ -110,7 +110,9 @@ class BlockedAdd(Blocked):
         self.started = _perf_counter()
 
     def release(self, state: ServerState) -> None:
-        state.replicating.pop(self.job.id, None)
+        replicating = state.replicating
+        if self.job.id in replicating:  # not pop(id, None): compiled, a Python-level call
+            del replicating[self.job.id]
         if state.dedup.pending:
             # The ADDJOB answers now: its IDMP key stays if the job was added
             # (no longer wait-repl), goes with -NOREPL so a retry adds it.
