@@ -70,8 +70,7 @@ class BlockedGet(Blocked):
     __slots__ = ("queues", "withcounters")
 
     def __init__(self, client: Waiter, queues: list[Queue], withcounters: bool) -> None:
-        self.client = client
-        self.timer = None
+        super().__init__(client)
         self.queues = queues
         self.withcounters = withcounters
 

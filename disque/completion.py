@@ -110,8 +110,7 @@ class BlockedWait(Blocked):
     __slots__ = ("job_id",)
 
     def __init__(self, client: Waiter, job_id: bytes) -> None:
-        self.client = client
-        self.timer = None
+        super().__init__(client)
         self.job_id = job_id
 
     def release(self, state: ServerState) -> None:

@@ -216,7 +216,7 @@ class JobRegistry:
         self._evictable[job] = None
 
     def evictable_discard(self, job: Job) -> None:
-        if job in self._evictable:
+        if job in self._evictable:  # not pop(job, None): compiled, a Python-level call
             del self._evictable[job]
 
     def oldest_evictable(self) -> Job | None:
@@ -232,8 +232,7 @@ class JobRegistry:
         return self._jobs.add(job.id, job)
 
     def _remove(self, job: Job) -> bool:
-        if job in self._evictable:
-            del self._evictable[job]
+        self.evictable_discard(job)
         self.schedule.discard(job)
         return self._jobs.pop(job.id) is not None
 

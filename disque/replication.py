@@ -97,8 +97,7 @@ class BlockedAdd(Blocked):
 
     def __init__(self, client: Waiter, job: Job, needed: int, extrepl: bool,
                  now: int) -> None:
-        self.client = client
-        self.timer = None
+        super().__init__(client)
         self.job = job
         self.needed = needed
         self.extrepl = extrepl

@@ -78,8 +78,7 @@ class BlockedBatch(Blocked):
     overlappable = True
 
     def __init__(self, state: ServerState, client: Waiter, size: int) -> None:
-        self.client = client
-        self.timer = None
+        super().__init__(client)
         self.state = state
         self.replies: list[Any] = [None] * size
         self.members: list[_Member] = []
