@@ -10,7 +10,7 @@ disconnected (then nothing is sent and nothing is left behind).
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
 from .job import Job
 from .queue import Queue, fetch_job
@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from .state import ServerState
 
 __all__ = ["Blocked", "BlockedGet", "block_for_jobs", "park", "unblock", "serve_blocked_clients",
-           "unblock_all", "getjob_entry", "NO_REPLY"]
+           "unblock_all", "getjob_entry", "NO_REPLY", "WITH_COUNTERS", "WITH_LEASE"]
 
 #: Timeouts are capped: a wait this long is "forever" for every practical purpose
 #: and larger values would overflow the event loop's timer.
@@ -29,6 +29,13 @@ NO_REPLY = object()
 
 _NACKS = b"nacks"
 _DELIVERIES = b"additional-deliveries"
+_REQUEUE_WITHIN = b"next-requeue-within"
+
+#: GETJOB's optional entry fields (a bit set): WITHCOUNTERS adds the NACK and
+#: delivery counters, WITHLEASE (an extension) the milliseconds left before
+#: this node queues the job again.
+WITH_COUNTERS: Final = 1
+WITH_LEASE: Final = 2
 
 
 class Waiter(Protocol):
@@ -67,12 +74,12 @@ class Blocked:
 class BlockedGet(Blocked):
     """A client waiting in GETJOB for a job on one of ``queues``."""
 
-    __slots__ = ("queues", "withcounters")
+    __slots__ = ("fields", "queues")
 
-    def __init__(self, client: Waiter, queues: list[Queue], withcounters: bool) -> None:
+    def __init__(self, client: Waiter, queues: list[Queue], fields: int) -> None:
         super().__init__(client)
         self.queues = queues
-        self.withcounters = withcounters
+        self.fields = fields
 
     def release(self, state: ServerState) -> None:
         """Unblocking, whatever the cause: leave every queue's waiters."""
@@ -89,21 +96,39 @@ class BlockedGet(Blocked):
         """The client went away: nothing of a GETJOB is left to undo."""
 
 
-def getjob_entry(job: Job, withcounters: bool) -> list[Any]:
-    """One job in GETJOB's reply: ``[queue, id, body]`` (+ counters)."""
-    if withcounters:
-        return [job.queue, job.id, job.body, _NACKS, job.nacks, _DELIVERIES,
-                job.additional_deliveries]
-    return [job.queue, job.id, job.body]
+def getjob_entry(job: Job, fields: int, now: int = 0) -> list[Any]:
+    """One job in GETJOB's reply: ``[queue, id, body]``, then the ``fields``
+    asked for (:data:`WITH_COUNTERS`, :data:`WITH_LEASE` as of ``now``)."""
+    entry: list[Any] = [job.queue, job.id, job.body]
+    if fields:
+        if fields & WITH_COUNTERS:
+            entry.extend((_NACKS, job.nacks, _DELIVERIES, job.additional_deliveries))
+        if fields & WITH_LEASE:
+            entry.extend((_REQUEUE_WITHIN, requeue_within_ms(job, now)))
+    return entry
+
+
+def requeue_within_ms(job: Job, now: int) -> int | None:
+    """Milliseconds before this node queues ``job`` again unless told otherwise
+    (ACKJOB, WORKING, NACK); None if it never will (RETRY 0).
+
+    Delivery does not restart the count: a job that waited in its queue
+    longer than its RETRY is due again soon after it is handed out, which
+    is why a consumer holding jobs long asks for this rather than assume RETRY.
+    """
+    qtime = job.qtime
+    if not qtime or job.retry == 0:
+        return None
+    return qtime - now if qtime > now else 0
 
 
 def block_for_jobs(state: ServerState, client: Waiter, names: list[bytes], timeout_ms: int,
-                   withcounters: bool) -> BlockedGet:
+                   fields: int) -> BlockedGet:
     """Park ``client`` on the queues ``names`` (left to right, duplicates once)."""
     queues: list[Queue] = []
     for name in dict.fromkeys(names):
         queues.append(state.queue_for_write(name))
-    blocked = BlockedGet(client, queues, withcounters)
+    blocked = BlockedGet(client, queues, fields)
     for q in queues:
         q.waiters[blocked] = None
     park(state, blocked, timeout_ms)
@@ -152,7 +177,9 @@ def serve_blocked_clients(state: ServerState, q: Queue) -> int:
         job = fetch_job(state, q)
         if job is None:
             break
-        unblock(state, blocked, [getjob_entry(job, blocked.withcounters)])
+        fields = blocked.fields
+        now = state.clock.now_ms() if fields & WITH_LEASE else 0
+        unblock(state, blocked, [getjob_entry(job, fields, now)])
         served += 1
     return served
 

@@ -315,7 +315,7 @@ Disque commands (see the Disque README for details):
          [BACKOFF s] [MAXDELIVERIES n] [DEADLETTER queue] [IDMP key [IDMP-WINDOW s]]
          (the last four: extensions, docs/EXTENSIONS.md)
   ADDJOBS queue ms-timeout [ADDJOB's options] BODIES job [job ...]   (extension)
-  GETJOB [NOHANG] [TIMEOUT ms] [COUNT n] [WITHCOUNTERS] FROM queue [queue ...]
+  GETJOB [NOHANG] [TIMEOUT ms] [COUNT n] [WITHCOUNTERS] [WITHLEASE] FROM queue [queue ...]
   ACKJOB id [id ...]      FASTACK id [id ...]     NACK id [id ...] [DELAY s]
   WORKING id              ENQUEUE id [id ...]     DEQUEUE id [id ...]
   DELJOB id [id ...]      SHOW id                 WAITJOB id ms-timeout (extension)

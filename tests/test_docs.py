@@ -131,6 +131,11 @@ BLOCKS: dict[tuple[str, str], str] = {
     ("docs/EXTENSIONS.md", "WAITJOB id ms-timeout"): "a syntax synopsis",
     ("docs/EXTENSIONS.md", "ADDJOBS queue ms-timeout"): "a syntax synopsis",
     ("docs/EXTENSIONS.md", "WORKINGS id [id ...]"): "a syntax synopsis",
+    ("docs/EXTENSIONS.md", "GETJOB [NOHANG] [TIMEOUT ms] [COUNT n] [WITHCOUNTERS] WITHLEASE"):
+        "a syntax synopsis",
+    ("docs/EXTENSIONS.md", "127.0.0.1:7711> GETJOB WITHCOUNTERS WITHLEASE FROM orders"):
+        "a CLI session with a placeholder ID; tests/server/test_getjob_lease.py "
+        "(test_counters_come_first_in_either_option_order) checks the entry's shape",
     ("docs/EXTENSIONS.md", "127.0.0.1:7711> WORKINGS"):
         "a CLI session with placeholder IDs; tests/server/test_workings.py checks these "
         "replies",

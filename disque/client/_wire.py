@@ -48,6 +48,10 @@ class Job:
 
     ``nacks`` and ``additional_deliveries`` are ``None`` unless the job was
     fetched with ``with_counters=True`` (the server only sends them then).
+    ``requeue_within_ms`` (``with_lease=True``, an extension of this server)
+    is how long the node waits before queueing the job again unless it is
+    acknowledged or WORKING postpones it; ``None`` if it never will (RETRY 0)
+    or was not asked for.
     """
 
     queue: str
@@ -55,6 +59,7 @@ class Job:
     body: bytes
     nacks: int | None = None
     additional_deliveries: int | None = None
+    requeue_within_ms: int | None = None
 
     @property
     def node_prefix(self) -> str:
@@ -271,9 +276,11 @@ def parse_job(entry: Any) -> Job:
     counters = _kv(entry[3:]) or {}
     nacks = counters.get("nacks")
     extra = counters.get("additional-deliveries")
+    lease = counters.get("next-requeue-within")
     return Job(text(entry[0]), text(entry[1]), body,
                None if nacks is None else integer(nacks),
-               None if extra is None else integer(extra))
+               None if extra is None else integer(extra),
+               None if lease is None else integer(lease))
 
 
 def parse_jobs(reply: Any) -> list[Job]:
@@ -484,7 +491,8 @@ def is_unknown_command(error: BaseException) -> bool:
 
 
 def get_jobs(queues: Sequence[Arg], count: int = 1, timeout_ms: int | None = None,
-             nohang: bool = False, with_counters: bool = False) -> Request:
+             nohang: bool = False, with_counters: bool = False,
+             with_lease: bool = False) -> Request:
     if not queues:
         raise ValueError("get_jobs needs at least one queue")
     args: list[Arg] = ["GETJOB"]
@@ -496,6 +504,8 @@ def get_jobs(queues: Sequence[Arg], count: int = 1, timeout_ms: int | None = Non
         args += ["COUNT", int(count)]
     if with_counters:
         args.append("WITHCOUNTERS")
+    if with_lease:
+        args.append("WITHLEASE")
     args += ["FROM", *queues]
     wait = 0.0 if nohang else _seconds(timeout_ms)
     return request(*args, parse=parse_jobs, wait=wait)

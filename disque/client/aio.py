@@ -392,20 +392,21 @@ class AsyncClient(ClientBase):
         return await self._execute_many([build(body) for body in chunk])
 
     async def get_jobs(self, *queues: Arg, count: int = 1, timeout_ms: int | None = None,
-                       nohang: bool = False, with_counters: bool = False) -> list[Job]:
+                       nohang: bool = False, with_counters: bool = False,
+                       with_lease: bool = False) -> list[Job]:
         """GETJOB; see :meth:`Client.get_jobs`."""
         jobs: list[Job] = await self._execute(w.get_jobs(queues, count, timeout_ms, nohang,
-                                                         with_counters))
+                                                         with_counters, with_lease))
         target = self._affinity_target(jobs)
         if target is not None:
             await self._switch_to(target)
         return jobs
 
     async def get_job(self, *queues: Arg, timeout_ms: int | None = None, nohang: bool = False,
-                      with_counters: bool = False) -> Job | None:
+                      with_counters: bool = False, with_lease: bool = False) -> Job | None:
         """One job, or None; see :meth:`Client.get_job`."""
         jobs = await self.get_jobs(*queues, timeout_ms=timeout_ms, nohang=nohang,
-                                   with_counters=with_counters)
+                                   with_counters=with_counters, with_lease=with_lease)
         return jobs[0] if jobs else None
 
     async def _switch_to(self, node_id: str) -> None:

@@ -510,25 +510,28 @@ class Client(ClientBase):
         return self._execute_many([build(body) for body in chunk])
 
     def get_jobs(self, *queues: Arg, count: int = 1, timeout_ms: int | None = None,
-                 nohang: bool = False, with_counters: bool = False) -> list[Job]:
+                 nohang: bool = False, with_counters: bool = False,
+                 with_lease: bool = False) -> list[Job]:
         """GETJOB: up to ``count`` jobs from the first queues that have some.
 
         Blocks until a job arrives, or ``timeout_ms`` (``None``/0 = forever)
         passes (then ``[]``); ``nohang`` never blocks.  ``with_counters``
-        fills :attr:`Job.nacks` and :attr:`Job.additional_deliveries`.
+        fills :attr:`Job.nacks` and :attr:`Job.additional_deliveries`;
+        ``with_lease`` (``WITHLEASE``, this server's extension: an original
+        node answers ``-ERR syntax error``) :attr:`Job.requeue_within_ms`.
         """
         jobs: list[Job] = self._execute(w.get_jobs(queues, count, timeout_ms, nohang,
-                                                   with_counters))
+                                                   with_counters, with_lease))
         target = self._affinity_target(jobs)
         if target is not None:
             self._switch_to(target)
         return jobs
 
     def get_job(self, *queues: Arg, timeout_ms: int | None = None, nohang: bool = False,
-                with_counters: bool = False) -> Job | None:
+                with_counters: bool = False, with_lease: bool = False) -> Job | None:
         """One job (see :meth:`get_jobs`), or None on timeout / NOHANG."""
         jobs = self.get_jobs(*queues, timeout_ms=timeout_ms, nohang=nohang,
-                             with_counters=with_counters)
+                             with_counters=with_counters, with_lease=with_lease)
         return jobs[0] if jobs else None
 
     def _switch_to(self, node_id: str) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from .. import ack
-from ..blocking import block_for_jobs, getjob_entry
+from ..blocking import WITH_COUNTERS, WITH_LEASE, block_for_jobs, getjob_entry
 from ..completion import completion_of, wait_for
 from ..dedup import DEFAULT_WINDOW_S, MAX_KEY_BYTES, MAX_WINDOW_S, DedupEntry, body_digest
 from ..federation import import_rate, need_jobs
@@ -294,14 +294,15 @@ LEAVING_ERROR = ("LEAVING This node is leaving the cluster, please connect to a 
 
 
 def _take_jobs(state: ServerState, queues: list[bytes], count: int,
-               withcounters: bool) -> list[list[Any]]:
+               fields: int) -> list[list[Any]]:
     """Up to ``count`` GETJOB entries: one job per queue per pass, left to right."""
     lookup = state.queues.lookup
+    now = state.clock.now_ms() if fields & WITH_LEASE else 0
     if len(queues) == 1:  # the usual case: take them in one go
         q = lookup(queues[0])
         if q is None or q.flags & PAUSED_OUT:
             return []
-        return [getjob_entry(job, withcounters) for job in fetch_jobs(state, q, count)]
+        return [getjob_entry(job, fields, now) for job in fetch_jobs(state, q, count)]
     emitted: list[list[Any]] = []
     while True:
         before = len(emitted)
@@ -312,7 +313,7 @@ def _take_jobs(state: ServerState, queues: list[bytes], count: int,
             job = fetch_job(state, q)
             if job is None:
                 continue
-            emitted.append(getjob_entry(job, withcounters))
+            emitted.append(getjob_entry(job, fields, now))
             if len(emitted) >= count:
                 return emitted
         if len(emitted) == before:
@@ -321,8 +322,13 @@ def _take_jobs(state: ServerState, queues: list[bytes], count: int,
 
 @command("getjob", -3, "write")
 def getjob(state: ServerState, client: CommandClient, argv: list[bytes]) -> Any:
-    """GETJOB [NOHANG] [TIMEOUT ms] [COUNT n] [WITHCOUNTERS] FROM q1 q2 ..."""
-    nohang = withcounters = False
+    """GETJOB [NOHANG] [TIMEOUT ms] [COUNT n] [WITHCOUNTERS] [WITHLEASE] FROM q1 q2 ...
+
+    WITHLEASE is an extension: each entry ends with ``next-requeue-within``
+    (milliseconds, nil for RETRY 0), as SHOW has it.
+    """
+    nohang = False
+    fields = 0
     timeout = 0
     count = 1
     queues: list[bytes] = []
@@ -333,7 +339,9 @@ def getjob(state: ServerState, client: CommandClient, argv: list[bytes]) -> Any:
         if opt == b"nohang":
             nohang = True
         elif opt == b"withcounters":
-            withcounters = True
+            fields |= WITH_COUNTERS
+        elif opt == b"withlease":
+            fields |= WITH_LEASE
         elif opt == b"timeout" and has_value:
             timeout = parse_timeout_ms(argv[i + 1])
             i += 1
@@ -349,7 +357,7 @@ def getjob(state: ServerState, client: CommandClient, argv: list[bytes]) -> Any:
     if not queues:
         raise CommandError(SYNTAX_ERROR)
 
-    emitted = _take_jobs(state, queues, count, withcounters)
+    emitted = _take_jobs(state, queues, count, fields)
     federated = len(state.cluster.nodes) > 1
     if emitted:
         if federated:
@@ -364,7 +372,7 @@ def getjob(state: ServerState, client: CommandClient, argv: list[bytes]) -> Any:
         return NULL_ARRAY
     if state.cluster.leaving:
         return ReplyError(LEAVING_ERROR)
-    block_for_jobs(state, client, queues, timeout, withcounters)
+    block_for_jobs(state, client, queues, timeout, fields)
     return BLOCKED
 
 

@@ -58,7 +58,7 @@ def qpeek(state: ServerState, client: ClientConnection, argv: list[bytes]) -> An
     q = state.queues.lookup(argv[1])
     if q is None or count == 0:
         return []
-    return [getjob_entry(job, False) for job in q.peek(count)]
+    return [getjob_entry(job, 0) for job in q.peek(count)]
 
 
 _PAUSE_OPTIONS = {b"in": PAUSED_IN, b"out": PAUSED_OUT, b"all": PAUSED_IN | PAUSED_OUT}

@@ -341,7 +341,8 @@ GETJOB_ERRORS = (
     + [(args, "ERR syntax error") for args in [
         ("NOHANG", "COUNT", "1"), ("NOHANG", "FROM"), ("NOHANG", "TIMEOUT"), ("NOHANG", "COUNT"),
         ("BAR", "FROM", "bi-get"), ("NOHANG", b"", "FROM", "bi-get"),
-        (b"\xff", "FROM", "bi-get"), ("NOHANG", "WITHCOUNTERS")]]
+        (b"\xff", "FROM", "bi-get"), ("NOHANG", "WITHCOUNTERS"), ("NOHANG", "WITHLEASE"),
+        ("WITHLEASE", "1", "FROM", "bi-get")]]
 )
 
 
