@@ -211,6 +211,11 @@ def receive_yourjobs(state: ServerState, sender: ClusterNode, msg: Message) -> N
         job.qtime = job.qtime or now  # RETRY-0 jobs need a queue time to be queued
         if enqueue_job(state, job, now=now) and job.queue is not None:
             imported[job.queue] = imported.get(job.queue, 0) + 1
+            # The sender's copy would be due again at the time it had, less
+            # the time the job waited there than ours: tell it (and the other
+            # copies) that the job is queued here, so their RETRY restarts
+            # with ours (a QUEUED that counts nothing; the original sends none).
+            state.cluster.broadcast_queued(job, nack=False, count=False)
     for name, count in imported.items():
         q = state.queues.lookup(name)
         if q is None:

@@ -100,3 +100,22 @@ def test_big_jobs_travel_in_several_yourjobs(make_cluster) -> None:
         assert all(job[2] == body for job in jobs)
         got.update(job[1] for job in jobs)
     assert got == ids
+
+
+def test_an_import_restarts_the_senders_requeue_clock(make_cluster) -> None:
+    """The node that sends a job away (YOURJOBS) keeps its copy, due again at
+    the time it had; the importer queues the job with a fresh RETRY.  Unless
+    the importer tells it (a QUEUED that counts nothing), the sender queues
+    the job again while a consumer of the importer still holds it, as soon
+    as the time the job waited on the sender has passed."""
+    a, b = make_cluster(2)
+    job_id = b.client().execute_command("ADDJOB", "fq", "x", 0, "RETRY", 30, "REPLICATE", 1)
+    wait_for(lambda: show(b, job_id)[b"next-requeue-within"] < 27_500, timeout=10,
+             message="the job to wait 2.5 s on the node that has it")
+    [entry] = a.client().execute_command("GETJOB", "TIMEOUT", 5000, "WITHLEASE", "FROM", "fq")
+    assert entry[1] == job_id and entry[4] > 29_000  # the importer's own fresh RETRY
+    wait_for(lambda: show(b, job_id)[b"next-requeue-within"] > 28_000, timeout=5,
+             message="the sender's requeue time to restart with the import")
+    shown = show(b, job_id)
+    assert shown[b"state"] == b"active" and shown[b"additional-deliveries"] == 0
+    assert show(a, job_id)[b"additional-deliveries"] == 0
