@@ -4,20 +4,22 @@ from __future__ import annotations
 
 import itertools
 import logging
+import math
 import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
 
-from disque.exceptions import ConnectionFailed, ProtocolError
+from disque.exceptions import ConnectionFailed, DisqueError, ProtocolError
 
 from .schema import STAGED_SCHEMA, empty_table
 
 if TYPE_CHECKING:
     from disque.client import Client, Job
 
-__all__ = ["fetch_table", "jobs_to_table", "empty_table"]
+__all__ = ["Fetched", "fetch_jobs", "fetch_table", "jobs_to_table", "empty_table"]
 
 log = logging.getLogger("spark_connector.fetch")
 
@@ -41,25 +43,40 @@ def jobs_to_table(jobs: list[Job], fetched_at_us: int | None = None) -> pa.Table
     ], schema=STAGED_SCHEMA)
 
 
-def _getjob_raw(client: Client, queues: tuple[str, ...] | list[str], count: int,
-                block_ms: int) -> list:
-    """``GETJOB ... WITHCOUNTERS``, reply left raw: no Job object per job.
+#: Entry length of ``GETJOB ... WITHCOUNTERS`` without and with ``WITHLEASE``.
+_PLAIN, _LEASED = 7, 9
 
-    The entries are ``[queue, id, body, "nacks", n, "additional-deliveries", m]``;
+
+def _getjob_raw(client: Client, queues: tuple[str, ...] | list[str], count: int,
+                block_ms: int, lease: bool) -> list:
+    """``GETJOB ... WITHCOUNTERS [WITHLEASE]``, reply left raw: no Job object per job.
+
+    The entries are ``[queue, id, body, "nacks", n, "additional-deliveries", m]``
+    (then ``"next-requeue-within", ms`` with ``lease``);
     turning them straight into Arrow columns costs a tenth of parsing them
     into :class:`disque.client.Job` objects first, which shows at 100k jobs
     per batch.
     """
     args: list = ["GETJOB"]
     args += ["TIMEOUT", block_ms] if block_ms > 0 else ["NOHANG"]
-    args += ["COUNT", count, "WITHCOUNTERS", "FROM", *queues]
+    args += ["COUNT", count, "WITHCOUNTERS"]
+    if lease:
+        args.append("WITHLEASE")
+    args += ["FROM", *queues]
     reply = client.execute_command(*args)
     if not reply:
         return []
     first = reply[0]
-    if len(first) != 7 or first[3] != b"nacks" or first[5] != b"additional-deliveries":
+    if (len(first) != (_LEASED if lease else _PLAIN) or first[3] != b"nacks"
+            or first[5] != b"additional-deliveries"
+            or (lease and first[7] != b"next-requeue-within")):
         raise ProtocolError(f"unexpected GETJOB WITHCOUNTERS entry: {first!r}")
     return reply
+
+
+def _no_lease_option(error: DisqueError) -> bool:
+    """An original node (or an older one of ours) does not know WITHLEASE."""
+    return str(error).startswith("ERR syntax error")
 
 
 #: Above this many bytes a column no longer fits ``binary``'s 32-bit offsets.
@@ -110,30 +127,61 @@ def _timestamps(at_us: int, count: int) -> pa.Array:
 def _entries_to_table(entries: list, fetched_at_us: int) -> pa.Table:
     # One flat list, then a C-level slice per column: no Python loop per job.
     flat = list(itertools.chain.from_iterable(entries))
+    step = len(entries[0]) if entries else _PLAIN
     return pa.Table.from_arrays([
-        binary_array(flat[0::7]).cast(pa.string()),
-        binary_array(flat[1::7]).cast(pa.string()),
-        binary_array(flat[2::7]),
-        int64_array(flat[4::7]),
-        int64_array(flat[6::7]),
+        binary_array(flat[0::step]).cast(pa.string()),
+        binary_array(flat[1::step]).cast(pa.string()),
+        binary_array(flat[2::step]),
+        int64_array(flat[4::step]),
+        int64_array(flat[6::step]),
         _timestamps(fetched_at_us, len(entries)),
     ], schema=STAGED_SCHEMA)
 
 
-def fetch_table(client: Client, queues: tuple[str, ...] | list[str], limit: int | None, *,
-                batch_size: int, block_ms: int = 0) -> pa.Table:
+def _lease_deadline(entries: list, asked_at: float) -> float:
+    """Monotonic time at which the first of ``entries`` (WITHLEASE) is due again.
+
+    Counted from when the GETJOB was sent, before the node measured: early,
+    never late.  ``inf`` if none of them is ever queued again (RETRY 0).
+    """
+    within = [ms for ms in itertools.islice(
+        itertools.chain.from_iterable(entries), 8, None, _LEASED) if ms is not None]
+    return asked_at + min(within) / 1000 if within else math.inf
+
+
+@dataclass
+class Fetched:
+    """A fetch's staged table, and until when its jobs are surely leased."""
+
+    table: pa.Table
+    #: Monotonic time at which the node would first queue one of these jobs
+    #: again (``inf``: never, all RETRY 0, or no jobs); ``None`` when the
+    #: node did not say (an original node: the caller falls back on
+    #: ``minJobRetry``).
+    lease_until: float | None
+    #: False when the node refused ``WITHLEASE``: do not ask it again.
+    lease_supported: bool = True
+
+
+def fetch_jobs(client: Client, queues: tuple[str, ...] | list[str], limit: int | None, *,
+               batch_size: int, block_ms: int = 0, lease: bool = False) -> Fetched:
     """Up to ``limit`` jobs (``None``: until the queues are empty), as a staged table.
 
     Only the first GETJOB may block, and for at most ``block_ms`` (0: never),
     so an idle queue costs one cheap command per call and a busy one is
     drained with back-to-back ``GETJOB NOHANG COUNT n`` round trips.
+    ``lease`` asks each job's lease (``WITHLEASE``, this server's
+    extension); a node that refuses it is asked again without.
     """
     entries: list = []
     first = True
+    lease_until = math.inf
+    supported = True
     while limit is None or len(entries) < limit:
         want = batch_size if limit is None else min(batch_size, limit - len(entries))
+        asked_at = time.monotonic()
         try:
-            got = _getjob_raw(client, queues, want, block_ms if first else 0)
+            got = _getjob_raw(client, queues, want, block_ms if first else 0, lease)
         except ConnectionFailed:
             if not entries:
                 raise
@@ -141,8 +189,25 @@ def fetch_table(client: Client, queues: tuple[str, ...] | list[str], limit: int 
             # them is better than letting them wait out their RETRY.
             log.warning("node lost after fetching %d jobs; keeping those", len(entries))
             break
+        except DisqueError as exc:
+            if not lease or not _no_lease_option(exc):
+                raise
+            lease = supported = False  # nothing was fetched yet: ask again without
+            continue
         first = False
+        if lease and got:
+            lease_until = min(lease_until, _lease_deadline(got, asked_at))
         entries.extend(got)
         if len(got) < want:
             break
-    return _entries_to_table(entries, time.time_ns() // 1000)
+    table = _entries_to_table(entries, time.time_ns() // 1000)
+    if entries and not lease:
+        return Fetched(table, None, supported)
+    return Fetched(table, lease_until, supported)  # no jobs: no lease to keep
+
+
+def fetch_table(client: Client, queues: tuple[str, ...] | list[str], limit: int | None, *,
+                batch_size: int, block_ms: int = 0) -> pa.Table:
+    """:func:`fetch_jobs`' table, without leases (executors: the driver
+    heartbeats their jobs from the start)."""
+    return fetch_jobs(client, queues, limit, batch_size=batch_size, block_ms=block_ms).table

@@ -3,12 +3,13 @@
 A job handed out by GETJOB is queued again by its node after RETRY seconds
 unless somebody acknowledges it or sends WORKING.  Between staging a batch and
 acknowledging it Spark may take a long time (a slow sink, a restart), so the
-driver keeps every staged, unacknowledged job leased: it sends WORKING right
-half the smallest possible RETRY after a batch is registered (1 s unless
-the ``minJobRetry`` option says more; the reply tells it each job's actual
-RETRY), and then again after a third of the smallest RETRY seen in the
-batch.  A batch acknowledged before its first heartbeat costs none.  Jobs with
-RETRY 0 are never queued again and need no heartbeat.
+driver keeps every staged, unacknowledged job leased: it sends WORKING
+halfway to the moment the first of a batch's jobs would be queued again
+(our nodes say when, ``GETJOB ... WITHLEASE``; for an original node it
+assumes the smallest possible RETRY, 1 s unless the ``minJobRetry`` option
+says more), and then again after a third of the smallest RETRY the WORKING
+replies report.  A batch acknowledged before its first heartbeat costs none.
+Jobs with RETRY 0 are never queued again and need no heartbeat.
 
 When a heartbeat cannot be delivered the lease is lost and the node will
 queue the job again: ``NOJOB`` (the job is gone: TTL expired, or it was
@@ -118,6 +119,13 @@ class LeaseKeeper:
     def held(self) -> dict[int, int]:
         with self._lock:
             return {seq: len(lease.ids) for seq, lease in self._leases.items()}
+
+    def next_heartbeat_in(self, seq: int) -> float | None:
+        """Seconds until batch ``seq``'s next WORKING (``inf``: none needed,
+        ``None``: not held); negative when it is overdue."""
+        with self._lock:
+            lease = self._leases.get(seq)
+            return None if lease is None else lease.due - self._clock()
 
     def stop(self) -> None:
         self._stopped.set()

@@ -57,7 +57,7 @@ from pyspark.sql.streaming.datasource import (
 
 from disque.exceptions import ConnectionFailed, DisqueError
 
-from .fetch import empty_table, fetch_table
+from .fetch import Fetched, empty_table, fetch_jobs, fetch_table
 from .leases import LeaseKeeper
 from .options import ConnectionConfig, SourceConfig
 from .schema import to_rows
@@ -81,6 +81,11 @@ SERVED_BY = "disque.node"
 #: triggers after it was fetched (returned at the next one, acknowledged
 #: at the one after, plus the ACK itself).
 AHEAD_TRIGGERS = 2.5
+
+#: A node's WITHLEASE answer is its own copy's requeue time; another node
+#: holding a copy may queue it up to this much earlier (it sends WILLQUEUE
+#: 500 ms ahead, and each node adds up to 500 ms of jitter).
+COPY_SKEW_S = 1.0
 
 #: Without maxJobsPerTrigger a batch holds at most this many jobs: every job
 #: of a batch sits in the driver's memory while it is staged.
@@ -288,6 +293,12 @@ class _DriverSide:
         #: The cluster's nodes (seeds plus HELLO), one pinned client each.
         self.nodes = NodeSet(config.connection)
         self._next_blocking = 0
+        #: Nodes that refused GETJOB ... WITHLEASE (the original): their
+        #: jobs' first heartbeat goes by minJobRetry.
+        self._no_lease: set[str] = set()
+        #: Seconds from the last driver fetch until its first job was due
+        #: again (minJobRetry until a node said): fetchAhead's yardstick.
+        self._last_lease_s = config.min_job_retry_ms / 1000
         self.acker = config.connection.client(client_name="spark-disque-ack")
         heartbeat_client = config.connection.client(client_name="spark-disque-lease")
         self._heartbeat_client = heartbeat_client
@@ -468,14 +479,15 @@ class _DriverSide:
         ones.  Never with ``minJobsPerTrigger`` (it waits for a backlog by
         design) or without a batch size (``Trigger.Once`` reads everything).
         And only when the batch will be acknowledged before its first
-        WORKING is due: a batch staged ahead lives about two triggers
+        WORKING is due (judged by the last fetch's leases, or minJobRetry
+        before any node told them): a batch staged ahead lives about two triggers
         longer, and a heartbeat costs the node about what fetching the job
         did (~4 us each, even sent as WORKINGS), more than starting the
         fetch early saves on a machine whose cores are busy.
         """
         if not self._overlap or self._trigger_s is None:
             return
-        if AHEAD_TRIGGERS * self._trigger_s >= self.config.min_job_retry_ms / 2000:
+        if AHEAD_TRIGGERS * self._trigger_s >= self._last_lease_s / 2:
             return
         max_jobs, min_jobs = self._limits(limit)
         table = self.tables.get(seq)
@@ -587,17 +599,21 @@ class _DriverSide:
 
     def _fetch_and_stage(self, seq: int, max_jobs: int | None, *, block: bool = True) -> bool:
         config = self.config
-        # GETJOB starts each job's RETRY clock: the first heartbeat counts
-        # from here, not from when a large batch is finally staged.
+        # Leases are counted from here, not from when a large batch is
+        # finally staged.
         fetch_started = time.monotonic()
+        #: When the first of the batch's jobs would be queued again.
+        lease_until = math.inf
         tables = []
         remaining = max_jobs
         live = self.nodes.live()
         reached = []
         for address in live:  # a quick NOHANG pass over every node first
-            table = self._fetch_from(address, remaining, 0)
-            if table is None:
+            fetched = self._fetch_from(address, remaining, 0)
+            if fetched is None:
                 continue
+            table = fetched.table
+            lease_until = min(lease_until, self._lease_until(fetched, fetch_started))
             reached.append(address)
             tables.append(table)
             if remaining is not None:
@@ -612,38 +628,57 @@ class _DriverSide:
             # idle query costs one blocked GETJOB per fetchTimeoutMs.
             address = reached[self._next_blocking % len(reached)]
             self._next_blocking += 1
-            table = self._fetch_from(address, max_jobs, config.fetch_timeout_ms)
-            if table is not None:
-                tables.append(table)
+            fetched = self._fetch_from(address, max_jobs, config.fetch_timeout_ms)
+            if fetched is not None:
+                tables.append(fetched.table)
+                lease_until = min(lease_until, self._lease_until(fetched, fetch_started))
         table = pa.concat_tables(tables)
         if table.num_rows == 0:
             return False
         self.staging.stage_driver_batch(seq, table)
         self.tables[seq] = table
         ids = table.column("id").to_pylist()
-        # Half the smallest RETRY the jobs can have: they are safe until then.
-        first = self.config.min_job_retry_ms / 2000 - (time.monotonic() - fetch_started)
+        # Halfway to the first job's requeue: a failed heartbeat leaves time
+        # for another try.
+        self._last_lease_s = lease_until - fetch_started
+        first = self._last_lease_s / 2 - (time.monotonic() - fetch_started)
         self.keeper.hold(seq, ids, first_after_s=max(first, 0.0))
         self._count_fetched(seq, table)
         return True
 
-    def _fetch_from(self, address: str, limit: int | None, block_ms: int) -> pa.Table | None:
+    def _lease_until(self, fetched: Fetched, fetch_started: float) -> float:
+        """When the first job of ``fetched`` may be queued again anywhere.
+
+        The node's own answer less :data:`COPY_SKEW_S`; for a node that
+        does not say (the original), ``minJobRetry`` from ``fetch_started``.
+        """
+        if fetched.lease_until is None:
+            return fetch_started + self.config.min_job_retry_ms / 1000
+        return fetched.lease_until - COPY_SKEW_S
+
+    def _fetch_from(self, address: str, limit: int | None, block_ms: int) -> Fetched | None:
         """Driver mode: GETJOB on one node; None if it does not answer."""
         client = self.nodes.client(address)
         try:
-            table = fetch_table(client, self.config.queues, limit,
-                                batch_size=self.config.fetch_batch_size, block_ms=block_ms)
+            fetched = fetch_jobs(client, self.config.queues, limit,
+                                 batch_size=self.config.fetch_batch_size, block_ms=block_ms,
+                                 lease=address not in self._no_lease)
         except (ConnectionFailed, DisqueError) as exc:
             log.warning("fetch from %s failed, other nodes still read: %s", address, exc)
             self.nodes.mark_down(address)
             return None
+        if not fetched.lease_supported:
+            log.info("%s has no GETJOB ... WITHLEASE (an original node): first heartbeats "
+                     "go by minJobRetry", address)
+            self._no_lease.add(address)
+        table = fetched.table
         served = client.address or address
         if not self.nodes.check(address, client):
             # The client moved to another node: the jobs are leased all the
             # same (and staged below); they count for the node that gave them.
             log.info("%s does not answer; %d jobs came from %s", address, table.num_rows, served)
         self._count_node(served, "fetched", table.num_rows)
-        return table
+        return fetched
 
     def _count_fetched(self, seq: int, table: pa.Table) -> None:
         fetched = table.num_rows

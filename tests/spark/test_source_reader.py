@@ -32,6 +32,7 @@ from spark_connector.reader import (
 )
 from spark_connector.schema import source_schema
 from spark_connector.staging import StagingArea
+from tests.support.cluster import ReferenceProcess, reference_server
 from tests.support.process import wait_for
 
 
@@ -471,10 +472,11 @@ def test_a_batch_staged_ahead_survives_a_crash_and_is_reused(
     second.stop()
 
 
-def test_fetch_ahead_waits_when_a_batch_outlives_half_the_min_retry(
+def test_fetch_ahead_waits_when_a_batch_outlives_half_its_lease(
         server, client: Client, tmp_path: Path) -> None:
-    client.add_jobs("q", [f"b{i}" for i in range(30)])
-    # minJobRetry 1 s: the first heartbeat is due 0.5 s after the fetch.
+    # RETRY 2: the node says the jobs are due in ~2 s, so the first heartbeat
+    # goes out ~0.5 s after the fetch (less the 1 s other copies may be early).
+    client.add_jobs("q", [f"b{i}" for i in range(30)], retry=2)
     reader = make_reader(server, tmp_path / "s", fetchAhead="true")
     end = reader.latestOffset({"batch": 0}, ReadMaxRows(10))
     reader.driver._last_latest_at -= 1.0  # a trigger that took 1 s
@@ -505,4 +507,82 @@ def test_available_now_with_fetch_ahead_reads_what_was_queued_and_acks_it_all(
     assert StagingArea(tmp_path / "s").batches() == []
     metrics = reader.reportLatestOffset()
     assert (metrics["jobsFetched"], metrics["jobsAcked"], metrics["jobsLeased"]) == (23, 23, 0)
+    reader.stop()
+
+
+# ------------------------------------------------------- leases from the node
+
+def test_the_first_heartbeat_waits_for_the_nodes_lease(server, client: Client,
+                                                       tmp_path: Path) -> None:
+    # Default minJobRetry (1 s) would heartbeat after 0.5 s; the node says
+    # the jobs are due again in ~120 s, so the first WORKING waits ~60 s.
+    client.add_jobs("q", ["a", "b"], retry=120)
+    reader = make_reader(server, tmp_path / "s")
+    end = reader.latestOffset({"batch": 0}, ReadMaxRows(10))
+    assert 55 < reader.driver.keeper.next_heartbeat_in(1) <= 60
+    assert not reader.driver._no_lease
+    reader.commit(end)
+    assert reader.driver.keeper.heartbeats_sent == 0
+    reader.stop()
+
+
+def test_a_job_that_waited_in_its_queue_is_heartbeat_sooner(server, client: Client,
+                                                            tmp_path: Path) -> None:
+    # Delivery does not restart the RETRY count: a job queued 1.5 s ago with
+    # RETRY 3 is due again within ~1.5 s, less the 1 s other copies may be early.
+    job_id = client.add_job("q", "waited", retry=3)
+    client.add_job("q", "fresh", retry=300)
+    wait_for(lambda: client.show(job_id)["next-requeue-within"] < 1_500, 5,
+             message="the job to wait 1.5 s in its queue")
+    reader = make_reader(server, tmp_path / "s")
+    reader.latestOffset({"batch": 0}, ReadMaxRows(10))
+    keeper = reader.driver.keeper
+    assert keeper.next_heartbeat_in(1) <= 0.25
+    # Kept leased past the RETRY the job had left when it was delivered.
+    wait_for(lambda: keeper.heartbeats_sent >= 8, timeout=15)  # 4 WORKINGS of 2 IDs
+    assert client.show(job_id)["state"] == "active" and client.qlen("q") == 0
+    assert keeper.leases_lost == 0
+    reader.stop()
+
+
+def test_retry_zero_batches_need_no_heartbeat(server, client: Client, tmp_path: Path) -> None:
+    client.add_jobs("q", ["a", "b"], retry=0, replicate=1)
+    reader = make_reader(server, tmp_path / "s")
+    reader.latestOffset({"batch": 0}, ReadMaxRows(10))
+    assert reader.driver.keeper.next_heartbeat_in(1) == float("inf")
+    reader.stop()
+
+
+def test_an_original_node_is_leased_by_min_job_retry(tmp_path: Path) -> None:
+    if reference_server() is None:
+        pytest.skip("the original disque-server is not available: set DISQUE_REFERENCE_SERVER "
+                    "to its binary to test the source's fallback without WITHLEASE")
+    original = ReferenceProcess(tmp_path / "original").start()
+    try:
+        with Client(f"127.0.0.1:{original.port}") as client:
+            ids = client.add_jobs("q", ["a", "b", "c"], retry=120)
+            reader = make_reader(original, tmp_path / "s", minJobRetry="4s")
+            end = reader.latestOffset({"batch": 0}, ReadMaxRows(10))
+            # GETJOB ... WITHLEASE was refused once; the same jobs came without it.
+            assert reader.driver._no_lease == {f"127.0.0.1:{original.port}"}
+            assert [r["id"] for r in rows(reader, 0, 1)] == ids
+            assert 1 < reader.driver.keeper.next_heartbeat_in(1) <= 2  # minJobRetry / 2
+            reader.commit(end)
+            assert reader.latestOffset(end, ReadMaxRows(10)) == end
+            reader.stop()
+    finally:
+        original.kill()
+
+
+def test_fetch_ahead_goes_by_the_nodes_lease_without_min_job_retry(
+        server, client: Client, tmp_path: Path) -> None:
+    # Default minJobRetry (1 s) would forbid staging ahead after a 1 s trigger;
+    # the node says these jobs (RETRY 300) are due in ~300 s, so it stages ahead.
+    client.add_jobs("q", [f"b{i}" for i in range(30)])
+    reader = make_reader(server, tmp_path / "s", fetchAhead="true")
+    end = reader.latestOffset({"batch": 0}, ReadMaxRows(10))
+    reader.driver._last_latest_at -= 1.0  # a trigger that took 1 s
+    assert reader.latestOffset(end, ReadMaxRows(10)) == {"batch": 2}
+    wait_for(lambda: StagingArea(tmp_path / "s").batches() == [2, 3], timeout=10)
+    assert client.qlen("q") == 0
     reader.stop()
