@@ -208,6 +208,6 @@ def fetch_jobs(client: Client, queues: tuple[str, ...] | list[str], limit: int |
 
 def fetch_table(client: Client, queues: tuple[str, ...] | list[str], limit: int | None, *,
                 batch_size: int, block_ms: int = 0) -> pa.Table:
-    """:func:`fetch_jobs`' table, without leases (executors: the driver
-    heartbeats their jobs from the start)."""
+    """:func:`fetch_jobs`' table, without leases (batch drains: each fetch
+    is acknowledged as soon as Spark took its rows, no heartbeat)."""
     return fetch_jobs(client, queues, limit, batch_size=batch_size, block_ms=block_ms).table

@@ -57,7 +57,7 @@ from pyspark.sql.streaming.datasource import (
 
 from disque.exceptions import ConnectionFailed, DisqueError
 
-from .fetch import Fetched, empty_table, fetch_jobs, fetch_table
+from .fetch import Fetched, empty_table, fetch_jobs
 from .leases import LeaseKeeper
 from .options import ConnectionConfig, SourceConfig
 from .schema import to_rows
@@ -76,6 +76,10 @@ log = logging.getLogger("spark_connector.reader")
 
 #: Part-file metadata key: the node an executor task fetched the part from.
 SERVED_BY = "disque.node"
+#: Part-file metadata key: when the part's first job is due again (Unix
+#: time in ms, "never" for RETRY 0 only), as the node said (WITHLEASE).
+#: Wall-clock, not monotonic: executors may run on other machines.
+LEASE_UNTIL = "disque.lease_until_ms"
 
 #: fetchAhead: a batch staged ahead is acknowledged about this many
 #: triggers after it was fetched (returned at the next one, acknowledged
@@ -224,8 +228,13 @@ def fetch_or_replay(part: FetchPartition) -> pa.Table:
     client = part.connection.client(node=part.node, client_name="spark-disque-fetch",
                                     fallbacks=part.fallbacks)
     try:
+        metadata: dict[str, str] = {}
         try:
-            table = fetch_table(client, part.queues, part.count, batch_size=part.batch_size)
+            fetched = fetch_jobs(client, part.queues, part.count, batch_size=part.batch_size,
+                                 lease=True)
+            table = fetched.table
+            if fetched.lease_until is not None:
+                metadata[LEASE_UNTIL] = _wall_clock_ms(fetched.lease_until)
         except ConnectionFailed as exc:
             # No node answers: this part of the batch is empty, for good
             # (a replay must return the same rows), rather than failing the
@@ -235,10 +244,30 @@ def fetch_or_replay(part: FetchPartition) -> pa.Table:
             table = empty_table()
         # Which node served the part (the planned one, or a fallback): the
         # driver's per-node progress counts it there.
-        table = table.replace_schema_metadata({SERVED_BY: client.address or part.node})
+        metadata[SERVED_BY] = client.address or part.node
+        table = table.replace_schema_metadata(metadata)
         return publish_fetched(part, client, table)
     finally:
         client.close()
+
+
+def _wall_clock_ms(monotonic_at: float) -> str:
+    """A time.monotonic() instant as Unix ms (``never`` for ``inf``)."""
+    if math.isinf(monotonic_at):
+        return "never"
+    return str(int((time.time() + monotonic_at - time.monotonic()) * 1000))
+
+
+def _seconds_left(lease_until_ms: bytes | None) -> float | None:
+    """Seconds until a part's LEASE_UNTIL (None: not given, ``inf``: never)."""
+    if lease_until_ms is None:
+        return None
+    if lease_until_ms == b"never":
+        return math.inf
+    try:
+        return int(lease_until_ms) / 1000 - time.time()
+    except ValueError:
+        return None
 
 
 def publish_fetched(part: FetchPartition, client: Client, table: pa.Table) -> pa.Table:
@@ -371,10 +400,15 @@ class _DriverSide:
             table = self.tables[seq] = self.staging.read_batch(seq)
             self.keeper.hold(seq, table.column("id").to_pylist(), start=False)
         else:
-            self._discover_parts(seq, start=False)
+            self._discover_parts(seq, start=False, recovering=True)
 
-    def _discover_parts(self, seq: int, *, start: bool = True) -> None:
-        """Executor mode: start leasing part files the tasks have published."""
+    def _discover_parts(self, seq: int, *, start: bool = True, recovering: bool = False) -> None:
+        """Executor mode: start leasing part files the tasks have published.
+
+        Their first heartbeat goes out halfway to the lease the task's node
+        reported (less :data:`COPY_SKEW_S`); at once for a part without one
+        (an original node) and for every part of a recovered batch.
+        """
         with self._parts_lock:
             seen = self.seen_parts.setdefault(seq, set())
             if not self.staging.batch_dir(seq).exists():
@@ -384,9 +418,13 @@ class _DriverSide:
                 served = (table.schema.metadata or {}).get(SERVED_BY.encode())
                 if served:
                     self._count_node(served.decode(), "fetched", table.num_rows)
-                # The task fetched these a while ago (up to a lease tick
-                # plus its own run time): heartbeat at once.
-                self.keeper.hold(seq, table.column("id").to_pylist(), start=start)
+                left = None if recovering else _seconds_left(
+                    (table.schema.metadata or {}).get(LEASE_UNTIL.encode()))
+                # Without a lease: the task fetched these a while ago (up to a
+                # lease tick plus its own run time), heartbeat at once.
+                first = 0.0 if left is None else max((left - COPY_SKEW_S) / 2, 0.0)
+                self.keeper.hold(seq, table.column("id").to_pylist(), start=start,
+                                 first_after_s=first)
 
     # ------------------------------------------------------------- offsets
 

@@ -346,6 +346,23 @@ def test_executor_mode_plans_then_tasks_fetch_and_replay(server, client: Client,
     reader.stop()
 
 
+def test_executor_parts_carry_the_nodes_lease(server, client: Client, tmp_path: Path) -> None:
+    client.add_jobs("q", [f"{i}" for i in range(10)], retry=120)
+    reader = make_reader(server, tmp_path / "s", fetchMode="executor", numPartitions="2")
+    end = reader.latestOffset({"batch": 0}, ReadMaxRows(10))
+    for part in reader.partitions({"batch": 0}, end):
+        fetch_or_replay(part)  # what the tasks do: fetch WITHLEASE, publish the part
+    keeper = reader.driver.keeper
+    wait_for(lambda: keeper.held().get(1) == 10, timeout=10)
+    # Due again in ~120 s: the first heartbeat waits ~60 s, not "at once".
+    assert 55 < keeper.next_heartbeat_in(1) <= 60 and keeper.heartbeats_sent == 0
+    keeper.stop()  # the driver crashes; a new one recovers the batch ...
+    second = make_reader(server, tmp_path / "s", fetchMode="executor", numPartitions="2")
+    # ... and heartbeats its jobs before anything else, whatever their lease.
+    assert second.driver.keeper.heartbeats_sent == 10
+    second.stop()
+
+
 def test_losing_attempt_gives_its_jobs_back(server, client: Client, tmp_path: Path) -> None:
     client.add_jobs("q", [f"{i}" for i in range(10)])
     reader = make_reader(server, tmp_path / "s", fetchMode="executor")
@@ -553,25 +570,42 @@ def test_retry_zero_batches_need_no_heartbeat(server, client: Client, tmp_path: 
     reader.stop()
 
 
-def test_an_original_node_is_leased_by_min_job_retry(tmp_path: Path) -> None:
+@pytest.fixture
+def original(tmp_path: Path):
     if reference_server() is None:
         pytest.skip("the original disque-server is not available: set DISQUE_REFERENCE_SERVER "
                     "to its binary to test the source's fallback without WITHLEASE")
-    original = ReferenceProcess(tmp_path / "original").start()
-    try:
-        with Client(f"127.0.0.1:{original.port}") as client:
-            ids = client.add_jobs("q", ["a", "b", "c"], retry=120)
-            reader = make_reader(original, tmp_path / "s", minJobRetry="4s")
-            end = reader.latestOffset({"batch": 0}, ReadMaxRows(10))
-            # GETJOB ... WITHLEASE was refused once; the same jobs came without it.
-            assert reader.driver._no_lease == {f"127.0.0.1:{original.port}"}
-            assert [r["id"] for r in rows(reader, 0, 1)] == ids
-            assert 1 < reader.driver.keeper.next_heartbeat_in(1) <= 2  # minJobRetry / 2
-            reader.commit(end)
-            assert reader.latestOffset(end, ReadMaxRows(10)) == end
-            reader.stop()
-    finally:
-        original.kill()
+    node = ReferenceProcess(tmp_path / "original").start()
+    yield node
+    node.kill()
+
+
+def test_an_original_node_is_leased_by_min_job_retry(original, tmp_path: Path) -> None:
+    with Client(f"127.0.0.1:{original.port}") as client:
+        ids = client.add_jobs("q", ["a", "b", "c"], retry=120)
+        reader = make_reader(original, tmp_path / "s", minJobRetry="4s")
+        end = reader.latestOffset({"batch": 0}, ReadMaxRows(10))
+        # GETJOB ... WITHLEASE was refused once; the same jobs came without it.
+        assert reader.driver._no_lease == {f"127.0.0.1:{original.port}"}
+        assert [r["id"] for r in rows(reader, 0, 1)] == ids
+        assert 1 < reader.driver.keeper.next_heartbeat_in(1) <= 2  # minJobRetry / 2
+        reader.commit(end)
+        assert reader.latestOffset(end, ReadMaxRows(10)) == end
+        reader.stop()
+
+
+def test_executor_parts_from_an_original_node_are_heartbeat_at_once(
+        original, tmp_path: Path) -> None:
+    with Client(f"127.0.0.1:{original.port}") as client:
+        client.add_jobs("q", ["a", "b", "c"], retry=120)
+        reader = make_reader(original, tmp_path / "s", fetchMode="executor")
+        end = reader.latestOffset({"batch": 0}, ReadMaxRows(10))
+        (part,) = reader.partitions({"batch": 0}, end)
+        assert len(fetch_or_replay(part)) == 3
+        keeper = reader.driver.keeper
+        wait_for(lambda: keeper.heartbeats_sent == 3, timeout=10,
+                 message="the part's jobs heartbeat once discovered")
+        reader.stop()
 
 
 def test_fetch_ahead_goes_by_the_nodes_lease_without_min_job_retry(
