@@ -33,7 +33,8 @@ starts one real node (``appendonly no``) and one local Spark session
    run also the node's CPU time and command count (WORKING heartbeats go
    a thousand per WORKINGS) and the busy CPU of the whole machine;
 4. measures ceilings without Spark against the same node: the client's
-   GETJOB loop alone (``spark_connector.fetch.fetch_table``) followed by
+   GETJOB loop alone (``spark_connector.fetch.fetch_jobs``, WITHLEASE as
+   the source asks it) followed by
    ``ack_many``, and the source's driver path alone (a
    ``DisqueStreamReader`` driven like Spark drives it, with each step timed).
 
@@ -322,12 +323,13 @@ def rate_with_spark(spark, root: Path, rows: int, per_batch: int, name: str,
 # ---------------------------------------------------------------------------
 
 def client_ceiling(port: int, queue: str, batch_size: int, ack_mode: str) -> dict[str, Any]:
-    """The GETJOB loop the source uses (fetch_table), then ack_many: no Spark, no staging."""
-    from spark_connector.fetch import fetch_table
+    """The GETJOB loop the source uses (fetch_jobs, with the leases), then
+    ack_many: no Spark, no staging."""
+    from spark_connector.fetch import fetch_jobs
 
     with Client(f"127.0.0.1:{port}") as client:
         t0 = time.perf_counter()
-        table = fetch_table(client, [queue], None, batch_size=batch_size)
+        table = fetch_jobs(client, [queue], None, batch_size=batch_size, lease=True).table
         fetched = time.perf_counter() - t0
         ids = table.column("id").to_pylist()
         t1 = time.perf_counter()
@@ -410,7 +412,7 @@ def driver_path(port: int, root: Path, queue: str, options: dict[str, str],
             "stagingPath": str(root / f"staging-{queue}"), **options}
     config = SourceConfig.from_options(opts, streaming=True)
     timer = StepTimer()
-    timer.wrap(reader_mod, "fetch_table", "  fetch (GETJOB loop + Arrow table)")
+    timer.wrap(reader_mod, "fetch_jobs", "  fetch (GETJOB loop + Arrow table)")
     timer.wrap(staging_mod.StagingArea, "stage_driver_batch", "  stage (IPC write, fsync)")
     timer.wrap(LeaseKeeper, "hold", "  lease bookkeeping (hold)")
     timer.wrap(reader_mod._DriverSide, "_queue_length", "  QLEN")
@@ -597,7 +599,7 @@ def print_report(args: argparse.Namespace, result: dict[str, Any]) -> None:
 
     print("\nceilings without Spark, same node (Spark stopped):")
     for c in result["ceilings"]:
-        print(f"  client GETJOB loop alone (fetch_table, COUNT {c['batch_size']}), {c['jobs']} "
+        print(f"  client GETJOB loop alone (fetch_jobs, COUNT {c['batch_size']}), {c['jobs']} "
               f"jobs: {c['fetch_rate']:.0f} jobs/s; then {c['ack_mode']} (ack_many): "
               f"{c['ack_rate']:.0f} jobs/s; fetch + ack: {c['rate']:.0f} jobs/s; node CPU "
               f"{c['node_cpu_s'] / (c['fetch_s'] + c['ack_s']):.0%} of the time")

@@ -37,3 +37,8 @@ def test_smoke_mode_drains_the_queue_and_reports_throughput(tmp_path: Path) -> N
     for run in result["disque"]:
         assert len(run["round_ratios"]) == 1 and run["ceiling_ratio"] > 0
     assert "against the node's fetch + ACK ceiling, per round" in proc.stdout
+    # The driver path without Spark times each step of the source; a step
+    # whose function moved would silently drop out of the report.
+    steps = result["driver_path"]["steps"]
+    for label in ("  fetch (GETJOB loop + Arrow table)", "  ACK (ack_through)"):
+        assert steps[label]["calls"] > 0, (label, steps)
