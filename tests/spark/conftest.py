@@ -14,6 +14,7 @@ pyspark = pytest.importorskip(
     "pyspark", reason="the Spark connector tests need the 'spark' extra: pip install -e '.[spark]'")
 
 from disque.client import Client  # noqa: E402  (after the skip: the client needs no Spark)
+from tests.support.cluster import ReferenceProcess, reference_server  # noqa: E402
 
 
 @pytest.fixture
@@ -22,3 +23,14 @@ def disque(server) -> Iterator[Client]:
     client = Client(f"127.0.0.1:{server.port}")
     yield client
     client.close()
+
+
+@pytest.fixture
+def original(tmp_path) -> Iterator[ReferenceProcess]:
+    """A lone original node (DISQUE_REFERENCE_SERVER): the connectors' fallbacks."""
+    if reference_server() is None:
+        pytest.skip("the original disque-server is not available: set DISQUE_REFERENCE_SERVER "
+                    "to its binary to test the connectors against it")
+    node = ReferenceProcess(tmp_path / "original").start()
+    yield node
+    node.kill()

@@ -12,7 +12,6 @@ import re
 import socket
 import threading
 from collections import Counter
-from collections.abc import Iterator
 
 import pyarrow as pa
 import pytest
@@ -22,7 +21,6 @@ from disque.client import Client
 from spark_connector.sink_options import SinkConfig
 from spark_connector.writer import DisqueWriteError, PartitionWriter, split_key
 from tests.spark.sink_support import config_for, drain
-from tests.support.cluster import ReferenceProcess, reference_server
 from tests.support.process import raw_command, wait_for
 
 WITH_OPTIONS = StructType([StructField("body", StringType()), StructField("queue", StringType()),
@@ -285,16 +283,6 @@ def test_spark_write_goes_out_as_addjobs(spark, server, disque) -> None:
     # driver's look-up of the nodes and the INFO. Row by row: 6000 ADDJOBs.
     assert commands <= 20, commands
     assert sorted(int(b) for b in drain(disque, "via-bulk")) == list(range(6000))
-
-
-@pytest.fixture
-def original(tmp_path) -> Iterator[ReferenceProcess]:
-    if reference_server() is None:
-        pytest.skip("the original disque-server is not available: set DISQUE_REFERENCE_SERVER "
-                    "to its binary to test the sink's fallback to ADDJOB")
-    node = ReferenceProcess(tmp_path / "original").start()
-    yield node
-    node.kill()
 
 
 def test_original_node_gets_pipelined_addjobs(original) -> None:

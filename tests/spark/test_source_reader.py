@@ -32,7 +32,6 @@ from spark_connector.reader import (
 )
 from spark_connector.schema import source_schema
 from spark_connector.staging import StagingArea
-from tests.support.cluster import ReferenceProcess, reference_server
 from tests.support.process import wait_for
 
 
@@ -568,16 +567,6 @@ def test_retry_zero_batches_need_no_heartbeat(server, client: Client, tmp_path: 
     reader.latestOffset({"batch": 0}, ReadMaxRows(10))
     assert reader.driver.keeper.next_heartbeat_in(1) == float("inf")
     reader.stop()
-
-
-@pytest.fixture
-def original(tmp_path: Path):
-    if reference_server() is None:
-        pytest.skip("the original disque-server is not available: set DISQUE_REFERENCE_SERVER "
-                    "to its binary to test the source's fallback without WITHLEASE")
-    node = ReferenceProcess(tmp_path / "original").start()
-    yield node
-    node.kill()
 
 
 def test_an_original_node_is_leased_by_min_job_retry(original, tmp_path: Path) -> None:
