@@ -144,8 +144,7 @@ def _lease_deadline(entries: list, asked_at: float) -> float:
     Counted from when the GETJOB was sent, before the node measured: early,
     never late.  ``inf`` if none of them is ever queued again (RETRY 0).
     """
-    within = [ms for ms in itertools.islice(
-        itertools.chain.from_iterable(entries), 8, None, _LEASED) if ms is not None]
+    within = [entry[8] for entry in entries if entry[8] is not None]
     return asked_at + min(within) / 1000 if within else math.inf
 
 

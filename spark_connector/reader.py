@@ -415,11 +415,11 @@ class _DriverSide:
                 return  # acknowledged and removed meanwhile
             for name, table in self.staging.read_parts(seq, skip=seen):
                 seen.add(name)
-                served = (table.schema.metadata or {}).get(SERVED_BY.encode())
+                metadata = table.schema.metadata or {}
+                served = metadata.get(SERVED_BY.encode())
                 if served:
                     self._count_node(served.decode(), "fetched", table.num_rows)
-                left = None if recovering else _seconds_left(
-                    (table.schema.metadata or {}).get(LEASE_UNTIL.encode()))
+                left = None if recovering else _seconds_left(metadata.get(LEASE_UNTIL.encode()))
                 # Without a lease: the task fetched these a while ago (up to a
                 # lease tick plus its own run time), heartbeat at once.
                 first = 0.0 if left is None else max((left - COPY_SKEW_S) / 2, 0.0)
