@@ -373,7 +373,19 @@ def deserialize_job(blob: bytes, offset: int = 0) -> tuple[Job, int]:
     cost it a third of its time.
     """
     size = len(blob)
+    # Every unpacked field typed: compiled, an untyped one is a boxed object
+    # whose every ``&``, ``>>`` or ``*`` below is a Python-level operation.
     length: int
+    job_id: bytes
+    state_gc: int
+    flags: int
+    repl: int
+    etime_s: int
+    ctime: int
+    delay: int
+    retry: int
+    nacks: int
+    deliveries: int
     qlen: int
     blen: int
     count: int

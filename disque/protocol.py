@@ -52,8 +52,10 @@ __all__ = [
     "NULL_ARRAY",
     "ProtocolError",
     "ReplyError",
+    "Encoded",
     "Status",
     "encode",
+    "status_reply",
     "OK",
 ]
 
@@ -85,6 +87,28 @@ class ReplyError:
 
     def __hash__(self) -> int:
         return hash(self.message)
+
+
+class Encoded:
+    """A reply already in RESP form, sent as it is.
+
+    For ``+<job ID>``, the answer of every ADDJOB: made from the ID's bytes
+    in one concatenation, where a Status needed the ID decoded, a str
+    subclass instantiated (a Python-level call) and the text encoded back.
+    """
+
+    __slots__ = ("raw",)
+
+    def __init__(self, raw: bytes) -> None:
+        self.raw = raw
+
+    def __repr__(self) -> str:
+        return f"Encoded({self.raw!r})"
+
+
+def status_reply(text: bytes) -> Encoded:
+    """``+text``: ``text`` (ASCII, no CR or LF) as a RESP simple string."""
+    return Encoded(b"+" + text + CRLF)
 
 
 class _NullArray:
@@ -470,7 +494,9 @@ def _utf8(text: str) -> bytes:
 
 def encode(value: Any, resp3: bool = False) -> bytes:
     """Encode one reply value (see the module docstring for the mapping)."""
-    if type(value) is Status:  # +OK, +PONG, ADDJOB's ID: the commonest replies
+    if type(value) is Encoded:  # ADDJOB's ID: the commonest reply
+        return value.raw
+    if type(value) is Status:  # +OK, +PONG
         return b"+" + value.encode() + CRLF
     out: list[bytes] = []
     _encode_into(value, out, resp3)
@@ -512,6 +538,8 @@ def _encode_into(value: Any, out: list[bytes], resp3: bool) -> None:
         out.append(b"-" + _utf8(message) + CRLF)
     elif value is NULL_ARRAY:
         out.append(_NULL3 if resp3 else _NULL_ARRAY2)
+    elif t is Encoded:
+        out.append(value.raw)
     elif t is bool:
         out.append(_SMALL_INTS[int(value)])
     elif t is bytearray or t is memoryview:

@@ -35,7 +35,6 @@ import asyncio
 import logging
 import random
 import time
-from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, Final
 
 from .ack import acked_elsewhere
@@ -55,7 +54,7 @@ from .job import (
 )
 from .jobext import ExtError, apply_bus_trailer, bus_trailer
 from .jobs import register_job, unregister_job, update_awake_time
-from .protocol import ReplyError, Status
+from .protocol import ReplyError, status_reply
 from .queue import PAUSED_IN, enqueue_job
 
 if TYPE_CHECKING:
@@ -243,11 +242,11 @@ def replicate_job(state: ServerState, client: Waiter, job: Job, needed: int, ext
             targets = sorted(job.delivered)
             _send_copies(state, job, False, True, now)
             _send_enqueue(state, random.choice(targets), job)
-            return Status(job.id.decode())
+            return status_reply(job.id)
         job.state = ACTIVE
         _store_achieved(state, job)
         _send_copies(state, job, False, True, now)
-        return Status(job.id.decode())
+        return status_reply(job.id)
     job.state = WAIT_REPL
     job.confirmed = frozenset() if extrepl else cluster.myself_set
     # Not scheduled: _add_missing_copies watches its expiry while it waits.
@@ -338,7 +337,7 @@ def _replication_achieved(state: ServerState, blocked: BlockedAdd) -> None:
         _store_achieved(state, job)
     # NOREPLY to the nodes still unconfirmed is not needed: they will
     # answer GOTJOB, which is ignored for a job that is no longer waiting.
-    unblock(state, blocked, Status(job.id.decode()))
+    unblock(state, blocked, status_reply(job.id))
 
 
 def replication_achieved_by_ack(state: ServerState, job: Job) -> None:
@@ -348,7 +347,7 @@ def replication_achieved_by_ack(state: ServerState, job: Job) -> None:
     blocked = state.replicating.get(job.id)
     job.state = ACTIVE
     if blocked is not None:
-        unblock(state, blocked, Status(job.id.decode()))
+        unblock(state, blocked, status_reply(job.id))
 
 
 def replication_removed(state: ServerState, job: Job) -> None:
@@ -391,22 +390,27 @@ def receive_gotjobs(state: ServerState, sender: ClusterNode, msg: Message) -> No
             log.exception("Error processing a GOTJOB from %s", node_id)
 
 
-#: (node set, node ID) -> the set with the node, for the node lists and
+#: node set -> {node ID -> the set with the node}, for the node lists and
 #: confirmations of new jobs: every job replicated to the same nodes goes
 #: through the same few sets, and a set union costs more than finding it
-#: here (and one set shared by many jobs is memory saved).
-_WITH_NODE: Final[dict[tuple[frozenset[str], str], frozenset[str]]] = {}
+#: here (and one set shared by many jobs is memory saved).  Two levels
+#: rather than a (set, ID) key: no tuple to build and hash per lookup.
+_WITH_NODE: Final[dict[frozenset[str], dict[str, frozenset[str]]]] = {}
 _WITH_NODE_MAX: Final = 4096
 
 
 def _with_node(nodes: frozenset[str], node_id: str) -> frozenset[str]:
-    key = (nodes, node_id)
-    found = _WITH_NODE.get(key)
-    if found is None:
-        found = nodes | {node_id}
+    by_id = _WITH_NODE.get(nodes)
+    if by_id is None:
         if len(_WITH_NODE) >= _WITH_NODE_MAX:
             _WITH_NODE.clear()
-        _WITH_NODE[key] = found
+        by_id = _WITH_NODE[nodes] = {}
+    found = by_id.get(node_id)
+    if found is None:
+        found = nodes | {node_id}
+        if len(by_id) >= _WITH_NODE_MAX:
+            by_id.clear()
+        by_id[node_id] = found
     return found
 
 
@@ -424,10 +428,13 @@ def _confirm(state: ServerState, node_id: str, job_id: bytes) -> None:
         _replication_achieved(state, blocked)
 
 
-def jobs_in(msg: Message, sender: ClusterNode) -> Iterator[Job]:
+def jobs_in(msg: Message, sender: ClusterNode) -> list[Job]:
     """The jobs a REPLJOB or YOURJOBS carries, as sent, with the extension
     options of the trailer after them (disque.jobext); a bad blob ends the
-    list (logged: the rest of the payload cannot be trusted)."""
+    list (logged: the rest of the payload cannot be trusted).
+
+    A list rather than a generator: compiled, each resumption of a
+    generator costs more than appending (a peer runs this per copy)."""
     offset = 0
     jobs: list[Job] = []
     complete = True
@@ -446,9 +453,7 @@ def jobs_in(msg: Message, sender: ClusterNode) -> Iterator[Job]:
         except ExtError as err:
             log.warning("Bad job options in %s from %s: %s",
                         messages.TYPE_NAMES[msg.type].upper(), sender.id, err)
-    for job in jobs:
-        if job.queue is not None:
-            yield job
+    return [job for job in jobs if job.queue is not None]
 
 
 def adopt_copy(state: ServerState, job: Job, now: int) -> None:
@@ -472,10 +477,16 @@ def receive_repljob(state: ServerState, sender: ClusterNode, msg: Message) -> No
     # One header and one sender lookup for the GOTJOBs of all the copies.
     gotjob = b"" if msg.mflags & messages.MFLAG_NOREPLY else cluster.header_key(messages.GOTJOB)
     sender_id = sender.id
+    # A REPLJOB's jobs mostly share one queue: look each name up once.
+    last_queue = b""
+    paused = False
     for copy in jobs_in(msg, sender):
-        assert copy.queue is not None  # jobs_in yields only jobs with a queue
-        q = state.queues.lookup(copy.queue)
-        if q is not None and q.flags & PAUSED_IN:
+        assert copy.queue is not None  # jobs_in returns only jobs with a queue
+        if copy.queue != last_queue:
+            last_queue = copy.queue
+            q = state.queues.lookup(last_queue)
+            paused = q is not None and bool(q.flags & PAUSED_IN)
+        if paused:
             continue
         job = state.jobs.get(copy.id)
         if job is not None:

@@ -25,6 +25,7 @@ from disque.protocol import (
     Status,
     encode,
     split_inline,
+    status_reply,
 )
 
 
@@ -323,6 +324,8 @@ def test_unbalanced_quotes_through_the_parser() -> None:
 @pytest.mark.parametrize(("value", "resp2", "resp3"), [
     (OK, b"+OK\r\n", b"+OK\r\n"),
     (Status("D-1"), b"+D-1\r\n", b"+D-1\r\n"),
+    (status_reply(b"D-1"), b"+D-1\r\n", b"+D-1\r\n"),
+    ([status_reply(b"D-1"), b"x"], b"*2\r\n+D-1\r\n$1\r\nx\r\n", b"*2\r\n+D-1\r\n$1\r\nx\r\n"),
     (ReplyError("BADID Invalid Job ID format."), b"-BADID Invalid Job ID format.\r\n",
      b"-BADID Invalid Job ID format.\r\n"),
     (ReplyError("ERR a\r\nb"), b"-ERR a  b\r\n", b"-ERR a  b\r\n"),

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..blocking import NO_REPLY, Blocked, Waiter, park, unblock
 from ..memory import free_memory_if_needed
-from ..protocol import ReplyError, Status
+from ..protocol import Encoded, ReplyError, Status
 from .jobs import addjob, parse_addjob
 from .registry import BLOCKED, OOM, CommandClient, CommandError, command
 
@@ -109,6 +109,8 @@ class BlockedBatch(Blocked):
 
 def _element(reply: Any) -> Any:
     """ADDJOB's reply as an array element: the ID as a bulk string."""
+    if type(reply) is Encoded:  # +<id>\r\n
+        return reply.raw[1:-2]
     if isinstance(reply, Status):
         return reply.encode()
     return reply

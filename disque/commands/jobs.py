@@ -12,7 +12,7 @@ from ..federation import import_rate, need_jobs
 from ..job import ACTIVE, FLAG_BCAST_WILLQUEUE, WAIT_REPL, Job, JobState
 from ..jobext import JobExt, dead_letter_queue, retry_seconds
 from ..jobs import register_job, requeue_time, unregister_job, update_awake_time
-from ..protocol import NULL_ARRAY, Map, ReplyError, Status
+from ..protocol import NULL_ARRAY, Map, ReplyError, Status, status_reply
 from ..queue import (
     PAUSED_IN,
     PAUSED_OUT,
@@ -191,7 +191,7 @@ def idmp_seen(entry: DedupEntry, body: bytes, state: ServerState) -> Any:
         return ReplyError(f"IDMPCONFLICT IDMP key already used in this queue within its "
                           f"window for job {entry.job_id.decode()} with a different body")
     state.dedup.hits += 1
-    return Status(entry.job_id.decode())
+    return status_reply(entry.job_id)
 
 
 def idmp_record(state: ServerState, opts: AddJobOptions, queue: bytes, body: bytes,
@@ -208,13 +208,15 @@ def addjob(state: ServerState, client: CommandClient, argv: list[bytes]) -> Any:
     """ADDJOB queue body ms-timeout [REPLICATE n] [DELAY s] [RETRY s] [TTL s] [MAXLEN n] [ASYNC]
     [BACKOFF s] [MAXDELIVERIES n] [DEADLETTER queue] [IDMP key [IDMP-WINDOW s]]"""
     opts = parse_addjob(argv)
+    now = state.clock.now_ms()
     if opts.idmp is not None:
         # First, so that a retry gets its ID even if the queue is now paused or full.
-        seen = state.dedup.lookup(argv[1], opts.idmp, state.clock.now_ms())
+        seen = state.dedup.lookup(argv[1], opts.idmp, now)
         if seen is not None:
             return idmp_seen(seen, argv[2], state)
     cluster = state.cluster
-    replicate = opts.replicate if opts.replicate is not None else min(3, cluster.size)
+    size, reachable = cluster.addjob_counts(now)
+    replicate = opts.replicate if opts.replicate is not None else min(3, size)
     ttl = opts.ttl
     retry = opts.retry
     delay = opts.delay
@@ -231,7 +233,6 @@ def addjob(state: ServerState, client: CommandClient, argv: list[bytes]) -> Any:
     # tight and other nodes can take the copies.  A node that cannot hand
     # the job to anybody keeps it while under the hard limit: refusing every
     # job at 75% (the original on a lone node) helps nobody.
-    reachable = cluster.reachable_count
     leaving = cluster.leaving
     extrepl = leaving or (reachable and replicate <= reachable and state.memory.level() >= 1)
     needed = replicate if extrepl else replicate - 1
@@ -252,7 +253,6 @@ def addjob(state: ServerState, client: CommandClient, argv: list[bytes]) -> Any:
             return ReplyError("PAUSED Queue paused in input, try later")
     if q is None:
         q = state.queue_for_write(argv[1])
-    now = state.clock.now_ms()
     if needed > 0:
         job = Job(state.ids.next_id(ttl, retry), q.name, argv[2], WAIT_REPL, replicate,
                   state.next_ctime(now), now + ttl * 1000, delay, retry)
@@ -282,7 +282,7 @@ def addjob(state: ServerState, client: CommandClient, argv: list[bytes]) -> Any:
         state.on_job_created(job)
     if opts.idmp is not None:
         idmp_record(state, opts, q.name, argv[2], job.id, now, pending=False)
-    return Status(job.id.decode())
+    return status_reply(job.id)
 
 
 # --------------------------------------------------------------------------
