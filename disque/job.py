@@ -181,7 +181,7 @@ class Job:
 
 _B64 = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"
 #: 6-bit value of each base64 character (-1 for others); used for scan slices.
-B64_VALUE = [-1] * 256
+B64_VALUE: Final[list[int]] = [-1] * 256
 for _i, _c in enumerate(_B64):
     B64_VALUE[_c] = _i
 

@@ -202,8 +202,7 @@ class JobRegistry:
         return len(self._jobs)
 
     def get(self, job_id: bytes) -> Job | None:
-        # job_id_slice inlined: this runs several times per command.
-        return self._slices[(B64_VALUE[job_id[11]] << 6) | B64_VALUE[job_id[12]]].get(job_id)
+        return self._slices[_id_slice(job_id)].get(job_id)
 
     def all(self) -> Iterator[Job]:
         return self._jobs.values()
@@ -229,12 +228,21 @@ class JobRegistry:
 
     # Used by register_job/unregister_job only.
     def _add(self, job: Job) -> bool:
-        return self._jobs.add(job.id, job)
+        job_id = job.id
+        return self._jobs.add_at(_id_slice(job_id), job_id, job)
 
     def _remove(self, job: Job) -> bool:
         self.evictable_discard(job)
         self.schedule.discard(job)
-        return self._jobs.pop(job.id) is not None
+        job_id = job.id
+        return self._jobs.pop_at(_id_slice(job_id), job_id) is not None
+
+
+def _id_slice(job_id: bytes) -> int:
+    """keyspace.job_id_slice, called natively: the registry's lookups run
+    several times per command, and the SlicedDict's own ``slice_of`` is a
+    Python-level call when compiled."""
+    return (B64_VALUE[job_id[11]] << 6) | B64_VALUE[job_id[12]]
 
 
 def job_memory(job: Job) -> int:

@@ -69,7 +69,15 @@ class SlicedDict(Generic[K, V]):
 
     def add(self, key: K, value: V) -> bool:
         """Insert ``key`` if absent; return False if it was already there."""
-        part = self._slices[self._slice_of(key)]
+        return self.add_at(self._slice_of(key), key, value)
+
+    def add_at(self, index: int, key: K, value: V) -> bool:
+        """:meth:`add` into slice ``index``, which must be ``slice_of(key)``.
+
+        For owners that compute the slice inline on a hot path: compiled,
+        calling ``slice_of`` through the attribute is a Python-level call.
+        """
+        part = self._slices[index]
         if key in part:
             return False
         part[key] = value
@@ -77,7 +85,11 @@ class SlicedDict(Generic[K, V]):
         return True
 
     def pop(self, key: K) -> V | None:
-        part = self._slices[self._slice_of(key)]
+        return self.pop_at(self._slice_of(key), key)
+
+    def pop_at(self, index: int, key: K) -> V | None:
+        """:meth:`pop` from slice ``index``, which must be ``slice_of(key)``."""
+        part = self._slices[index]
         # get and del rather than pop(key, None), which compiled is a
         # Python-level method call (this runs for every job forgotten).
         value = part.get(key)

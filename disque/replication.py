@@ -244,7 +244,7 @@ def replicate_job(state: ServerState, client: Waiter, job: Job, needed: int, ext
             _send_enqueue(state, random.choice(targets), job)
             return status_reply(job.id)
         job.state = ACTIVE
-        _store_achieved(state, job)
+        _store_achieved(state, job, False)
         _send_copies(state, job, False, True, now)
         return status_reply(job.id)
     job.state = WAIT_REPL
@@ -300,19 +300,23 @@ def _add_missing_copies(state: ServerState) -> None:
         EXTRA_NODE_PERIOD_S, _add_missing_copies, state)
 
 
-def _store_achieved(state: ServerState, job: Job) -> None:
-    """The local copy of a job whose replication is achieved: queue (or delay) it, log it."""
+def _store_achieved(state: ServerState, job: Job, registered: bool) -> None:
+    """The local copy of a job whose replication is achieved: queue (or delay)
+    it, register it unless ``registered`` (a synchronous ADDJOB registered it
+    before waiting, and a job unregistered meanwhile is no longer waiting: a
+    second lookup in the job table, a cache miss per job under load, would
+    only confirm it), log it."""
     now = state.clock.now_ms()
     if job.delay:
         job.qtime = now + job.delay * 1000
-        if state.jobs.get(job.id) is not job:
-            register_job(state, job)
-        else:
+        if registered:
             update_awake_time(state, job)
+        else:
+            register_job(state, job)
     else:
         job.qtime = now
         enqueue_job(state, job, now=now)
-        if state.jobs.get(job.id) is not job:
+        if not registered:
             register_job(state, job)
     if state.job_created_hooks:
         state.on_job_created(job)
@@ -334,7 +338,7 @@ def _replication_achieved(state: ServerState, blocked: BlockedAdd) -> None:
         unregister_job(state, job)
     else:
         job.state = ACTIVE
-        _store_achieved(state, job)
+        _store_achieved(state, job, True)
     # NOREPLY to the nodes still unconfirmed is not needed: they will
     # answer GOTJOB, which is ignored for a job that is no longer waiting.
     unblock(state, blocked, status_reply(job.id))

@@ -14,7 +14,7 @@ from disque.cluster import ClusterNode, ClusterState
 from disque.commands import execute
 from disque.config import Config
 from disque.jobs import process_due_jobs
-from disque.protocol import ReplyError
+from disque.protocol import Encoded, ReplyError, Status
 from disque.state import ServerState
 
 NODE_ID = "a" * 40
@@ -33,7 +33,15 @@ class LocalClient:
         self.id = 1
 
     def resume(self, reply: Any) -> None:
-        self.replies.append(reply)
+        self.replies.append(plain(reply))
+
+
+def plain(reply: Any) -> Any:
+    """A reply as a test reads it: ADDJOB's pre-encoded ``+<id>`` (Encoded,
+    which the connection writes as it is) as the Status it stands for."""
+    if type(reply) is Encoded:
+        return Status(reply.raw[1:-2].decode())
+    return reply
 
 
 class Node:
@@ -53,7 +61,7 @@ class Node:
         reply = execute(self.state, self.client, argv)
         if isinstance(reply, ReplyError):
             raise AssertionError(f"unexpected error reply: {reply.message}")
-        return reply
+        return plain(reply)
 
     def error(self, *args: Any) -> str:
         argv = [a if isinstance(a, bytes) else str(a).encode() for a in args]
@@ -64,7 +72,7 @@ class Node:
     def raw(self, *args: Any) -> Any:
         """The reply as the command table returned it (errors included)."""
         argv = [a if isinstance(a, bytes) else str(a).encode() for a in args]
-        return execute(self.state, self.client, argv)
+        return plain(execute(self.state, self.client, argv))
 
     def advance(self, ms: int) -> int:
         """Move time forward and run what became due; returns jobs processed."""
