@@ -56,8 +56,14 @@ def start_nodes(root: Path, impl: str, size: int, tag: str) -> list[DisqueProces
     return nodes
 
 
+#: Seconds a node may take to answer INFO or DEBUG FLUSHALL between runs:
+#: after -P 16 runs of the default size the original still works through
+#: its backlog of ASYNC copies, and empties over a million jobs.
+ADMIN_TIMEOUT_S = 120.0
+
+
 def registered_jobs(port: int) -> int:
-    text = raw_command(port, "INFO", "jobs")
+    text = raw_command(port, "INFO", "jobs", timeout=ADMIN_TIMEOUT_S)
     assert isinstance(text, bytes)
     for line in text.decode().splitlines():
         if line.startswith("registered_jobs:"):
@@ -122,7 +128,7 @@ def _flushed(nodes: list[DisqueProcess]) -> bool:
     after it and stay.
     """
     for node in nodes:
-        raw_command(node.port, "DEBUG", "FLUSHALL")
+        raw_command(node.port, "DEBUG", "FLUSHALL", timeout=ADMIN_TIMEOUT_S)
     return all(registered_jobs(n.port) == 0 for n in nodes)
 
 

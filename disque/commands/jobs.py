@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 from .. import ack
 from ..blocking import WITH_COUNTERS, WITH_LEASE, block_for_jobs, getjob_entry
@@ -76,6 +76,15 @@ class AddJobOptions:
         self.idmp_window = -1
 
 
+# Built once: an f-string argument is formatted on every call, error or not
+# (formatting a number costs more than parsing the option).
+_TTL_TOO_BIG: Final = f"ERR TTL must be a number > 0 and at most {MAX_TTL} (10 years)"
+_RETRY_TOO_BIG: Final = ("ERR RETRY time must be a non negative number "
+                         f"not greater than {MAX_SECONDS}")
+_BACKOFF_TOO_BIG: Final = ("ERR BACKOFF must be a number of seconds > 0 "
+                           f"not greater than {MAX_SECONDS}")
+_MAXDELIVERIES_ERROR: Final = f"ERR MAXDELIVERIES must be between 1 and {MAX_DELIVERIES}"
+
 #: ADDJOB without options (the common case) shares one options object.
 _DEFAULT_OPTIONS = AddJobOptions()
 
@@ -96,12 +105,11 @@ def parse_addjob(argv: list[bytes]) -> AddJobOptions:
             i += 2
         elif opt == b"ttl" and has_value:
             opts.ttl = parse_int(argv[i + 1], "ERR TTL must be a number > 0", 1, MAX_TTL,
-                                 f"ERR TTL must be a number > 0 and at most {MAX_TTL} (10 years)")
+                                 _TTL_TOO_BIG)
             i += 2
         elif opt == b"retry" and has_value:
             opts.retry = parse_int(argv[i + 1], "ERR RETRY time must be a non negative number",
-                                   0, MAX_SECONDS, "ERR RETRY time must be a non negative number "
-                                   f"not greater than {MAX_SECONDS}")
+                                   0, MAX_SECONDS, _RETRY_TOO_BIG)
             i += 2
         elif opt == b"delay" and has_value:
             # Any DELAY too big to be a number is also beyond the TTL: say that.
@@ -139,11 +147,10 @@ def _parse_extension_option(opts: AddJobOptions, opt: bytes, value: bytes) -> No
     """BACKOFF s, MAXDELIVERIES n, DEADLETTER queue (docs/EXTENSIONS.md)."""
     if opt == b"backoff":
         opts.backoff = parse_int(value, "ERR BACKOFF must be a number of seconds > 0", 1,
-                                 MAX_SECONDS, "ERR BACKOFF must be a number of seconds > 0 "
-                                 f"not greater than {MAX_SECONDS}")
+                                 MAX_SECONDS, _BACKOFF_TOO_BIG)
     elif opt == b"maxdeliveries":
-        error = f"ERR MAXDELIVERIES must be between 1 and {MAX_DELIVERIES}"
-        opts.max_deliveries = parse_int(value, error, 1, MAX_DELIVERIES, error)
+        opts.max_deliveries = parse_int(value, _MAXDELIVERIES_ERROR, 1, MAX_DELIVERIES,
+                                        _MAXDELIVERIES_ERROR)
     else:
         if not value:
             raise CommandError("ERR DEADLETTER queue name can't be empty")
