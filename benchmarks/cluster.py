@@ -21,11 +21,20 @@ acknowledges each batch with one ACKJOB, all on the first node; jobs/s over
 the whole cycle.  On three nodes every job is replicated and every ACK
 collected cluster-wide; the run is checked: every node's job table must be
 empty within 30 s of the last ACKJOB.
+
+Every run also records the CPU each process spent per request (the node
+the load goes to and each peer, their main threads' time on a CPU from
+``/proc/PID/schedstat``; ``redis-benchmark``, from ``getrusage``) and the
+machine's steal time: on a small machine the rates follow the CPU the
+processes need together, and the second table shows where it goes.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import resource
+import statistics
 import time
 from pathlib import Path
 from typing import Any
@@ -71,6 +80,52 @@ def registered_jobs(port: int) -> int:
     raise RuntimeError("no registered_jobs in INFO")
 
 
+def process_cpu_s(pid: int) -> float:
+    """CPU seconds a node's main thread has used (Linux /proc).
+
+    schedstat counts nanoseconds; /proc/PID/stat's user and system times
+    (the fallback) count 10 ms ticks, too coarse for a short run.
+    """
+    try:
+        return int(Path(f"/proc/{pid}/schedstat").read_text().split()[0]) / 1e9
+    except (OSError, IndexError, ValueError):
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def machine_steal() -> tuple[int, int]:
+    """(steal ticks, all ticks) of the whole machine (/proc/stat)."""
+    ticks = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    return ticks[7], sum(ticks)
+
+
+def measured_run(nodes: list[DisqueProcess], cmd: list[str], count: int,
+                 pipeline: int) -> dict[str, Any]:
+    """One redis-benchmark run, with the CPU each process spent per request.
+
+    The ratio of two rates moves with whatever else the machine does; the
+    CPU per request of the node, of each peer and of the load generator
+    does much less, and shows which process bounds the rate. ``steal`` is
+    the share of the machine's time the hypervisor gave to others.
+    """
+    before = [process_cpu_s(n.pid) for n in nodes]
+    load_before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    steal_before = machine_steal()
+    result = run_benchmark(benchmark_command(nodes[0].port, cmd, requests=count,
+                                             pipeline=pipeline))
+    steal_after = machine_steal()
+    load_after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    after = [process_cpu_s(n.pid) for n in nodes]
+    load = (load_after.ru_utime + load_after.ru_stime) - (load_before.ru_utime
+                                                          + load_before.ru_stime)
+    result["cpu_us_per_request"] = [round((b - a) / count * 1e6, 2)
+                                    for a, b in zip(before, after, strict=True)]
+    result["load_generator_cpu_us_per_request"] = round(load / count * 1e6, 2)
+    result["steal"] = round((steal_after[0] - steal_before[0])
+                            / max(1, steal_after[1] - steal_before[1]), 4)
+    return result
+
+
 def run_tests(nodes: list[DisqueProcess], tests: list[tuple[str, list[str]]],
               requests: dict[int, int]) -> dict[str, Any]:
     port = nodes[0].port
@@ -78,8 +133,7 @@ def run_tests(nodes: list[DisqueProcess], tests: list[tuple[str, list[str]]],
     expected = 0
     for pipeline, count in requests.items():
         for label, cmd in tests:
-            results[f"{label} P{pipeline}"] = run_benchmark(
-                benchmark_command(port, cmd, requests=count, pipeline=pipeline))
+            results[f"{label} P{pipeline}"] = measured_run(nodes, cmd, count, pipeline)
             expected += count
             held = registered_jobs(port)
             if held != expected:
@@ -185,5 +239,36 @@ def scenario_cluster(args: argparse.Namespace, root: Path,
           "ratio = 3-node figure / the same implementation's one-node figure, same round")
     print_table(["implementation", "test", "-P", "rps", "ratio"],
                 [[t["impl"], t["test"], t["pipeline"], t["rps"], t["ratio"]] for t in table])
+    cpu = cpu_table(rounds, impls, request_counts)
+    print()
+    print("CPU per request (us, medians of the rounds; time on a CPU of each process): "
+          "the node the load goes to, each peer, redis-benchmark; steal = the share of the "
+          "machine's time the hypervisor gave elsewhere")
+    print_table(["implementation", "test", "-P", "node", "peers", "load gen.", "steal"],
+                [[c["impl"], c["test"], c["pipeline"], c["node"], c["peers"], c["load"],
+                  c["steal"]] for c in cpu])
     return {"requests": {str(k): v for k, v in request_counts.items()}, "table": table,
-            "rounds": rounds}
+            "cpu": cpu, "rounds": rounds}
+
+
+def cpu_table(rounds: list[dict[str, Any]], impls: list[str],
+              request_counts: dict[int, int]) -> list[dict[str, Any]]:
+    """Each run's CPU per request, as the medians of the rounds."""
+    rows: list[dict[str, Any]] = []
+    for impl in impls:
+        for pipeline in request_counts:
+            tests = [("one node", "1", "single")] + [
+                (f"3 nodes: {label}", "3", label) for label, _ in CLUSTER_TESTS]
+            for test, size, key in tests:
+                runs = [r[f"{impl}/{size}"][f"{key} P{pipeline}"] for r in rounds]
+                per_node = [run["cpu_us_per_request"] for run in runs]
+                rows.append({
+                    "impl": impl, "test": test, "pipeline": pipeline,
+                    "node": round(statistics.median(n[0] for n in per_node), 1),
+                    "peers": " ".join(f"{statistics.median(n[i] for n in per_node):.1f}"
+                                      for i in range(1, len(per_node[0]))) or "-",
+                    "load": round(statistics.median(
+                        run["load_generator_cpu_us_per_request"] for run in runs), 1),
+                    "steal": round(statistics.median(run["steal"] for run in runs), 3),
+                })
+    return rows

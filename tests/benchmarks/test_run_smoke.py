@@ -138,6 +138,14 @@ def test_cluster_smoke_compares_three_nodes_with_one(tmp_path: Path) -> None:
     assert "produce/get/ack cycle, 3 nodes" in stdout
     rnd = result["rounds"][0]
     assert rnd["ours/3"]["cycle"]["jobs"] == 2_000
+    # The CPU each process spent per request: the node, then each peer.
+    run = rnd["ours/3"]["ADDJOB q body 0 (REPLICATE 3) P1"]
+    assert len(run["cpu_us_per_request"]) == 3 and all(x > 0 for x in run["cpu_us_per_request"])
+    assert run["load_generator_cpu_us_per_request"] > 0 and 0 <= run["steal"] < 1
+    cpu = [row for row in result["cpu"] if row["impl"] == "ours"]
+    assert len(cpu) == 8 and all(row["node"] > 0 for row in cpu), cpu
+    assert [len(row["peers"].split()) for row in cpu] == [1, 2, 2, 2] * 2  # "-" for one node
+    assert "CPU per request" in stdout
 
 
 def test_membership_timing_runs(tmp_path: Path) -> None:
