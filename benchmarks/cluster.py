@@ -32,14 +32,18 @@ processes need together, and the second table shows where it goes.
 from __future__ import annotations
 
 import argparse
-import os
 import resource
 import statistics
 import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.redis_tools import benchmark_command, run_benchmark
+from benchmarks.redis_tools import (
+    benchmark_command,
+    machine_cpu_ticks,
+    main_thread_cpu_s,
+    run_benchmark,
+)
 from tests.support.cluster import ReferenceProcess, join, reference_server, wait_joined
 from tests.support.process import DisqueProcess, raw_command, wait_for
 
@@ -80,22 +84,9 @@ def registered_jobs(port: int) -> int:
     raise RuntimeError("no registered_jobs in INFO")
 
 
-def process_cpu_s(pid: int) -> float:
-    """CPU seconds a node's main thread has used (Linux /proc).
-
-    schedstat counts nanoseconds; /proc/PID/stat's user and system times
-    (the fallback) count 10 ms ticks, too coarse for a short run.
-    """
-    try:
-        return int(Path(f"/proc/{pid}/schedstat").read_text().split()[0]) / 1e9
-    except (OSError, IndexError, ValueError):
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def machine_steal() -> tuple[int, int]:
-    """(steal ticks, all ticks) of the whole machine (/proc/stat)."""
-    ticks = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    """(steal ticks, all ticks) of the whole machine."""
+    ticks = machine_cpu_ticks()
     return ticks[7], sum(ticks)
 
 
@@ -108,14 +99,14 @@ def measured_run(nodes: list[DisqueProcess], cmd: list[str], count: int,
     does much less, and shows which process bounds the rate. ``steal`` is
     the share of the machine's time the hypervisor gave to others.
     """
-    before = [process_cpu_s(n.pid) for n in nodes]
+    before = [main_thread_cpu_s(n.pid) for n in nodes]
     load_before = resource.getrusage(resource.RUSAGE_CHILDREN)
     steal_before = machine_steal()
     result = run_benchmark(benchmark_command(nodes[0].port, cmd, requests=count,
                                              pipeline=pipeline))
     steal_after = machine_steal()
     load_after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    after = [process_cpu_s(n.pid) for n in nodes]
+    after = [main_thread_cpu_s(n.pid) for n in nodes]
     load = (load_after.ru_utime + load_after.ru_stime) - (load_before.ru_utime
                                                           + load_before.ru_stime)
     result["cpu_us_per_request"] = [round((b - a) / count * 1e6, 2)

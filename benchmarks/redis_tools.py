@@ -91,6 +91,29 @@ def rss_of(pid: int) -> int:
         return 0
 
 
+def process_cpu_s(pid: int) -> float:
+    """CPU seconds (user + system, all threads) a process has used so far,
+    from /proc/PID/stat: 10 ms ticks."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def main_thread_cpu_s(pid: int) -> float:
+    """CPU seconds a process's main thread has used so far, in nanoseconds'
+    resolution (/proc/PID/schedstat), where short runs need more than
+    :func:`process_cpu_s`'s ticks; that is the fallback without schedstat."""
+    try:
+        return int(Path(f"/proc/{pid}/schedstat").read_text().split()[0]) / 1e9
+    except (OSError, IndexError, ValueError):
+        return process_cpu_s(pid)
+
+
+def machine_cpu_ticks() -> list[int]:
+    """The machine's CPU time so far by state (/proc/stat's "cpu" line:
+    user, nice, system, idle, iowait, irq, softirq, steal, ...), in ticks."""
+    return [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+
+
 def benchmark_command(port: int, command: list[str], *, requests: int, clients: int = 50,
                       pipeline: int = 1, keyspace: int = 0) -> list[str]:
     cmd = [REDIS_BENCHMARK, "-h", "127.0.0.1", "-p", str(port), "-c", str(clients),

@@ -73,6 +73,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks.redis_tools import machine_cpu_ticks, process_cpu_s
 from disque.client import Client
 from tests.support.process import DisqueProcess, wait_for
 
@@ -136,15 +137,9 @@ def registered(client: Client) -> int:
     return int(client.info("jobs")["jobs"]["registered_jobs"])
 
 
-def process_cpu_s(pid: int) -> float:
-    """CPU seconds (user + system) a process has used so far."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def machine_busy_s() -> float:
     """CPU seconds all cores spent not idle so far (from /proc/stat)."""
-    values = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    values = machine_cpu_ticks()
     idle = values[3] + (values[4] if len(values) > 4 else 0)
     return (sum(values[:8]) - idle) / os.sysconf("SC_CLK_TCK")
 

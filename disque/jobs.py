@@ -26,7 +26,6 @@ from .clock import random_time_error
 from .job import (
     ACKED,
     ACTIVE,
-    B64_VALUE,
     FLAG_BCAST_WILLQUEUE,
     FLAG_DELIVERED,
     QUEUED,
@@ -202,7 +201,7 @@ class JobRegistry:
         return len(self._jobs)
 
     def get(self, job_id: bytes) -> Job | None:
-        return self._slices[_id_slice(job_id)].get(job_id)
+        return self._slices[job_id_slice(job_id)].get(job_id)
 
     def all(self) -> Iterator[Job]:
         return self._jobs.values()
@@ -229,20 +228,13 @@ class JobRegistry:
     # Used by register_job/unregister_job only.
     def _add(self, job: Job) -> bool:
         job_id = job.id
-        return self._jobs.add_at(_id_slice(job_id), job_id, job)
+        return self._jobs.add_at(job_id_slice(job_id), job_id, job)
 
     def _remove(self, job: Job) -> bool:
         self.evictable_discard(job)
         self.schedule.discard(job)
         job_id = job.id
-        return self._jobs.pop_at(_id_slice(job_id), job_id) is not None
-
-
-def _id_slice(job_id: bytes) -> int:
-    """keyspace.job_id_slice, called natively: the registry's lookups run
-    several times per command, and the SlicedDict's own ``slice_of`` is a
-    Python-level call when compiled."""
-    return (B64_VALUE[job_id[11]] << 6) | B64_VALUE[job_id[12]]
+        return self._jobs.pop_at(job_id_slice(job_id), job_id) is not None
 
 
 def job_memory(job: Job) -> int:

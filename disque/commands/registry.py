@@ -218,8 +218,6 @@ TIMEOUT_ERROR = "ERR timeout is not an integer or out of range"
 
 def parse_timeout_ms(raw: bytes) -> int:
     """A command timeout in milliseconds (getTimeoutFromObjectOrReply)."""
-    if raw == b"0":  # ADDJOB's usual timeout
-        return 0
     if raw[:1] == b"-" and raw[1:].isdigit() and raw[1:2] != b"0":
         raise CommandError("ERR timeout is negative")
     return parse_int(raw, TIMEOUT_ERROR, 0, too_big=_TIMEOUT_TOO_BIG)
