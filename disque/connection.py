@@ -71,18 +71,24 @@ class ReplyBatch:
     per connection that has replies.
     """
 
-    __slots__ = ("_connections", "_scheduled", "_state")
+    __slots__ = ("_connections", "_loop", "_scheduled", "_state")
 
     def __init__(self, state: ServerState) -> None:
         self._state = state
         self._connections: list[ClientConnection] = []
         self._scheduled = False
+        #: The loop, kept: asyncio.get_running_loop() reads the process ID
+        #: (a system call) every time, and this runs every turn.
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     def add(self, connection: ClientConnection) -> None:
         self._connections.append(connection)
         if not self._scheduled:
             self._scheduled = True
-            asyncio.get_running_loop().call_soon(self.flush)
+            loop = self._loop
+            if loop is None:
+                loop = self._loop = asyncio.get_running_loop()
+            loop.call_soon(self.flush)
 
     def flush(self) -> None:
         self._scheduled = False
