@@ -36,6 +36,7 @@ from .messages import (
     FrameReader,
     batch_frame,
     coalesce,
+    is_repljob_key,
     single_frame,
 )
 
@@ -52,7 +53,7 @@ log = logging.getLogger("disque.cluster")
 OUTPUT_LIMIT = 256 * 1024 * 1024
 
 #: A run this long is written at once rather than at the end of the turn
-#: (ClusterBus.write_links).  Under a pipelined load (50 clients x -P 16)
+#: (ClusterBus.write_early).  Under a pipelined load (50 clients x -P 16)
 #: this node parses bursts of a few hundred ADDJOBs per turn; written only
 #: at a turn's end, the peers idle until then and this node idles while
 #: they copy the jobs.  Written every 64 entries, the peers copy and confirm
@@ -168,7 +169,7 @@ class BusLink(asyncio.Protocol):
                 run.append(entry)
                 self._run_bytes += len(entry)
                 if len(run) >= EARLY_WRITE_ENTRIES:
-                    self.bus.write_links()
+                    self.bus.write_early()
                 return  # the flush is already asked for (or just done)
             self._close_run()
             self._run = [entry]
@@ -181,6 +182,13 @@ class BusLink(asyncio.Protocol):
         if not self._queued:
             self._queued = True
             self.bus.want_flush(self)
+
+    def queued_copies(self) -> int:
+        """Copies of new jobs (REPLJOB entries) waiting for the flush."""
+        run = self._run
+        if run and is_repljob_key(self._run_key):
+            return len(run)
+        return 0
 
     def _close_run(self) -> None:
         """The open run as one message, queued after what was sent before it."""

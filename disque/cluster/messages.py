@@ -53,7 +53,8 @@ from typing import Final, NamedTuple
 
 __all__ = [
     "FrameError", "FrameReader", "GossipEntry", "Message", "batch_frame", "coalesce", "decode",
-    "flags_from_wire", "flags_to_wire", "header_rest", "is_node_id", "single_frame",
+    "flags_from_wire", "flags_to_wire", "header_rest", "is_node_id", "is_repljob_key",
+    "single_frame",
     "split_job_ids", "type_name",
 ]
 
@@ -306,6 +307,11 @@ MAX_BATCHED_ENTRY: Final = _MAX_MERGED_REPLJOB - HEADER_SIZE - 8
 #: Bytes of entries one batched message carries at most (one more entry
 #: may go over it).
 MAX_BATCH_BYTES: Final = _MAX_MERGED
+
+
+def is_repljob_key(key: bytes) -> bool:
+    """Whether ``key`` (:func:`header_rest`) heads REPLJOB messages."""
+    return key[5] == REPLJOB and key[4] == 0  # bytes 12-13 of the frame: the type
 
 
 def single_frame(key: bytes, entry: bytes) -> bytes:

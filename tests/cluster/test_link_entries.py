@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from disque.cluster import messages as m
-from disque.cluster.bus import ClusterBus
+from disque.cluster.bus import HOLD_TURNS, ClusterBus
 from disque.cluster.link import EARLY_WRITE_ENTRIES, BusLink
 from disque.cluster.state import ClusterNode, ClusterState
 
@@ -43,11 +43,8 @@ def _blob(i: int, size: int = 20) -> bytes:
     return struct.pack("<I", size) + bytes([i]) * size
 
 
-def _run(caps: int, sends: Callable[[ClusterState, BusLink], None],
-         writes: int = 1) -> tuple[list[bytes], Any]:
-    """``sends`` in one event-loop turn; the frames the link wrote, in
-    ``writes`` writes (one at the end of the turn, plus one per run that
-    reached EARLY_WRITE_ENTRIES)."""
+def _linked(caps: int) -> tuple[ClusterState, BusLink, RecordingTransport]:
+    """A bus of our node with an outbound link to PEER, recording its writes."""
     cluster = ClusterState(ClusterNode(ME, "127.0.0.1", 7711), None)
     peer = ClusterNode(PEER, "127.0.0.1", 7712)
     peer.caps = caps
@@ -57,15 +54,26 @@ def _run(caps: int, sends: Callable[[ClusterState, BusLink], None],
     transport = RecordingTransport()
     link.transport = transport  # type: ignore[assignment]
     peer.link = link
+    return cluster, link, transport
+
+
+def _run(caps: int, sends: Callable[[ClusterState, BusLink], None],
+         writes: int = 1) -> tuple[list[bytes], Any]:
+    """``sends`` in one event-loop turn; the frames the link wrote, in
+    ``writes`` writes (one when the turn's flush is done, plus one per run
+    that reached EARLY_WRITE_ENTRIES)."""
+    cluster, link, transport = _linked(caps)
 
     async def turn() -> None:
         sends(cluster, link)
-        await asyncio.sleep(0)  # the bus flushes at the end of the turn
-        await asyncio.sleep(0)
+        # The bus flushes at the end of the turn, or up to HOLD_TURNS turns
+        # later while new jobs' copies keep coming (none come after these).
+        for _ in range(HOLD_TURNS + 2):
+            await asyncio.sleep(0)
 
     asyncio.run(turn())
     assert len(transport.written) == writes
-    return m.FrameReader().feed(b"".join(transport.written)), bus
+    return m.FrameReader().feed(b"".join(transport.written)), link.bus
 
 
 def _burst(cluster: ClusterState, link: BusLink) -> None:
@@ -180,3 +188,83 @@ def test_the_header_follows_our_flags() -> None:
 
     frames, _bus = _run(m.CAP_BATCH, sends)
     assert [m.decode(frame).flags for frame in frames] == [4, 4 | 128]
+
+
+# -- new jobs' copies wait for the next turns (ClusterBus.flush) ------------------
+
+def _writes_per_turn(turns: list[Callable[[ClusterState], None]],
+                     caps: int = m.CAP_BATCH) -> tuple[list[int], list[bytes]]:
+    """``turns[i]`` runs in event-loop turn i (then empty turns); the number
+    of writes the link made by the end of each turn, and its frames."""
+    cluster, _link, transport = _linked(caps)
+    seen: list[int] = []
+
+    async def run() -> None:
+        for sends in [*turns, *[lambda _cluster: None] * (HOLD_TURNS + 2)]:
+            sends(cluster)
+            await asyncio.sleep(0)  # the flush (or its hold) runs, then us
+            seen.append(len(transport.written))
+
+    asyncio.run(run())
+    return seen, m.FrameReader().feed(b"".join(transport.written))
+
+
+def _copies(first: int, count: int) -> Callable[[ClusterState], None]:
+    def sends(cluster: ClusterState) -> None:
+        key = cluster.header_key(m.REPLJOB)
+        for i in range(first, first + count):
+            cluster.send_entry(PEER, key, _blob(i))
+    return sends
+
+
+def test_new_jobs_copies_wait_while_each_turn_brings_more() -> None:
+    """Unpipelined clients: every turn reads a few more ADDJOBs.  Their
+    REPLJOB waits HOLD_TURNS turns at most, then leaves as one message with
+    every copy of those turns, in order; the turns after it start anew."""
+    assert HOLD_TURNS >= 1
+    turns = [_copies(3 * i, 3) for i in range(HOLD_TURNS + 2)]
+    seen, frames = _writes_per_turn(turns)
+    assert seen[:HOLD_TURNS + 1] == [0] * HOLD_TURNS + [1]
+    decoded = [m.decode(frame) for frame in frames]
+    assert decoded[0].numjobs == 3 * (HOLD_TURNS + 1)
+    assert b"".join(msg.payload for msg in decoded) == b"".join(
+        _blob(i) for i in range(3 * len(turns)))
+    assert seen[-1] == 2  # the last turn's copies, held on their own, left too
+
+
+def test_a_lone_jobs_copies_wait_one_turn_only() -> None:
+    """One client's ADDJOB: the next turn brings no more copies, so the
+    REPLJOB leaves then (one non-blocking poll later), never on a timer."""
+    seen, frames = _writes_per_turn([_copies(0, 1)])
+    assert seen[:2] == [0, 1]
+    assert [m.decode(frame).numjobs for frame in frames] == [1]
+
+
+def test_other_messages_leave_at_the_end_of_their_turn() -> None:
+    """GOTJOBs (a peer confirming copies) and other job messages are not
+    held: the creator's client waits on them."""
+    def sends(cluster: ClusterState) -> None:
+        for job_id in JOB_IDS[:3]:
+            cluster.send_job_id(PEER, m.GOTJOB, job_id, 0)
+        cluster.send_job_id(PEER, m.QUEUED, JOB_IDS[3], 0)
+
+    seen, frames = _writes_per_turn([sends])
+    assert seen[0] == 1
+    assert [(m.decode(f).type, m.decode(f).numjobs) for f in frames] == [
+        (m.GOTJOB, 3), (m.QUEUED, 0)]
+
+
+def test_copies_to_the_original_are_not_held() -> None:
+    """A link to the original takes one REPLJOB per job, so holding them
+    would batch nothing: they leave at the end of the turn."""
+    seen, frames = _writes_per_turn([_copies(0, 2), _copies(2, 2)], caps=0)
+    assert seen[:2] == [1, 2]
+    assert len(frames) == 4
+
+
+def test_a_pipelined_burst_is_not_held() -> None:
+    """A turn whose copies filled a run (EARLY_WRITE_ENTRIES, written at once)
+    is a pipelined burst: its remainder leaves at the end of the turn."""
+    seen, frames = _writes_per_turn([_copies(0, EARLY_WRITE_ENTRIES + 3)])
+    assert seen[0] == 2
+    assert [m.decode(frame).numjobs for frame in frames] == [EARLY_WRITE_ENTRIES, 3]
