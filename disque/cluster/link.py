@@ -184,9 +184,10 @@ class BusLink(asyncio.Protocol):
             self.bus.want_flush(self)
 
     def queued_copies(self) -> int:
-        """Copies of new jobs (REPLJOB entries) waiting for the flush."""
+        """Copies of new jobs (REPLJOB entries) waiting for the flush, when
+        they are all the link has to send (0 otherwise)."""
         run = self._run
-        if run and is_repljob_key(self._run_key):
+        if run and not self._out and is_repljob_key(self._run_key):
             return len(run)
         return 0
 

@@ -229,7 +229,9 @@ def test_new_jobs_copies_wait_while_each_turn_brings_more() -> None:
     assert decoded[0].numjobs == 3 * (HOLD_TURNS + 1)
     assert b"".join(msg.payload for msg in decoded) == b"".join(
         _blob(i) for i in range(3 * len(turns)))
-    assert seen[-1] == 2  # the last turn's copies, held on their own, left too
+    # The last turn's copies start a hold of their own, which the empty
+    # turn after them ends.
+    assert seen == [0] * HOLD_TURNS + [1, 1, 2] + [2] * (HOLD_TURNS + 1)
 
 
 def test_a_lone_jobs_copies_wait_one_turn_only() -> None:
@@ -268,3 +270,43 @@ def test_a_pipelined_burst_is_not_held() -> None:
     seen, frames = _writes_per_turn([_copies(0, EARLY_WRITE_ENTRIES + 3)])
     assert seen[0] == 2
     assert [m.decode(frame).numjobs for frame in frames] == [EARLY_WRITE_ENTRIES, 3]
+
+
+def test_copies_sent_beside_other_messages_are_not_held() -> None:
+    """Only a link with nothing but copies to send waits: a GOTJOB (this
+    node confirms another one's jobs while making its own) goes at the end
+    of the turn, with the copies queued after it."""
+    def sends(cluster: ClusterState) -> None:
+        cluster.send_job_id(PEER, m.GOTJOB, JOB_IDS[0], 0)
+        _copies(0, 2)(cluster)
+
+    seen, frames = _writes_per_turn([sends])
+    assert seen[0] == 1
+    assert [(m.decode(f).type, m.decode(f).numjobs) for f in frames] == [
+        (m.GOTJOB, 0), (m.REPLJOB, 2)]
+
+
+def test_after_a_burst_copies_are_held_again() -> None:
+    """The burst rule lasts one turn: unpipelined copies after a pipelined
+    burst wait as before."""
+    seen, frames = _writes_per_turn([_copies(0, EARLY_WRITE_ENTRIES + 3), lambda c: None,
+                                     _copies(100, 2)])
+    assert seen[:4] == [2, 2, 2, 3]
+    assert [m.decode(frame).numjobs for frame in frames] == [EARLY_WRITE_ENTRIES, 3, 2]
+
+
+def test_stopping_writes_what_a_hold_kept() -> None:
+    """A node stopping while copies wait writes them before closing its links."""
+    cluster, link, transport = _linked(m.CAP_BATCH)
+
+    async def run() -> None:
+        _copies(0, 2)(cluster)
+        await asyncio.sleep(0)  # the end-of-turn flush holds them
+        assert transport.written == []
+        link.bus.stop()
+        await asyncio.sleep(0)  # the held flush runs after stop: a no-op
+
+    asyncio.run(run())
+    assert link.closed
+    assert [m.decode(frame).numjobs for frame in m.FrameReader().feed(
+        b"".join(transport.written))] == [2]
