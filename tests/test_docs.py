@@ -289,7 +289,10 @@ def test_cluster_tour(tmp_path: Path) -> None:
     """
     from tests.support.cluster import bus_free_port
 
-    ports = {7711: bus_free_port(), 7712: bus_free_port(), 7713: bus_free_port()}
+    while True:  # three distinct ports (each call released its port: it may come back)
+        ports = {7711: bus_free_port(), 7712: bus_free_port(), 7713: bus_free_port()}
+        if len(set(ports.values())) == 3:
+            break
     doc_port = re.compile(r"\b(771[123])\b")
     doc_id = re.compile(r"D-[0-9a-f]{4}\.\.\.-[0-9a-f]{4}")
     steps: list[tuple[str, list[str]]] = []

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.metrics import scrape, value
-from tests.support.process import DisqueProcess, free_port, wait_for
+from tests.support.process import DisqueProcess, free_port, free_ports, wait_for
 from tests.support.tls import Certificates, make_certificates, tls_args
 
 
@@ -23,7 +23,7 @@ def certs(tmp_path_factory) -> Certificates:
 
 
 def start(server_factory, certs: Certificates, auth_clients: str = "yes") -> DisqueProcess:
-    tls_port, metrics_port = free_port(), free_port()
+    tls_port, metrics_port = free_ports(2)
     node = server_factory(*tls_args(certs, tls_port, auth_clients),
                           "--metrics-port", str(metrics_port))
     node.tls_port = tls_port  # type: ignore[attr-defined]

@@ -114,12 +114,14 @@ def test_expired_leases_bound_the_duplicates(server, tmp_path: Path) -> None:
     produced = client.add_jobs("events", [f"job-{i}" for i in range(800)], retry=1)
     app = start_app(server.port, tmp_path, "--max-jobs", "200", "--batch-delay", "1.5")
     try:
-        wait_for(lambda: batches_done(tmp_path) >= 1, timeout=180, interval=0.2,
-                 message=lambda: (tmp_path / "app.log").read_text()[-3000:])
+        # Killed with a batch staged, as the test above: right after a batch
+        # is done the next one may not have fetched its jobs yet.
+        wait_for(lambda: batches_done(tmp_path) >= 1 and staged_ids(tmp_path), timeout=180,
+                 interval=0.2, message=lambda: (tmp_path / "app.log").read_text()[-3000:])
     finally:
         kill_group(app)
     leased = staged_ids(tmp_path)
-    assert leased
+    assert leased, "the kill should leave a staged, unacknowledged batch"
     # Without heartbeats the node queues the staged jobs again after RETRY.
     # A batch whose ACK went out just before the kill can still be staged
     # (the source ACKs, then removes the staged copy): its jobs are gone

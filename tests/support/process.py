@@ -57,6 +57,27 @@ def free_port() -> int:
             return port
 
 
+def free_ports(count: int) -> list[int]:
+    """``count`` distinct loopback ports nobody listens on now.
+
+    Each is held bound until all are picked: two free_port() calls in a row
+    may get the same port back (it was released in between), and a node
+    given it twice (TLS and metrics) cannot start.
+    """
+    socks: list[socket.socket] = []
+    try:
+        while len(socks) < count:
+            sock = socket.socket()
+            socks.append(sock)
+            sock.bind(("127.0.0.1", 0))
+            if sock.getsockname()[1] > MAX_NODE_PORT:
+                socks.pop().close()
+        return [sock.getsockname()[1] for sock in socks]
+    finally:
+        for sock in socks:
+            sock.close()
+
+
 class DisqueProcess:
     """One disque-server process in its own directory."""
 
