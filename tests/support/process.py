@@ -49,16 +49,12 @@ MAX_NODE_PORT = 55535
 
 def free_port() -> int:
     """A loopback port nobody listens on now, usable as a node's client port."""
-    while True:
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            port = sock.getsockname()[1]
-        if port <= MAX_NODE_PORT:
-            return port
+    return free_ports(1)[0]
 
 
 def free_ports(count: int) -> list[int]:
-    """``count`` distinct loopback ports nobody listens on now.
+    """``count`` distinct loopback ports nobody listens on now, each usable
+    as a node's client port (at most MAX_NODE_PORT: the bus is at + 10000).
 
     Each is held bound until all are picked: two free_port() calls in a row
     may get the same port back (it was released in between), and a node
