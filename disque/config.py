@@ -112,15 +112,6 @@ def _secret(text: str) -> str:
     return text
 
 
-def _memory_nonzero(text: str) -> int:
-    value = parse_memory(text)
-    if value <= 0:
-        # The original accepted 0 and then believed it was always out of
-        # memory.
-        raise ValueError("maxmemory must be greater than zero")
-    return value
-
-
 def _memory_at_least(least: int) -> Callable[[str], int]:
     """A memory value of at least ``least`` bytes.
 
@@ -179,7 +170,8 @@ DIRECTIVES: dict[str, Directive] = {d.name: d for d in [
     Directive("tcp-keepalive", _int_range(0, 2 ** 31 - 1), 300),
     Directive("tcp-backlog", _int_range(1, 65535), 511, mutable=False),
     Directive("maxclients", _int_range(1, 1_000_000), 10000),
-    Directive("maxmemory", _memory_nonzero, 1024 ** 3, format_memory),
+    Directive("maxmemory", parse_memory, 1024 ** 3, format_memory,
+              doc="limit of the node's data (INFO used_memory); 0: always at the 95% level"),
     Directive("maxmemory-policy", _choice("acks", "noeviction"), "acks",
               doc="acks: evict acked and delivered at-most-once jobs at 95%"),
     Directive("proto-max-bulk-len", _memory_at_least(1024 ** 2), 512 * 1024 ** 2,

@@ -1,22 +1,37 @@
 """Memory accounting and the out-of-memory rules (the original README's FAQ).
 
-Python's RSS is a poor signal for decisions: freed objects go back to the
-allocator, not to the OS, so RSS stays high after a burst and would keep
-the node "out of memory" forever.  Instead the node keeps an account of the
-bytes it holds for users: each job costs its body plus a fixed overhead
-measured for this implementation (``JOB_OVERHEAD_BYTES``, checked against
-tracemalloc in the tests), each queue and queued entry likewise.  The
-process's resident size at start-up is added as a base, so ``used_memory``
-approximates what the process uses.  Updating the account is an integer
-addition, so checking the level before every command costs nothing.
+``used_memory`` counts what the original's allocator count counts: the
+node's data, not the interpreter.  It is the sum of
+
+* a fixed **start-up share** (:data:`STARTUP_BYTES`): the node's own tables
+  before it holds anything (the job and queue tables' 4096 slices each),
+  comparable to the original's ~0.75 MB at start;
+* the **dataset**: each job costs its body plus a fixed overhead measured
+  for this implementation (``jobs.JOB_OVERHEAD_BYTES``, checked against
+  tracemalloc in the tests), each queue and queued entry likewise, each IDMP
+  key; an acked job is a job until it is forgotten.  Updating it is an
+  integer addition, so checking the level before every command costs nothing;
+* the **buffers**: bytes waiting in clients' query and reply buffers and in
+  the cluster bus links, summed by the server's cron once a second.
+
+The Python process itself (~30 MB resident before it holds a job) is not
+counted: ``used_memory_rss`` reports it.  Python never gives freed memory
+back to the OS promptly either, so RSS stays high after a burst and would
+keep the node "full" forever; the account does not.
 
 Levels, as a fraction of ``maxmemory``:
 
 * ≥ 75%: new jobs are replicated to other nodes without a local copy (when
-  other nodes can take them), idle queues are evicted after 10 s;
+  other nodes can take them), copies from other nodes are refused, idle
+  queues are evicted after 10 s;
 * ≥ 95%: before commands run, acked jobs and delivered at-most-once jobs
   are evicted (oldest first) and idle queues after 2 s;
 * ≥ 100%: commands that would use more memory get ``-OOM``.
+
+``maxmemory 0`` means what it means to the original: the node is always at
+least at the 95% level (no local copies of new jobs where other nodes can
+take them, copies refused, idle queues evicted after 2 s), but nothing is
+evicted and nothing refused with ``-OOM``.
 """
 
 from __future__ import annotations
@@ -24,17 +39,26 @@ from __future__ import annotations
 import logging
 import os
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 if TYPE_CHECKING:
     from .state import ServerState
 
-__all__ = ["MemoryTracker", "rss_bytes", "free_memory_if_needed", "smallest_limit"]
+__all__ = ["MemoryTracker", "STARTUP_BYTES", "rss_bytes", "free_memory_if_needed",
+           "limit_warning"]
 
 log = logging.getLogger("disque.memory")
 
 #: Eviction stops after this long, so one command never stalls the loop.
 EVICTION_BUDGET_S = 0.001
+
+#: The node's share of ``used_memory`` before it holds anything: its job and
+#: queue tables (keyspace.SLICES dicts each, ~590 kB) and the rest of its
+#: state; checked against tracemalloc in the tests.
+STARTUP_BYTES: Final = 600 * 1024
+
+#: The memory level when ``maxmemory`` is 0 (see the module's docstring).
+UNLIMITED_LEVEL: Final = 2
 
 
 def rss_bytes() -> int:
@@ -46,60 +70,54 @@ def rss_bytes() -> int:
         return 0
 
 
-def _mb(nbytes: int) -> str:
-    return f"{nbytes / 1024 ** 2:.1f}mb"
+def _human(nbytes: int) -> str:
+    return f"{nbytes / 1024 ** 2:.2f}mb" if nbytes >= 1024 ** 2 else f"{nbytes / 1024:.1f}kb"
 
 
-def smallest_limit(base: int) -> int:
-    """The least ``maxmemory`` under which one small job in a new queue fits.
+def limit_warning(maxmemory: int, used: int, startup: int, rss: int) -> str | None:
+    """What an operator should know about ``maxmemory``, or None for a usual limit.
 
-    ``base`` (the process's size at start-up) counts in ``used_memory``, so
-    a limit at or below it refuses every ADDJOB with -OOM.
+    Such limits are taken (the original's tools set 1 or 3mb on purpose to
+    reach the memory levels), never refused; the node says what they mean.
     """
-    from .jobs import JOB_OVERHEAD_BYTES
-    from .queue import QUEUE_ENTRY_BYTES, QUEUE_OVERHEAD_BYTES
-
-    return base + JOB_OVERHEAD_BYTES + QUEUE_OVERHEAD_BYTES + QUEUE_ENTRY_BYTES + 1
-
-
-def limit_problem(maxmemory: int, base: int) -> str | None:
-    """Why ``maxmemory`` cannot hold a single job on top of ``base``, or None."""
-    least = smallest_limit(base)
-    if maxmemory >= least:
-        return None
-    return (f"maxmemory {maxmemory} ({_mb(maxmemory)}) cannot hold a single job: the node "
-            f"itself uses {base} bytes ({_mb(base)}, its size at start-up, counted in "
-            f"used_memory), so every ADDJOB would get -OOM; the least that holds one job "
-            f"is {least}, and real work needs much more")
+    if maxmemory == 0:
+        return ("maxmemory is 0: as in the original Disque, the node is then always at "
+                "its 95% memory level: new jobs get no local copy where other nodes can "
+                "take them, copies from other nodes are refused and idle queues are "
+                "evicted after 2 s (nothing is evicted or refused with -OOM). Set a "
+                "limit in bytes to bound the node's data")
+    if maxmemory * 20 <= used * 19:
+        return (f"maxmemory {maxmemory} ({_human(maxmemory)}) is below 95% of what the "
+                f"node holds now (used_memory {used} = start-up {startup} + data and "
+                f"buffers {used - startup}): acked and delivered at-most-once jobs are "
+                "evicted before every command and commands that add data get -OOM")
+    if rss and maxmemory < rss:
+        return (f"maxmemory {maxmemory} ({_human(maxmemory)}) limits the node's data "
+                f"(used_memory, now {used}), not the process, whose resident size is "
+                f"{rss} ({_human(rss)}) now; size it as described under Memory in "
+                "docs/SERVER.md")
+    return None
 
 
 class MemoryTracker:
-    __slots__ = ("_maxmemory", "accounted", "base", "peak")
+    """``used_memory`` = start-up share + dataset + buffers, and its levels."""
 
-    def __init__(self, maxmemory: int, base: int | None = None) -> None:
-        self.base = rss_bytes() if base is None else base
+    __slots__ = ("accounted", "buffers", "client_buffers", "maxmemory", "peak", "startup")
+
+    def __init__(self, maxmemory: int, startup: int = STARTUP_BYTES) -> None:
+        self.maxmemory = maxmemory
+        self.startup = startup
+        #: The dataset: jobs, queues, queued entries, IDMP keys.
         self.accounted = 0
-        self.peak = self.base
-        # At start-up a limit that is too small is logged, not refused: the
-        # baseline is only known once the process runs, and the node still
-        # answers reads and admin commands (CONFIG SET can fix the limit).
-        self._maxmemory = maxmemory
-        problem = limit_problem(maxmemory, self.base)
-        if problem is not None:
-            log.warning("WARNING: %s. Raise it with CONFIG SET maxmemory or --maxmemory.",
-                        problem)
+        #: Client and cluster link buffers, as last summed (set_buffers).
+        self.buffers = 0
+        self.client_buffers = 0
+        self.peak = startup
 
-    @property
-    def maxmemory(self) -> int:
-        return self._maxmemory
-
-    @maxmemory.setter
-    def maxmemory(self, value: int) -> None:
-        """Refuses (ValueError) a limit that cannot hold one job (CONFIG SET)."""
-        problem = limit_problem(value, self.base)
-        if problem is not None:
-            raise ValueError(problem)
-        self._maxmemory = value
+    def set_buffers(self, clients: int, links: int) -> None:
+        """The bytes now waiting in client buffers and in cluster bus links."""
+        self.client_buffers = clients
+        self.buffers = clients + links
 
     def add(self, nbytes: int) -> None:
         self.accounted += nbytes
@@ -109,15 +127,17 @@ class MemoryTracker:
 
     @property
     def used(self) -> int:
-        used = self.base + self.accounted
+        used = self.startup + self.accounted + self.buffers
         if used > self.peak:
             self.peak = used
         return used
 
     def level(self) -> int:
         """0 normal, 1 above 75%, 2 above 95%, 3 at or above 100% of maxmemory."""
-        used = self.base + self.accounted
-        limit = self._maxmemory
+        limit = self.maxmemory
+        if limit == 0:
+            return UNLIMITED_LEVEL
+        used = self.startup + self.accounted + self.buffers
         if used * 20 <= limit * 15:
             return 0
         if used * 20 <= limit * 19:
@@ -128,12 +148,16 @@ class MemoryTracker:
 
 
 def free_memory_if_needed(state: ServerState) -> int:
-    """Evict what may be evicted until under 95%; return the level after it."""
+    """Evict what may be evicted until under 95%; return the level after it.
+
+    With ``maxmemory 0`` nothing is evicted (the original skips this step
+    without a limit), so the level stays below the -OOM one.
+    """
     from .jobs import unregister_job
 
     memory = state.memory
     level = memory.level()
-    if level < 2 or state.config.maxmemory_policy == "noeviction":
+    if level < 2 or memory.maxmemory == 0 or state.config.maxmemory_policy == "noeviction":
         return level
     deadline = time.perf_counter() + EVICTION_BUDGET_S
     evicted = 0

@@ -55,6 +55,9 @@ BUS_MESSAGE_SLACK = 1024 * 1024
 
 #: Idle queues are looked at every 100 ms, like the original's evictIdleQueues.
 QUEUE_EVICTION_PERIOD_S = 0.1
+#: How often the client and bus link buffers are summed into used_memory:
+#: a walk over every connection, so not on every cron run.
+BUFFERS_PERIOD_S = 1.0
 
 
 class DisqueServer:
@@ -66,6 +69,7 @@ class DisqueServer:
         self._cron_handle: asyncio.TimerHandle | None = None
         self._cron_deadline = 0.0
         self._last_queue_eviction = 0.0
+        self._last_buffers_sum = 0.0
         self._collector = CollectorPolicy(time.monotonic())
         self._collector.install()
         self._stopped = asyncio.Event()
@@ -250,6 +254,9 @@ class DisqueServer:
             now = time.monotonic()
             state.sample_ops()
             self._collector.tick(now)
+            if now - self._last_buffers_sum >= BUFFERS_PERIOD_S:
+                self._last_buffers_sum = now
+                _sum_buffers(state)
             state.memory.used  # noqa: B018 - updates the peak
             if state.aof is not None:
                 state.aof.cron()
@@ -330,6 +337,15 @@ class DisqueServer:
 
     async def wait_stopped(self) -> None:
         await self._stopped.wait()
+
+
+def _sum_buffers(state: ServerState) -> None:
+    """What waits in client and bus link buffers, into used_memory."""
+    clients = 0
+    for client in state.clients.values():
+        clients += client.output_pending() + client.input_pending()
+    links = state.bus.buffered_bytes() if state.bus is not None else 0
+    state.memory.set_buffers(clients, links)
 
 
 def _bus_port_free(bind: list[str], port: int) -> bool:

@@ -10,6 +10,7 @@ take it as their first argument.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections import deque
 from collections.abc import Callable
@@ -25,7 +26,7 @@ from .dedup import DedupIndex
 from .job import Job, JobIdGenerator
 from .jobs import JobRegistry
 from .latency import REPLICATION_BUCKETS_S, LatencyHistogram
-from .memory import MemoryTracker
+from .memory import MemoryTracker, limit_warning, rss_bytes
 from .queue import QUEUE_OVERHEAD_BYTES, Queue, QueueRegistry
 
 if TYPE_CHECKING:
@@ -34,6 +35,8 @@ if TYPE_CHECKING:
     from .replication import BlockedAdd
 
 __all__ = ["ServerState", "Stats"]
+
+log = logging.getLogger("disque.state")
 
 #: Recent job times kept for sharing (see ServerState.shared_int).
 SHARED_INTS = 4096
@@ -72,14 +75,14 @@ def _no_timer(when_ms: int) -> None:
 
 
 class ServerState:
-    def __init__(self, config: Config, cluster: ClusterState, clock: Clock | None = None,
-                 memory_base: int | None = None) -> None:
+    def __init__(self, config: Config, cluster: ClusterState, clock: Clock | None = None) -> None:
         self.config = config
         self.clock = clock or Clock()
         self.cluster = cluster
         self.jobs = JobRegistry()
         self.queues = QueueRegistry()
-        self.memory = MemoryTracker(config.maxmemory, memory_base)
+        self.memory = MemoryTracker(config.maxmemory)
+        self._warn_about_maxmemory()
         self.ids = JobIdGenerator(cluster.myself_id)
         self.stats = Stats()
         self.clients: dict[int, ClientConnection] = {}
@@ -146,6 +149,13 @@ class ServerState:
 
     def _set_maxmemory(self, value: int) -> None:
         self.memory.maxmemory = value
+        self._warn_about_maxmemory()
+
+    def _warn_about_maxmemory(self) -> None:
+        memory = self.memory
+        warning = limit_warning(memory.maxmemory, memory.used, memory.startup, rss_bytes())
+        if warning is not None:
+            log.warning("WARNING: %s.", warning)
 
     def _set_idmp_max_keys(self, value: int) -> None:
         self.dedup.max_keys = value

@@ -158,6 +158,16 @@ class ClusterBus:
         if old_ping_sent:
             node.ping_sent = old_ping_sent
 
+    def buffered_bytes(self) -> int:
+        """Bytes held in every link's buffers (BusLink.buffered_bytes)."""
+        total = 0
+        for link in self.inbound:
+            total += link.buffered_bytes()
+        for node in self.cluster.nodes.values():
+            if node.link is not None:
+                total += node.link.buffered_bytes()
+        return total
+
     def link_lost(self, link: BusLink) -> None:
         self.inbound.discard(link)
         node = link.node

@@ -223,6 +223,12 @@ class BusLink(asyncio.Protocol):
                         self.peer_ip)
             self.close()
 
+    def buffered_bytes(self) -> int:
+        """Bytes held for this link: an incomplete message read, and output
+        the kernel has not taken yet (INFO mem_cluster_links)."""
+        written = self.transport.get_write_buffer_size() if self.transport is not None else 0
+        return self.reader.pending + written
+
     def close(self) -> None:
         if self.closed:
             return

@@ -50,6 +50,8 @@ class Link(Protocol):
 
     def close(self) -> None: ...
 
+    def buffered_bytes(self) -> int: ...
+
 
 @dataclass(eq=False)
 class ClusterNode:

@@ -53,7 +53,7 @@ class Node:
             cfg.set(name.replace("_", "-"), value)
         self.clock = ManualClock()
         cluster = ClusterState(ClusterNode(NODE_ID, "127.0.0.1", 7711), None)
-        self.state = ServerState(cfg, cluster, clock=self.clock, memory_base=0)
+        self.state = ServerState(cfg, cluster, clock=self.clock)
         self.client = LocalClient()
 
     def __call__(self, *args: Any) -> Any:

@@ -121,7 +121,7 @@ def test_bad_idmp_options(r: redis.Redis, args: list[str], error: str) -> None:
 def test_keys_count_in_memory_and_max_keys_evicts_oldest(server_factory) -> None:
     node: DisqueProcess = server_factory("--idmp-max-keys", "3")
     r = node.client()
-    before = r.info("memory")["used_memory_jobs_and_queues"]
+    before = r.info("memory")["used_memory_dataset"]
     ids = [r.execute_command("ADDJOB", "q", "b", 0, "IDMP", f"k{i}",
                              "IDMP-WINDOW", 100 + i) for i in range(4)]
     info = ext_info(r)
@@ -129,7 +129,7 @@ def test_keys_count_in_memory_and_max_keys_evicts_oldest(server_factory) -> None
     # k0 (closest to its end) was evicted: its retry adds a job; k1 is kept.
     assert r.execute_command("ADDJOB", "q", "b", 0, "IDMP", "k1") == ids[1]
     assert r.execute_command("ADDJOB", "q", "b", 0, "IDMP", "k0") not in ids
-    used = r.info("memory")["used_memory_jobs_and_queues"]
+    used = r.info("memory")["used_memory_dataset"]
     # Five jobs plus three keys (the node runs the same core as this process).
     assert used > before + 5 * JOB_OVERHEAD_BYTES + 3 * 360
     r.execute_command("CONFIG", "SET", "idmp-max-keys", "100")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import tracemalloc
 
 import pytest
@@ -10,6 +11,7 @@ from disque.ack import gc_retry_delay_ms
 from disque.cluster import ClusterNode
 from disque.job import JobState, ttl_minutes_from_id
 from disque.jobs import JOB_OVERHEAD_BYTES
+from disque.memory import STARTUP_BYTES
 from disque.protocol import NULL_ARRAY, ReplyError
 from disque.queue import QUEUE_ENTRY_BYTES
 
@@ -209,6 +211,21 @@ def test_memory_accounting_matches_tracemalloc() -> None:
         tracemalloc.stop()
     accounted = node.state.memory.accounted - before_accounted
     assert accounted == pytest.approx(traced, rel=0.2), (accounted / 20_000, traced / 20_000)
+
+
+def test_startup_share_matches_tracemalloc() -> None:
+    """STARTUP_BYTES must describe what a new node's state really costs (±20%)."""
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        node = Node()
+        gc.collect()
+        traced = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert node.state.memory.used == STARTUP_BYTES
+    assert traced == pytest.approx(STARTUP_BYTES, rel=0.2), traced
 
 
 def test_memory_eviction_and_oom() -> None:
