@@ -19,7 +19,7 @@ the node's ``main``) is not counted either: the totals are those of
 callgrind's dump taken as it is entered.  Its cost depends on the clock, not
 on the commands: it runs full garbage collections, which walk every object
 the collector still sees, and the node's collector policy
-(disque/gcpolicy.py) hides the start-up heap from them only at its first
+(disque/cyclic_gc.py) hides the start-up heap from them only at its first
 ``gc.freeze()``, on the first cron tick a second after start.  A node shut
 down before that tick spent ~32 M more instructions exiting than one shut
 down after it (40.6 M against 8.4 M), so when only the larger run reached

@@ -13,14 +13,15 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from .clock import random_time_error
-from .completion import job_completed
-from .job import ACKED, QUEUED, WAIT_REPL, Job, ttl_minutes_from_id
-from .jobs import register_job, unregister_job, update_awake_time
+from .job import ACKED, QUEUED, Job, ttl_minutes_from_id
+from .jobs import register_job, unregister_job
 from .queue import dequeue_job
+from .schedule import update_awake_time
+from .waitjob import job_completed
 
 if TYPE_CHECKING:
     from .cluster.messages import Message
-    from .cluster.state import ClusterNode
+    from .cluster.node import ClusterNode
     from .state import ServerState
 
 __all__ = ["acknowledge_job", "acked_elsewhere", "try_job_gc", "create_dummy_ack", "fast_ack",
@@ -46,18 +47,13 @@ def acknowledge_job(state: ServerState, job: Job, gc_follows: bool = False) -> b
         return False
     if job.state == QUEUED:
         dequeue_job(state, job)
-    elif job.state == WAIT_REPL:
-        # Acked before its copies were confirmed: the job was processed, so
-        # its ADDJOB gets the ID now rather than waiting (or -NOREPL later).
-        from .replication import replication_achieved_by_ack
-        replication_achieved_by_ack(state, job)
     job.state = ACKED
     job.confirmed = _NOBODY
     job.qtime = 0
     state.jobs.evictable_add(job)
-    if state.job_acked_hooks:
-        state.on_job_acked(job)
-    job_completed(state, job.id)  # WAITJOB
+    # An ADDJOB still waiting for this job's copies gets its ID (the job was
+    # processed), WAITJOB clients +ACKED, the AOF an ACK record.
+    state.events.job_acked(state, job)
     if not gc_follows:
         # Every acked copy runs the GC too, with the backoff (the original's
         # updateJobAwakeTime): if the DELJOB of the node that completes it
@@ -148,38 +144,18 @@ def fast_ack(state: ServerState, job_id: bytes) -> bool:
 # Bus messages of the GC (SETACK, GOTACK, DELJOB)
 # --------------------------------------------------------------------------
 
-#: How long a collected job is refused if a copy of it arrives after all:
-#: longer than TCP keeps retransmitting one segment on a lossy link that our
-#: link checks do not close.
-ACKED_UNKNOWN_MS = 300_000
-#: At most this many IDs are remembered (the oldest go first): ~12 MB.  At
-#: tens of thousands of ACKs a second the window is shorter than the above.
-ACKED_UNKNOWN_MAX = 65_536
-
-
 def remember_collected(state: ServerState, job_id: bytes) -> None:
     """The job's ACK reached us (SETACK of a job we do not hold, or DELJOB):
     its GC may count us as confirmed and delete it everywhere, so a copy
     still on its way to us, a YOURJOBS or REPLJOB held back on a slow link
     (TCP orders one link, not two), must not be taken in when it lands, or
     a job whose ACK completed would be queued again."""
-    table = state.acked_unknown
-    order = state.acked_unknown_order
-    now = state.clock.now_ms()
-    while order and (order[0][0] <= now or len(table) >= ACKED_UNKNOWN_MAX):
-        until, old = order.popleft()
-        if table.get(old) == until:
-            del table[old]
-    key = bytes(job_id)
-    until = now + ACKED_UNKNOWN_MS
-    table[key] = until
-    order.append((until, key))
+    state.collected_acks.remember(job_id, state.clock.now_ms())
 
 
-def acked_elsewhere(state: ServerState, job_id: bytes) -> bool:
+def acked_elsewhere(state: ServerState, job_id: bytes, now: int) -> bool:
     """True for a job whose ACK reached us lately (see :func:`remember_collected`)."""
-    until = state.acked_unknown.get(job_id)
-    return until is not None and until > state.clock.now_ms()
+    return state.collected_acks.acked(job_id, now)
 
 
 def receive_setack(state: ServerState, sender: ClusterNode, msg: Message) -> None:

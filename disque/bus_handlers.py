@@ -13,7 +13,7 @@ from __future__ import annotations
 from functools import partial
 from typing import TYPE_CHECKING
 
-from . import ack, federation, replication, requeue
+from . import ack, copies, federation, replication, requeue
 from .cluster import messages
 from .queue import receive_pause
 
@@ -24,9 +24,9 @@ if TYPE_CHECKING:
 __all__ = ["register_job_messages"]
 
 HANDLERS = {
-    messages.REPLJOB: replication.receive_repljob,
+    messages.REPLJOB: copies.receive_repljob,
     messages.GOTJOB: replication.receive_gotjob,
-    messages.ENQUEUE: replication.receive_enqueue,
+    messages.ENQUEUE: copies.receive_enqueue,
     messages.QUEUED: requeue.receive_queued,
     messages.WILLQUEUE: requeue.receive_willqueue,
     messages.WORKING: requeue.receive_working,

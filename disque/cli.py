@@ -29,20 +29,22 @@ from __future__ import annotations
 
 import argparse
 import os
+import select
+import socket
 import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import IO, Any
 
+from redis.connection import BaseParser
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import InvalidResponse
 
 from . import __version__
 from .client import Client
 from .client._cluster import format_address
-from .client._wire import DisqueRESP2Parser
-from .exceptions import ConnectionFailed, DisqueError, ResponseError
+from .exceptions import ConnectionFailed, DisqueError, ResponseError, error_from_reply
 
 __all__ = ["main", "format_reply", "split_args", "Status"]
 
@@ -55,14 +57,70 @@ class Status(bytes):
     """A ``+status`` reply: printed without quotes, like redis-cli does."""
 
 
-class CliParser(DisqueRESP2Parser):
-    """RESP2 parser that marks status replies with :class:`Status`."""
+class CliParser(BaseParser):
+    """A RESP2 reply reader that keeps status replies apart (:class:`Status`),
+    so they print without quotes as in redis-cli; redis-py's parsers return a
+    status and a bulk string alike.
 
-    def _read_response(self, disable_decoding: Any = False,  # type: ignore[override]
-                       **kwargs: Any) -> Any:
-        raw = self._buffer.readline(**kwargs)
-        if not raw:
+    It plugs into the client's redis-py connections through their parser
+    interface (``parser_class``: ``on_connect``, ``read_response``,
+    ``can_read``, ``on_disconnect``) and reads the connected socket itself:
+    ``connection._sock``, which redis-py's own parsers read the same way.
+    Error replies become the client's exceptions (the client's parser does
+    the same).
+    """
+
+    def __init__(self, socket_read_size: int = 65536) -> None:
+        self._read_size = socket_read_size
+        self._sock: socket.socket | None = None
+        self._buffer = bytearray()
+
+    def on_connect(self, connection: Any) -> None:
+        self._sock = connection._sock
+        self._buffer.clear()
+
+    def on_disconnect(self) -> None:
+        self._sock = None
+        self._buffer.clear()
+
+    def can_read(self, timeout: float = 0) -> bool:
+        if self._buffer:
+            return True
+        if self._sock is None:
+            return False
+        readable, _, _ = select.select([self._sock], [], [], timeout)
+        return bool(readable)
+
+    def parse_error(self, response: str) -> Any:  # type: ignore[override]
+        return error_from_reply(response)
+
+    def read_response(self, disable_decoding: bool = False, **kwargs: Any) -> Any:
+        return self._reply()
+
+    def _fill(self) -> None:
+        if self._sock is None:
             raise RedisConnectionError("Connection closed by server.")
+        data = self._sock.recv(self._read_size)
+        if not data:
+            raise RedisConnectionError("Connection closed by server.")
+        self._buffer += data
+
+    def _line(self) -> bytes:
+        while (end := self._buffer.find(b"\r\n")) < 0:
+            self._fill()
+        line = bytes(self._buffer[:end])
+        del self._buffer[:end + 2]
+        return line
+
+    def _exactly(self, size: int) -> bytes:
+        while len(self._buffer) < size + 2:
+            self._fill()
+        data = bytes(self._buffer[:size])
+        del self._buffer[:size + 2]
+        return data
+
+    def _reply(self) -> Any:
+        raw = self._line()
         kind, payload = raw[:1], raw[1:]
         if kind == b"+":
             return Status(payload)
@@ -71,12 +129,11 @@ class CliParser(DisqueRESP2Parser):
         if kind == b":":
             return int(payload)
         if kind == b"$":
-            return None if payload == b"-1" else self._buffer.read(int(payload), **kwargs)
+            return None if payload == b"-1" else self._exactly(int(payload))
         if kind == b"*":
             if payload == b"-1":
                 return None
-            return [self._read_response(disable_decoding, **kwargs)
-                    for _ in range(int(payload))]
+            return [self._reply() for _ in range(int(payload))]
         raise InvalidResponse(f"Protocol Error: {raw!r}")
 
 

@@ -35,9 +35,9 @@ import time
 from collections import deque
 from typing import TYPE_CHECKING, Any, Final, cast
 
-from .blocking import NO_REPLY, Blocked, unblock
 from .commands import BLOCKED, execute
 from .protocol import CommandParser, ProtocolError, ReplyError, encode
+from .waiters import NO_REPLY, Blocked, unblock
 
 if TYPE_CHECKING:
     from .state import ServerState
@@ -68,7 +68,7 @@ class ReplyBatch:
     runs once the turn's ready callbacks (reads, timers) are done: the
     before-reply hooks first (the AOF: nothing may be acknowledged before it
     is logged, and with ``appendfsync always`` synced), then one ``write``
-    per connection that has replies.
+    per connection that has replies.  One per node, made by the server.
     """
 
     __slots__ = ("_connections", "_loop", "_scheduled", "_state")
@@ -96,12 +96,13 @@ class ReplyBatch:
         self.write(connections)
 
     def write(self, connections: list[ClientConnection]) -> None:
-        """Run the before-reply hooks, then write these connections' replies."""
+        """Write what the AOF logged, then these connections' replies."""
         try:
-            for hook in self._state.before_reply_hooks:
-                hook()
+            persistence = self._state.persistence
+            if persistence is not None:
+                persistence.before_reply()
         finally:
-            # Even if a hook failed (a bug: hooks handle their own I/O errors),
+            # Even if the AOF failed (a bug: it handles its own I/O errors),
             # every queued connection is written, or it would wait forever.
             for connection in connections:
                 connection.send_output()
@@ -111,7 +112,7 @@ class ReplySlot:
     """The place of one reply among replies that must leave in order.
 
     A replicating ADDJOB moved out of the connection's way waits here (the
-    slot is its ``blocked.client``: :func:`~disque.blocking.unblock` calls
+    slot is its ``blocked.client``: :func:`~disque.waiters.unblock` calls
     :meth:`resume`); a reply produced behind it is stored already encoded.
     """
 
@@ -137,11 +138,9 @@ def _overlappable(argv: list[bytes]) -> bool:
 
 
 class ClientConnection(asyncio.Protocol):
-    def __init__(self, state: ServerState) -> None:
+    def __init__(self, state: ServerState, batch: ReplyBatch) -> None:
         self.state = state
-        if state.reply_batch is None:
-            state.reply_batch = ReplyBatch(state)
-        self._batch: ReplyBatch = state.reply_batch
+        self._batch = batch
         self._out: list[bytes] = []   # replies waiting for the end of the loop turn
         self._out_bytes = 0
         self.id = next(_client_ids)
@@ -202,7 +201,7 @@ class ClientConnection(asyncio.Protocol):
         try:
             commands = self.parser.feed(data)
         except ProtocolError as err:
-            commands = getattr(err, "commands", [])
+            commands = err.commands
             self._protocol_error = str(err)
             self.pending.extend(commands)
             self.pending.append([])  # marker: reply with the error, then close
@@ -255,7 +254,8 @@ class ClientConnection(asyncio.Protocol):
             if self._close_silently:
                 break  # SHUTDOWN: the reply is the closed connection
             if reply is BLOCKED:
-                if getattr(self.blocked, "overlappable", False):
+                blocked = self.blocked
+                if blocked is not None and blocked.overlappable():
                     if out:  # the replies before it are due first
                         self._write(b"".join(out))
                         out = []

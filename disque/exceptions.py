@@ -3,8 +3,9 @@
 Why one tree: callers should be able to write ``except disque.DisqueError``
 and catch everything the client can throw, and pick finer cases by class
 instead of parsing message texts.  Server errors are matched by the first
-word of the ``-ERROR`` reply (the prefix Disque clients have always matched,
-see COMPAT.md); the full text stays in ``str(err)`` and ``err.message``::
+word of the ``-ERROR`` reply (the prefix Disque clients have always matched:
+the original's texts after it vary between versions); the full text stays in
+``str(err)`` and ``err.message``::
 
     DisqueError                   base of everything below
     ├── ConnectionFailed          no node answered (after every address, retry and

@@ -18,8 +18,8 @@ and joins their node list, so the ACK's garbage collection reaches it.
 Never: a leaving node asks for jobs; a node exports jobs while it imports
 the same queue itself; an acked job is queued again by an import.
 
-Per-queue state lives in :class:`QueueFederation`, made on first use, so
-queues that never federate cost nothing.
+Per-queue state lives in ``queue_table.QueueFederation``, made on first
+use, so queues that never federate cost nothing.
 """
 
 from __future__ import annotations
@@ -28,20 +28,21 @@ from typing import TYPE_CHECKING
 
 from .ack import acked_elsewhere
 from .cluster import messages
-from .deadletter import merge_copy
+from .copies import adopt_copy, jobs_in, merge_copy
 from .job import ACKED, FLAG_BCAST_QUEUED, Job, serialize_job
-from .jobext import bus_trailer
+from .job_options import bus_trailer
 from .jobs import register_job, unregister_job
-from .queue import PAUSED_OUT, Queue, dequeue_job, enqueue_job
-from .replication import adopt_copy, jobs_in
+from .queue import dequeue_job, enqueue_job
+from .queue_table import PAUSED_OUT, Queue, QueueFederation
+from .waiters import BlockedGet
 
 if TYPE_CHECKING:
     from .cluster.messages import Message
-    from .cluster.state import ClusterNode
+    from .cluster.node import ClusterNode
     from .state import ServerState
 
-__all__ = ["QueueFederation", "import_from", "import_rate", "need_jobs", "need_jobs_cron",
-           "receive_needjobs", "receive_yourjobs"]
+__all__ = ["import_from", "import_rate", "need_jobs", "need_jobs_cron", "receive_needjobs",
+           "receive_yourjobs"]
 
 #: A node that sent jobs within this long is a responder.
 RESPONDER_WINDOW_MS = 5000
@@ -56,26 +57,6 @@ MAX_YOURJOBS_BYTES = 16 * 1024 * 1024
 MAX_ATTEMPT = 16
 #: The import rate is 0 once its newest second is this old.
 RATE_STALE_MS = 5000
-
-
-class QueueFederation:
-    """What one queue remembers about asking for and importing jobs."""
-
-    __slots__ = ("adhoc_attempt", "adhoc_time", "bcast_attempt", "bcast_time", "cur_count",
-                 "cur_start", "prev_count", "prev_start", "responders")
-
-    def __init__(self) -> None:
-        self.bcast_time = 0
-        self.bcast_attempt = 0
-        self.adhoc_time = 0
-        self.adhoc_attempt = 0
-        #: node ID -> when it last sent us jobs for this queue (ms).
-        self.responders: dict[str, int] = {}
-        # Jobs imported in the current and the previous second.
-        self.cur_start = 0
-        self.cur_count = 0
-        self.prev_start = 0
-        self.prev_count = 0
 
 
 def _fed(q: Queue) -> QueueFederation:
@@ -145,7 +126,9 @@ def need_jobs_cron(state: ServerState) -> None:
     asked: set[bytes] = set()
     for client in list(state.clients.values()):
         blocked = client.blocked
-        for q in getattr(blocked, "queues", ()):
+        if not isinstance(blocked, BlockedGet):
+            continue  # not waiting for jobs (a replicating ADDJOB, a WAITJOB)
+        for q in blocked.queues:
             if q.name not in asked and not q.jobs:
                 asked.add(q.name)
                 need_jobs(state, q)
@@ -193,7 +176,7 @@ def receive_yourjobs(state: ServerState, sender: ClusterNode, msg: Message) -> N
         if copy.state == ACKED:
             continue  # never import an acked job
         job = state.jobs.get(copy.id)
-        if job is None and acked_elsewhere(state, copy.id):
+        if job is None and acked_elsewhere(state, copy.id, now):
             continue  # its ACK's GC completed while it travelled
         if job is None:
             job = copy

@@ -93,7 +93,7 @@ def _jobs(state: ServerState) -> list[tuple[str, object]]:
 def _extensions(state: ServerState) -> list[tuple[str, object]]:
     """Counters of the extensions (docs/EXTENSIONS.md): only with ``INFO extensions``,
     so that a client of the original sees the original's sections."""
-    dedup = state.dedup
+    dedup = state.idmp
     return [
         ("idmp_keys", len(dedup)),
         ("idmp_hits", dedup.hits),
@@ -109,10 +109,9 @@ def _queues(state: ServerState) -> list[tuple[str, object]]:
 
 
 def _persistence(state: ServerState) -> list[tuple[str, object]]:
-    aof = getattr(state, "aof", None)
-    if aof is not None:
-        return aof.info_fields()
-    return [
+    if state.persistence is not None:
+        return state.persistence.info_fields()
+    return [  # a state without a server (in-process tests)
         ("loading", 0),
         ("aof_enabled", 0),
         ("aof_state", "off"),

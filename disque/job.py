@@ -25,9 +25,10 @@ from enum import IntEnum
 from typing import TYPE_CHECKING, Final
 
 if TYPE_CHECKING:
-    from .jobext import JobExt
+    from .job_options import JobExt
 
 __all__ = [
+    "BLOB_HEAD",
     "Job",
     "JobState",
     "WAIT_REPL",
@@ -94,7 +95,7 @@ FLAG_BCAST_QUEUED: Final = 1
 FLAG_BCAST_WILLQUEUE: Final = 2
 #: Delivered to a client at least once (RETRY-0 jobs are then never queued again).
 FLAG_DELIVERED: Final = 4
-# This node's memory only (see joborder.py): never serialized, and cleared
+# This node's memory only (see queue_order.py): never serialized, and cleared
 # from what is loaded or received.  Bits the original does not use, below
 # 256 so that an interpreted node's flags stay cached small ints.
 #: The job has the live entry of a queue's FIFO.
@@ -308,7 +309,7 @@ _U32: Final = struct.Struct("<I")
 #: The blob's length, the fixed part and the queue name's length: what
 #: precedes the name, in one unpack (a struct call costs more than the
 #: bytes it handles).
-_HEAD: Final = struct.Struct("<I40sBBHIQIIHHI")
+BLOB_HEAD: Final = struct.Struct("<I40sBBHIQIIHHI")
 _HEAD_SIZE: Final = 76
 _ACKED: Final = 3  # JobState.ACKED, as a plain int
 
@@ -391,7 +392,7 @@ def deserialize_job(blob: bytes, offset: int = 0) -> tuple[Job, int]:
     count: int
     try:
         (length, job_id, state_gc, flags, repl, etime_s, ctime, delay, retry, nacks,
-         deliveries, qlen) = _HEAD.unpack_from(blob, offset)
+         deliveries, qlen) = BLOB_HEAD.unpack_from(blob, offset)
         end = offset + 4 + length
         if end > size or length < _FIXED_SIZE + 4:
             raise SerializationError("truncated job blob")

@@ -11,8 +11,8 @@ node's data, not the interpreter.  It is the sum of
   tracemalloc in the tests), each queue and queued entry likewise, each IDMP
   key; an acked job is a job until it is forgotten.  Updating it is an
   integer addition, so checking the level before every command costs nothing;
-* the **buffers**: bytes waiting in clients' query and reply buffers and in
-  the cluster bus links, summed by the server's cron once a second.
+* the **buffers**: replies and bus messages waiting to be sent (a slow
+  reader's), summed by the server's cron once a second.
 
 The Python process itself (~30 MB resident before it holds a job) is not
 counted: ``used_memory_rss`` reports it.  Python never gives freed memory
@@ -25,7 +25,7 @@ Levels, as a fraction of ``maxmemory``:
   other nodes can take them), copies from other nodes are refused, idle
   queues are evicted after 10 s;
 * ≥ 95%: before commands run, acked jobs and delivered at-most-once jobs
-  are evicted (oldest first) and idle queues after 2 s;
+  are evicted (oldest first; ``eviction.py``) and idle queues after 2 s;
 * ≥ 100%: commands that would use more memory get ``-OOM``.
 
 ``maxmemory 0`` means what it means to the original: the node is always at
@@ -36,21 +36,10 @@ evicted and nothing refused with ``-OOM``.
 
 from __future__ import annotations
 
-import logging
 import os
-import time
-from typing import TYPE_CHECKING, Final
+from typing import Final
 
-if TYPE_CHECKING:
-    from .state import ServerState
-
-__all__ = ["MemoryTracker", "STARTUP_BYTES", "rss_bytes", "free_memory_if_needed",
-           "limit_warning"]
-
-log = logging.getLogger("disque.memory")
-
-#: Eviction stops after this long, so one command never stalls the loop.
-EVICTION_BUDGET_S = 0.001
+__all__ = ["MemoryTracker", "STARTUP_BYTES", "UNLIMITED_LEVEL", "rss_bytes", "limit_warning"]
 
 #: The node's share of ``used_memory`` before it holds anything: its job and
 #: queue tables (keyspace.SLICES dicts each, ~590 kB) and the rest of its
@@ -145,31 +134,3 @@ class MemoryTracker:
         if used < limit:
             return 2
         return 3
-
-
-def free_memory_if_needed(state: ServerState) -> int:
-    """Evict what may be evicted until under 95%; return the level after it.
-
-    With ``maxmemory 0`` nothing is evicted (the original skips this step
-    without a limit), so the level stays below the -OOM one.
-    """
-    from .jobs import unregister_job
-
-    memory = state.memory
-    level = memory.level()
-    if level < 2 or memory.maxmemory == 0 or state.config.maxmemory_policy == "noeviction":
-        return level
-    deadline = time.perf_counter() + EVICTION_BUDGET_S
-    evicted = 0
-    while memory.level() >= 2:
-        job = state.jobs.oldest_evictable()
-        if job is None:
-            break
-        unregister_job(state, job)
-        evicted += 1
-        state.stats.evicted_jobs += 1
-        if evicted % 32 == 0 and time.perf_counter() > deadline:
-            break
-    if memory.level() >= 2:
-        state.evict_idle_queues(idle_ms=2000, budget_s=EVICTION_BUDGET_S)
-    return memory.level()

@@ -50,9 +50,6 @@ NODE_STATES = ("ok", "pfail", "fail", "handshake", "leaving", "noaddr")
 MAX_REQUEST = 8192
 #: A connection that has not sent its request by then is closed.
 REQUEST_TIMEOUT_S = 10.0
-#: Name of the dead-letter counter in ``ServerState.stats``, exported when
-#: the build has dead letters (another extension of issue 19).
-DEAD_LETTER_STAT = "dead_lettered_jobs"
 
 
 def _label(raw: bytes) -> str:
@@ -126,10 +123,8 @@ class NodeCollector(Collector):
             ("disque_jobs_evicted", "Jobs evicted under memory pressure", stats.evicted_jobs),
             ("disque_queues_evicted", "Idle empty queues dropped", stats.evicted_queues),
         ]
-        dead = getattr(stats, DEAD_LETTER_STAT, None)
-        if dead is not None:
-            counters.append(("disque_dead_lettered_jobs", "Jobs moved to a dead-letter queue",
-                             dead))
+        counters.append(("disque_dead_lettered_jobs", "Jobs moved to a dead-letter queue",
+                         stats.dead_lettered_jobs))
         for name, doc, total in counters:
             yield CounterMetricFamily(name, doc, value=total)
 
@@ -226,7 +221,7 @@ class NodeCollector(Collector):
     # -- persistence -------------------------------------------------------------
 
     def _aof(self) -> Iterator[Metric]:
-        aof = self.state.aof
+        aof = self.state.persistence
         fields: dict[str, Any] = dict(aof.info_fields()) if aof is not None else {}
         gauges = (
             ("disque_aof_enabled", "1 if the AOF is on", int(fields.get("aof_enabled", 0))),

@@ -68,7 +68,15 @@ MAX_MULTIBULK_LENGTH = 1024 * 1024
 
 
 class ProtocolError(Exception):
-    """A request frame that cannot be parsed; the connection must be closed."""
+    """A request frame that cannot be parsed; the connection must be closed.
+
+    ``commands``: the requests of the same read that were complete before
+    the bad one (they still run, then the error is answered).
+    """
+
+    def __init__(self, message: str, commands: list[list[bytes]] | None = None) -> None:
+        super().__init__(message)
+        self.commands: list[list[bytes]] = commands if commands is not None else []
 
 
 class ReplyError:
@@ -202,7 +210,7 @@ class CommandParser:
         try:
             self._feed(data, out)
         except ProtocolError as err:
-            err.commands = out  # type: ignore[attr-defined]
+            err.commands = out
             self._reset()
             raise
         if ((self._args is not None or self._buf or self._partial_inline)
@@ -392,9 +400,7 @@ def _whole_requests(data: bytes, out: list[list[bytes]]) -> int:
 
 
 def _error(message: str, commands: list[list[bytes]]) -> ProtocolError:
-    err = ProtocolError(message)
-    err.commands = commands  # type: ignore[attr-defined]
-    return err
+    return ProtocolError(message, commands)
 
 
 def _not_bulk(byte: int) -> ProtocolError:

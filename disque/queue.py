@@ -1,17 +1,14 @@
-"""Queues: jobs ordered by creation time, pause flags, statistics, waiters.
+"""The spec's procedures on queues: ENQUEUE, DEQUEUE, NACK, the fetch of
+GETJOB, pausing; and serving the GETJOB clients waiting on a queue.
 
-The procedures ENQUEUE and DEQUEUE of the spec live here
-(:func:`enqueue_job`, :func:`dequeue_job`), together with the fetch used by
-GETJOB (:func:`fetch_job`).  A queue exists only while something needs it:
-empty, unpaused queues without blocked clients are evicted after a while.
+The queues themselves (and the table of them) are in ``queue_table.py``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
-from . import jobs as jobs_mod
+from .deadletter import dead_letter
 from .job import (
     ACKED,
     ACTIVE,
@@ -21,143 +18,26 @@ from .job import (
     QUEUED,
     Job,
 )
-from .jobext import JobExt, limit_reached, retry_seconds
-from .joborder import JobOrder
-from .keyspace import SlicedDict, name_slice
+from .job_options import JobExt, limit_reached, retry_seconds
+from .queue_table import PAUSED_IN, PAUSED_OUT, QUEUE_ENTRY_BYTES, Queue
+from .schedule import requeue_time, update_awake_time
+from .waiters import WITH_LEASE, getjob_entry, unblock
 
 if TYPE_CHECKING:
-    from .blocking import BlockedGet
     from .cluster.messages import Message
-    from .cluster.state import ClusterNode
-    from .federation import QueueFederation
+    from .cluster.node import ClusterNode
     from .state import ServerState
 
 __all__ = [
-    "Queue",
-    "QueueRegistry",
-    "PAUSED_IN",
-    "PAUSED_OUT",
     "enqueue_job",
     "dequeue_job",
     "fetch_job",
     "fetch_jobs",
     "nack_job",
-    "pause_label",
+    "set_pause",
+    "receive_pause",
+    "serve_blocked_clients",
 ]
-
-PAUSED_IN = 1
-PAUSED_OUT = 2
-_PAUSE_LABELS = {0: "none", PAUSED_IN: "in", PAUSED_OUT: "out", PAUSED_IN | PAUSED_OUT: "all"}
-
-#: Memory attributed to one queue besides its jobs (measured, see tests).
-QUEUE_OVERHEAD_BYTES = 1200
-#: Memory attributed to one queued entry (a deque slot; a re-queued job's
-#: sorted-list entry costs more, but such jobs are few).
-QUEUE_ENTRY_BYTES = 8
-
-
-def pause_label(flags: int) -> str:
-    return _PAUSE_LABELS[flags & (PAUSED_IN | PAUSED_OUT)]
-
-
-class Queue:
-    """A named queue of jobs ordered by creation time (``ctime``)."""
-
-    __slots__ = (
-        "atime",
-        "ctime",
-        "dead_lettered",
-        "fed",
-        "flags",
-        "jobs",
-        "jobs_in",
-        "jobs_out",
-        "name",
-        "waiters",
-    )
-
-    def __init__(self, name: bytes, now_ms: int) -> None:
-        self.name = name
-        # The jobs themselves, oldest ctime first.
-        self.jobs = JobOrder()
-        self.ctime = now_ms
-        self.atime = now_ms
-        self.flags = 0
-        self.jobs_in = 0
-        self.jobs_out = 0
-        #: Jobs this node moved out of this queue to a dead-letter queue (MAXDELIVERIES).
-        self.dead_lettered = 0
-        # Blocked GETJOB clients in arrival order (a dict keeps order and removes in O(1)).
-        self.waiters: dict[BlockedGet, None] = {}
-        # Federation state (federation.QueueFederation), made when the
-        # queue first asks for or imports jobs; None on a lone node.
-        self.fed: QueueFederation | None = None
-
-    def __len__(self) -> int:
-        return len(self.jobs)
-
-    @property
-    def paused_in(self) -> bool:
-        return bool(self.flags & PAUSED_IN)
-
-    @property
-    def paused_out(self) -> bool:
-        return bool(self.flags & PAUSED_OUT)
-
-    def is_evictable(self, now_ms: int, idle_ms: int) -> bool:
-        """Empty, not paused, nobody waiting, untouched for ``idle_ms``."""
-        return (not self.jobs and not self.flags and not self.waiters
-                and now_ms - self.atime >= idle_ms)
-
-    def peek(self, count: int) -> list[Job]:
-        """The ``count`` oldest jobs, or the ``-count`` newest (newest first)."""
-        if count >= 0:
-            return self.jobs.oldest(count)
-        return self.jobs.newest(-count)
-
-
-class QueueRegistry:
-    """All queues of this node, scannable with QSCAN."""
-
-    __slots__ = ("_by_name", "_queues")
-
-    def __init__(self) -> None:
-        self._queues: SlicedDict[bytes, Queue] = SlicedDict(name_slice)
-        # A flat index too: every job command looks its queue up, and queues
-        # are few, so a second dict is cheaper than hashing into a slice.
-        self._by_name: dict[bytes, Queue] = {}
-
-    def __len__(self) -> int:
-        return len(self._queues)
-
-    def lookup(self, name: bytes) -> Queue | None:
-        return self._by_name.get(name)
-
-    def get_or_create(self, name: bytes, now_ms: int) -> Queue:
-        q = self._by_name.get(name)
-        if q is None:
-            q = Queue(bytes(name), now_ms)
-            self.add(q)
-        return q
-
-    def add(self, q: Queue) -> None:
-        self._queues.add(q.name, q)
-        self._by_name[q.name] = q
-
-    def remove(self, q: Queue) -> None:
-        self._queues.pop(q.name)
-        self._by_name.pop(q.name, None)
-
-    def all(self) -> Iterator[Queue]:
-        return self._queues.values()
-
-    def scan(self, cursor: int, count: int,
-             accept: Callable[[Queue], bool] | None = None) -> tuple[int, list[Queue]]:
-        return self._queues.scan(cursor, count, accept)
-
-    def clear(self) -> None:
-        self._queues.clear()
-        self._by_name.clear()
 
 
 # --------------------------------------------------------------------------
@@ -199,7 +79,6 @@ def enqueue_job(state: ServerState, job: Job, nack: bool = False, *,
         else:
             job.additional_deliveries += 1
         if dead:
-            from .deadletter import dead_letter
             dead_letter(state, job)  # before QUEUED: the copies learn the move first
             q = None
         state.cluster.broadcast_queued(job, nack)
@@ -208,11 +87,11 @@ def enqueue_job(state: ServerState, job: Job, nack: bool = False, *,
     if retry:
         job.flags |= FLAG_BCAST_WILLQUEUE
         # After the counters: a back-off grows with them.
-        job.qtime = jobs_mod.requeue_time(state, retry if ext is None else retry_seconds(job),
+        job.qtime = requeue_time(state, retry if ext is None else retry_seconds(job),
                                           now)
     else:
         job.qtime = 0
-    jobs_mod.update_awake_time(state, job)
+    update_awake_time(state, job)
     if q is None:
         q = state.queue_for_write(job.queue)
     job.queue = q.name  # share one bytes object per queue name
@@ -223,7 +102,6 @@ def enqueue_job(state: ServerState, job: Job, nack: bool = False, *,
     # No evictable_discard: the evictable (acked, or RETRY 0 and delivered)
     # were refused above, and neither state is ever left.
     if q.waiters and not q.flags & PAUSED_OUT:
-        from .blocking import serve_blocked_clients
         serve_blocked_clients(state, q)
     return True
 
@@ -249,7 +127,7 @@ def nack_job(state: ServerState, job: Job, delay_s: int | None = None) -> bool:
     ext.nack_pending = True
     job.qtime = state.clock.now_ms() + delay_s * 1000
     job.flags |= FLAG_BCAST_WILLQUEUE
-    jobs_mod.update_awake_time(state, job)
+    update_awake_time(state, job)
     state.cluster.broadcast_working(job, delay_s)
     return True
 
@@ -307,7 +185,6 @@ def set_pause(state: ServerState, q: Queue, flags: int) -> None:
     q.flags = flags
     q.atime = state.clock.now_ms()
     if was_paused_out and not q.paused_out and q.waiters:
-        from .blocking import serve_blocked_clients
         serve_blocked_clients(state, q)
 
 
@@ -320,3 +197,18 @@ def receive_pause(state: ServerState, sender: ClusterNode, msg: Message) -> None
             return
         q = state.queue_for_write(msg.queue)
     set_pause(state, q, flags)
+
+
+def serve_blocked_clients(state: ServerState, q: Queue) -> int:
+    """Give one job each to the clients waiting on ``q``, first come first served."""
+    served = 0
+    while q.waiters and q.jobs and not q.paused_out:
+        blocked = next(iter(q.waiters))
+        job = fetch_job(state, q)
+        if job is None:
+            break
+        fields = blocked.fields
+        now = state.clock.now_ms() if fields & WITH_LEASE else 0
+        unblock(state, blocked, [getjob_entry(job, fields, now)])
+        served += 1
+    return served

@@ -25,8 +25,8 @@ gets its ID:
 With ASYNC (or REPLICATE 1 under external replication) the client gets the
 ID at once and REPLJOB goes out once, with NOREPLY.
 
-Receiving side: :func:`receive_repljob` stores copies, :func:`receive_gotjob`
-counts confirmations, :func:`receive_enqueue` queues a copy on request.
+:func:`receive_gotjob` counts the confirmations.  The receiving side
+(REPLJOB, ENQUEUE) is ``copies.py``.
 """
 
 from __future__ import annotations
@@ -37,34 +37,22 @@ import random
 import time
 from typing import TYPE_CHECKING, Any, Final
 
-from .ack import acked_elsewhere
-from .blocking import Blocked, Waiter, park, unblock
-from .clock import random_time_error
 from .cluster import messages
-from .deadletter import merge_copy
-from .job import (
-    ACTIVE,
-    FLAG_BCAST_QUEUED,
-    FLAG_BCAST_WILLQUEUE,
-    WAIT_REPL,
-    Job,
-    SerializationError,
-    deserialize_job,
-    serialize_job,
-)
-from .jobext import ExtError, apply_bus_trailer, bus_trailer
-from .jobs import register_job, unregister_job, update_awake_time
+from .job import ACTIVE, WAIT_REPL, Job, serialize_job
+from .job_options import bus_trailer
+from .jobs import register_job, unregister_job
 from .protocol import ReplyError, status_reply
-from .queue import PAUSED_IN, enqueue_job
+from .queue import enqueue_job
+from .schedule import update_awake_time
+from .waiters import ReplicationWait, Waiter, park, unblock
 
 if TYPE_CHECKING:
     from .cluster.messages import Message
-    from .cluster.state import ClusterNode
+    from .cluster.node import ClusterNode
     from .state import ServerState
 
-__all__ = ["BlockedAdd", "abort_all", "broadcast_repljob_noreply", "jobs_in",
-           "receive_enqueue", "receive_gotjob", "receive_gotjobs", "receive_repljob",
-           "replicate_job", "replication_removed"]
+__all__ = ["BlockedAdd", "abort_all", "acked_while_waiting", "broadcast_repljob_noreply",
+           "receive_gotjob", "receive_gotjobs", "replicate_job", "replication_removed"]
 
 log = logging.getLogger("disque.replication")
 
@@ -84,37 +72,19 @@ NOREPL_REMOVED = ("NOREPL job removed (expired?) before the requested replicatio
                   "was achieved")
 
 
-class BlockedAdd(Blocked):
+class BlockedAdd(ReplicationWait):
     """A client waiting for its job's copies."""
-
-    __slots__ = ("extrepl", "job", "last_added", "last_sent", "needed", "started")
-
-    #: The connection may run the ADDJOBs pipelined after this one meanwhile
-    #: (connection.ReplySlot): replicating them one at a time would cost a
-    #: bus round trip per job.
-    overlappable = True
-
-    def __init__(self, client: Waiter, job: Job, needed: int, extrepl: bool,
-                 now: int) -> None:
-        super().__init__(client)
-        self.job = job
-        self.needed = needed
-        self.extrepl = extrepl
-        #: When a node was last added to the job's list (ms).
-        self.last_added = now
-        #: When REPLJOB last went to the unconfirmed nodes (ms).
-        self.last_sent = now
-        #: For the replication latency histogram (finer than the ms clock).
-        self.started = _perf_counter()
 
     def release(self, state: ServerState) -> None:
         replicating = state.replicating
         if self.job.id in replicating:  # not pop(id, None): compiled, a Python-level call
             del replicating[self.job.id]
-        if state.dedup.pending:
+        if state.idmp.pending:
             # The ADDJOB answers now: its IDMP key stays if the job was added
             # (no longer wait-repl), goes with -NOREPL so a retry adds it.
-            state.dedup.settle(self.job.id, self.job.state != WAIT_REPL)
+            settled = state.idmp.settle(self.job.id, self.job.state != WAIT_REPL)
+            if settled is not None:
+                state.events.idmp_settled(state, settled)
 
     def timeout_reply(self, state: ServerState) -> Any:
         _drop_partial_copies(state, self.job)
@@ -251,7 +221,7 @@ def replicate_job(state: ServerState, client: Waiter, job: Job, needed: int, ext
     job.confirmed = frozenset() if extrepl else cluster.myself_set
     # Not scheduled: _add_missing_copies watches its expiry while it waits.
     register_job(state, job, schedule=False)
-    blocked = BlockedAdd(client, job, needed, extrepl, now)
+    blocked = BlockedAdd(client, job, needed, extrepl, now, _perf_counter())
     state.replicating[job.id] = blocked
     if state.replication_timer is None:
         state.replication_timer = asyncio.get_running_loop().call_later(
@@ -318,15 +288,14 @@ def _store_achieved(state: ServerState, job: Job, registered: bool) -> None:
         enqueue_job(state, job, now=now)
         if not registered:
             register_job(state, job)
-    if state.job_created_hooks:
-        state.on_job_created(job)
+    state.events.job_stored(state, job)
 
 
 def _send_enqueue(state: ServerState, node_id: str, job: Job) -> None:
     state.cluster.send_job_id(node_id, messages.ENQUEUE, job.id, job.delay)
 
 
-def _replication_achieved(state: ServerState, blocked: BlockedAdd) -> None:
+def _replication_achieved(state: ServerState, blocked: ReplicationWait) -> None:
     job = blocked.job
     state.replication_latency.observe(_perf_counter() - blocked.started)
     if blocked.extrepl:
@@ -344,13 +313,12 @@ def _replication_achieved(state: ServerState, blocked: BlockedAdd) -> None:
     unblock(state, blocked, status_reply(job.id))
 
 
-def replication_achieved_by_ack(state: ServerState, job: Job) -> None:
-    """SETACK for a job still waiting for copies: somebody processed a copy,
-    so the job exists where it matters; the client gets its ID and the
-    caller acks the job."""
+def acked_while_waiting(state: ServerState, job: Job) -> None:
+    """The job was acked (a SETACK: somebody processed a copy) while its
+    ADDJOB waited for copies: the job exists where it matters, so the
+    client gets its ID now rather than -NOREPL later."""
     blocked = state.replicating.get(job.id)
-    job.state = ACTIVE
-    if blocked is not None:
+    if blocked is not None and blocked.job is job:
         unblock(state, blocked, status_reply(job.id))
 
 
@@ -374,7 +342,7 @@ def abort_all(state: ServerState) -> None:
 
 
 # --------------------------------------------------------------------------
-# Receiving side
+# Confirmations (GOTJOB)
 # --------------------------------------------------------------------------
 
 def receive_gotjob(state: ServerState, sender: ClusterNode, msg: Message) -> None:
@@ -430,119 +398,3 @@ def _confirm(state: ServerState, node_id: str, job_id: bytes) -> None:
     job.confirmed = confirmed
     if len(confirmed) >= job.repl:
         _replication_achieved(state, blocked)
-
-
-def jobs_in(msg: Message, sender: ClusterNode) -> list[Job]:
-    """The jobs a REPLJOB or YOURJOBS carries, as sent, with the extension
-    options of the trailer after them (disque.jobext); a bad blob ends the
-    list (logged: the rest of the payload cannot be trusted).
-
-    A list rather than a generator: compiled, each resumption of a
-    generator costs more than appending (a peer runs this per copy)."""
-    offset = 0
-    jobs: list[Job] = []
-    complete = True
-    for _ in range(msg.numjobs):
-        try:
-            job, offset = deserialize_job(msg.payload, offset)
-        except SerializationError as err:
-            log.warning("Bad job in %s from %s: %s", messages.TYPE_NAMES[msg.type].upper(),
-                        sender.id, err)
-            complete = False
-            break
-        jobs.append(job)
-    if complete and offset < len(msg.payload):
-        try:
-            apply_bus_trailer(jobs, msg.payload, offset)
-        except ExtError as err:
-            log.warning("Bad job options in %s from %s: %s",
-                        messages.TYPE_NAMES[msg.type].upper(), sender.id, err)
-    return [job for job in jobs if job.queue is not None]
-
-
-def adopt_copy(state: ServerState, job: Job, now: int) -> None:
-    """A job received from another node, made this node's (not registered):
-    its expiry from the time left (clocks differ; deserialize_job already
-    made the blob's seconds milliseconds), active, no GC attempt yet, no
-    WILLQUEUE pending, the queue's shared name."""
-    job.etime = now + job.etime
-    job.state = ACTIVE
-    job.flags &= ~FLAG_BCAST_WILLQUEUE
-    job.gc_retry = 0
-    job.queue = state.queue_for_write(job.queue).name if job.queue else None
-
-
-def receive_repljob(state: ServerState, sender: ClusterNode, msg: Message) -> None:
-    """Store the copies of a REPLJOB and confirm them with GOTJOB."""
-    if state.memory.level() >= 1 or state.cluster.leaving:
-        return  # the sender will pick another node
-    now = state.clock.now_ms()
-    cluster = state.cluster
-    # One header and one sender lookup for the GOTJOBs of all the copies.
-    gotjob = b"" if msg.mflags & messages.MFLAG_NOREPLY else cluster.header_key(messages.GOTJOB)
-    sender_id = sender.id
-    # A REPLJOB's jobs mostly share one queue: look each name up once.
-    last_queue = b""
-    paused = False
-    for copy in jobs_in(msg, sender):
-        assert copy.queue is not None  # jobs_in returns only jobs with a queue
-        if copy.queue != last_queue:
-            last_queue = copy.queue
-            q = state.queues.lookup(last_queue)
-            paused = q is not None and bool(q.flags & PAUSED_IN)
-        if paused:
-            continue
-        job = state.jobs.get(copy.id)
-        if job is not None:
-            job.delivered = job.delivered | copy.delivered
-            if copy.ext is not None:
-                merge_copy(state, job, copy)
-        elif acked_elsewhere(state, copy.id):
-            continue  # acked and collected while this copy travelled: no GOTJOB
-        else:
-            _store_copy(state, copy, now)
-        if gotjob:
-            cluster.send_entry(sender_id, gotjob, copy.id + _NO_AUX)
-
-
-#: The aux field of a GOTJOB: 0.
-_NO_AUX: Final = bytes(4)
-
-
-def _store_copy(state: ServerState, job: Job, now: int) -> None:
-    """A new copy from another node: active, first requeue after DELAY + RETRY.
-
-    A RETRY-0 copy waits for ENQUEUE, which gives it its queue time (the
-    original's ENQUEUE refused a copy without one, so RETRY-0 copies were
-    never queued).
-    """
-    adopt_copy(state, job, now)
-    job.flags |= FLAG_BCAST_QUEUED
-    if job.retry:
-        job.qtime = now + (job.delay + job.retry) * 1000 + random_time_error()
-        job.flags |= FLAG_BCAST_WILLQUEUE
-    else:
-        # At most once: only the ENQUEUE of the node that made it queues
-        # this copy (two copies queueing themselves would deliver it twice).
-        job.qtime = 0
-    register_job(state, job)
-    if state.job_created_hooks:
-        state.on_job_created(job)
-
-
-def receive_enqueue(state: ServerState, sender: ClusterNode, msg: Message) -> None:
-    """ENQUEUE(delay): queue our copy now, or after ``delay`` seconds."""
-    job = state.jobs.get(msg.job_id)
-    if job is None or job.state != ACTIVE:
-        return  # unknown, queued already, acked, or ours still waiting for copies
-    q = state.queues.lookup(job.queue) if job.queue is not None else None
-    if q is not None and q.flags & PAUSED_IN:
-        return
-    job.flags &= ~FLAG_BCAST_QUEUED
-    now = state.clock.now_ms()
-    if msg.aux:
-        job.qtime = now + msg.aux * 1000
-        update_awake_time(state, job)
-    else:
-        job.qtime = now
-        enqueue_job(state, job, now=now)

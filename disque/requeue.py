@@ -20,13 +20,13 @@ from typing import TYPE_CHECKING
 
 from .cluster import messages
 from .job import ACKED, ACTIVE, FLAG_BCAST_WILLQUEUE, QUEUED, Job
-from .jobext import retry_seconds
-from .jobs import requeue_time, update_awake_time
+from .job_options import retry_seconds
 from .queue import dequeue_job
+from .schedule import requeue_time, update_awake_time
 
 if TYPE_CHECKING:
     from .cluster.messages import Message
-    from .cluster.state import ClusterNode
+    from .cluster.node import ClusterNode
     from .state import ServerState
 
 __all__ = ["compare_node_ids_by_job", "receive_queued", "receive_willqueue",

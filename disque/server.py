@@ -36,12 +36,13 @@ from .cluster import ClusterState, NodesFileError
 from .cluster.auth import BusAuth
 from .cluster.bus import BUS_PORT_OFFSET, ClusterBus
 from .config import Config, ConfigError
-from .connection import ClientConnection
+from .connection import ClientConnection, ReplyBatch
+from .cyclic_gc import CollectorPolicy
 from .federation import need_jobs_cron
-from .gcpolicy import CollectorPolicy
-from .jobs import MAX_JOBS_PER_RUN, process_due_jobs
 from .log import set_level, setup_logging
+from .node_events import NodeEvents
 from .state import NO_JOB_TIMER, ServerState
+from .timers import MAX_JOBS_PER_RUN, process_due_jobs
 from .tls import TLSError, TLSListener, server_context
 
 __all__ = ["DisqueServer", "main"]
@@ -74,7 +75,6 @@ class DisqueServer:
         self._collector.install()
         self._stopped = asyncio.Event()
         self._stopping = False
-        self.shutdown_hooks: list[Callable[[str], None]] = []
         self.port = config.port
         self._metrics: Any = None  # metrics.MetricsServer, with metrics-port
         self._tls: TLSListener | None = None  # with tls-port
@@ -95,7 +95,7 @@ class DisqueServer:
             cluster = ClusterState.load_or_create(config.cluster_config_file, my_ip, config.port)
         except NodesFileError as err:
             raise SystemExit(str(err)) from None
-        state = ServerState(config, cluster)
+        state = ServerState(config, cluster, NodeEvents())
         state.run_id = os.urandom(20).hex()
         state.event_loop_name = type(loop).__module__.split(".")[0]
         state.schedule_changed = self._schedule_changed
@@ -108,11 +108,12 @@ class DisqueServer:
             except TLSError as err:
                 raise SystemExit(f"TLS: {err}") from None
         from .aof import setup_persistence
-        setup_persistence(self, state)  # loads the AOF before listening
+        persistence = setup_persistence(state)  # loads the AOF before listening
+        replies = ReplyBatch(state)
 
-        await self._listen(config, state)
+        await self._listen(config, state, replies)
         if tls_context is not None:
-            self._listen_tls(config, state, tls_context)
+            self._listen_tls(config, state, replies, tls_context)
         if config.port == 0:
             state.tcp_port = self.port
             cluster.myself.port = self.port
@@ -123,7 +124,7 @@ class DisqueServer:
             log.info("Cluster secret set: bus messages without its signature are refused")
         bus = ClusterBus(cluster, state.clock.now_ms, lambda: config.cluster_node_timeout,
                          max_message=config.proto_max_bulk_len + BUS_MESSAGE_SLACK,
-                         before_flush=state.before_reply_hooks, auth=auth)
+                         before_flush=[persistence.before_reply], auth=auth)
         state.bus = bus
         register_job_messages(bus, state)
         await bus.start(config.bind, self.port)
@@ -139,7 +140,7 @@ class DisqueServer:
         addresses = ", ".join(f"{a}:{self.port}" for a in config.bind)
         log.info("Ready to accept connections on %s", addresses)
 
-    async def _listen(self, config: Config, state: ServerState) -> None:
+    async def _listen(self, config: Config, state: ServerState, replies: ReplyBatch) -> None:
         """The client listeners, on a port whose bus port (+10000) is free too.
 
         With ``port 0`` the kernel picks the client port; one above 55535 has
@@ -151,7 +152,7 @@ class DisqueServer:
                              f"port + {BUS_PORT_OFFSET}, so the highest usable port is "
                              f"{MAX_PORT}")
         for _attempt in range(100):
-            servers = await self._create_listeners(config, state, config.port)
+            servers = await self._create_listeners(config, state, replies, config.port)
             port = servers[0].sockets[0].getsockname()[1]
             if config.port or (port <= MAX_PORT and _bus_port_free(config.bind, port)):
                 self._servers = servers
@@ -161,7 +162,7 @@ class DisqueServer:
                 server.close()
         raise SystemExit("Could not find a free port whose cluster bus port is free too")
 
-    async def _create_listeners(self, config: Config, state: ServerState,
+    async def _create_listeners(self, config: Config, state: ServerState, replies: ReplyBatch,
                                 port: int) -> list[asyncio.base_events.Server]:
         loop = asyncio.get_running_loop()
         servers: list[asyncio.base_events.Server] = []
@@ -169,7 +170,7 @@ class DisqueServer:
             host = None if address == "*" else address
             try:
                 server = await loop.create_server(
-                    lambda: ClientConnection(state), host, port,
+                    lambda: ClientConnection(state, replies), host, port,
                     backlog=config.tcp_backlog, reuse_address=True)
             except OSError as err:
                 for other in servers:
@@ -181,9 +182,10 @@ class DisqueServer:
                 port = server.sockets[0].getsockname()[1]
         return servers
 
-    def _listen_tls(self, config: Config, state: ServerState, context: ssl.SSLContext) -> None:
+    def _listen_tls(self, config: Config, state: ServerState, replies: ReplyBatch,
+                    context: ssl.SSLContext) -> None:
         """The TLS client listeners (tls.py), on tls-port beside the plain port."""
-        self._tls = TLSListener(state, context)
+        self._tls = TLSListener(state, replies, context)
         try:
             self._tls.start(config.bind, config.tls_port, config.tcp_backlog)
         except TLSError as err:
@@ -258,14 +260,14 @@ class DisqueServer:
                 self._last_buffers_sum = now
                 _sum_buffers(state)
             state.memory.used  # noqa: B018 - updates the peak
-            if state.aof is not None:
-                state.aof.cron()
+            if state.persistence is not None:
+                state.persistence.cron()
             if now - self._last_queue_eviction >= QUEUE_EVICTION_PERIOD_S:
                 self._last_queue_eviction = now
                 state.evict_idle_queues()
             need_jobs_cron(state)
-            if len(state.dedup):
-                state.dedup.expire(state.clock.now_ms())  # IDMP keys past their window
+            if len(state.idmp):
+                state.idmp.expire(state.clock.now_ms())  # IDMP keys past their window
             timeout = self.config.timeout
             if timeout:
                 for client in list(state.clients.values()):
@@ -281,9 +283,6 @@ class DisqueServer:
 
     def _shutdown_requested(self, mode: str) -> str | None:
         """SHUTDOWN command: returns an error text, or None once the stop is under way."""
-        if mode == "rewrite-aof" and not any(
-                getattr(hook, "supports_rewrite", False) for hook in self.shutdown_hooks):
-            return "REWRITE-AOF needs the append only file support, not available in this build"
         asyncio.get_running_loop().call_soon(self.request_stop, mode)
         return None
 
@@ -313,9 +312,9 @@ class DisqueServer:
         if state is not None:
             for client in list(state.clients.values()):
                 client.kill()
-            for hook in self.shutdown_hooks:
+            if state.persistence is not None:
                 try:
-                    hook(mode)
+                    state.persistence.shutdown(mode)
                 except Exception:
                     log.exception("Error during shutdown")
             try:
@@ -340,11 +339,17 @@ class DisqueServer:
 
 
 def _sum_buffers(state: ServerState) -> None:
-    """What waits in client and bus link buffers, into used_memory."""
+    """Replies and bus messages waiting to be sent, into used_memory.
+
+    Only output: a reply buffer grows while its reader is slow, and stays.
+    A request being received is counted as the data it adds once it runs;
+    a snapshot of it taken mid-transfer would count it for up to a second
+    after it ran (a large ADDJOBS then refused for memory it no longer held).
+    """
     clients = 0
     for client in state.clients.values():
-        clients += client.output_pending() + client.input_pending()
-    links = state.bus.buffered_bytes() if state.bus is not None else 0
+        clients += client.output_pending()
+    links = state.bus.unsent_bytes() if state.bus is not None else 0
     state.memory.set_buffers(clients, links)
 
 

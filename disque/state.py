@@ -2,9 +2,11 @@
 
 The server (``server.py``) owns the event loop, the listeners and the
 timers; this object owns the data: jobs, queues, the cluster view, memory
-accounting, statistics and the connected clients.  The state machine
-functions (``jobs.process_job``, ``queue.enqueue_job``, ``ack.try_job_gc``)
-take it as their first argument.
+accounting, statistics, the blocked and connected clients.  It is the
+bottom of the node's layers: it imports only values and tables, and the
+procedures that change it (``queue``, ``jobs``, ``ack``, ``replication``,
+``timers`` ...) take it as their first argument.  What they must tell the
+layers above goes through :attr:`ServerState.events`.
 """
 
 from __future__ import annotations
@@ -12,29 +14,28 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Final, Protocol
 
 from . import _native
+from .acked_ids import CollectedAcks, RecentAcks
 from .clock import Clock
 from .cluster import ClusterState
-from .completion import BlockedWait, RecentAcks
 from .config import Config
-from .dedup import DedupIndex
-from .job import Job, JobIdGenerator
-from .jobs import JobRegistry
+from .events import JobEvents, Persistence
+from .idmp import DedupIndex
+from .job import JobIdGenerator
+from .job_table import JobRegistry
 from .latency import REPLICATION_BUCKETS_S, LatencyHistogram
 from .memory import MemoryTracker, limit_warning, rss_bytes
-from .queue import QUEUE_OVERHEAD_BYTES, Queue, QueueRegistry
+from .queue_table import QUEUE_OVERHEAD_BYTES, Queue, QueueRegistry
+from .waiters import Blocked, ReplicationWait
 
 if TYPE_CHECKING:
     from .cluster.bus import ClusterBus
-    from .connection import ClientConnection
-    from .replication import BlockedAdd
 
-__all__ = ["ServerState", "Stats"]
+__all__ = ["ServerState", "Stats", "ConnectedClient", "NO_JOB_TIMER"]
 
 log = logging.getLogger("disque.state")
 
@@ -66,6 +67,27 @@ class Stats:
     tls_handshake_failures: int = 0
 
 
+class ConnectedClient(Protocol):
+    """What the node's own code uses of a client connection (connection.py)."""
+
+    id: int
+    addr: str
+    laddr: str
+    blocked: Blocked | None
+    last_interaction: float
+
+    @property
+    def is_blocked(self) -> bool: ...
+
+    def describe(self) -> str: ...
+
+    def kill(self) -> None: ...
+
+    def output_pending(self) -> int: ...
+
+    def input_pending(self) -> int: ...
+
+
 #: ServerState.job_timer_at when no job timer is armed: every time is earlier.
 NO_JOB_TIMER: Final = 1 << 62
 
@@ -75,17 +97,20 @@ def _no_timer(when_ms: int) -> None:
 
 
 class ServerState:
-    def __init__(self, config: Config, cluster: ClusterState, clock: Clock | None = None) -> None:
+    def __init__(self, config: Config, cluster: ClusterState, events: JobEvents,
+                 clock: Clock | None = None) -> None:
         self.config = config
         self.clock = clock or Clock()
         self.cluster = cluster
+        #: Tells the layers above what happened to jobs (node_events.NodeEvents).
+        self.events = events
         self.jobs = JobRegistry()
         self.queues = QueueRegistry()
         self.memory = MemoryTracker(config.maxmemory)
         self._warn_about_maxmemory()
         self.ids = JobIdGenerator(cluster.myself_id)
         self.stats = Stats()
-        self.clients: dict[int, ClientConnection] = {}
+        self.clients: dict[int, ConnectedClient] = {}
         self.blocked_clients = 0
         self.started = time.time()
         self.run_id = ""
@@ -110,38 +135,27 @@ class ServerState:
         #: comparison saves most jobs a call into the interpreted server
         #: (~850 instructions per ADDJOB).
         self.job_timer_at = NO_JOB_TIMER
-        # Event hooks for the persistence layer (the AOF), called with the job.
-        self.job_created_hooks: list[Callable[[Job], None]] = []
-        self.job_removed_hooks: list[Callable[[Job], None]] = []
-        self.job_acked_hooks: list[Callable[[Job], None]] = []
-        #: A stored job changed what its record says (dead-lettered to another queue).
-        self.job_moved_hooks: list[Callable[[Job], None]] = []
-        # Called before replies are written: persistence flushes here, so a
-        # client never sees the result of a write that is not logged yet.
-        self.before_reply_hooks: list[Callable[[], None]] = []
-        # The connections' ReplyBatch (connection.py), made by the first connection.
-        self.reply_batch: Any = None
-        self.shutdown_requested: Callable[[str], Any] | None = None
-        # The append-only file, when persistence is on (see aof.py).
-        self.aof: Any = None
+        #: SHUTDOWN asks the server to stop: an error text, or None once the
+        #: stop is under way (None: no server owns this state).
+        self.shutdown_requested: Callable[[str], str | None] | None = None
+        #: The append-only file (aof/), once the server set persistence up;
+        #: None in tests that drive the state without a server.
+        self.persistence: Persistence | None = None
         # The cluster bus (cluster/bus.py), once the server listens; None in
         # tests that drive the state without a server.
         self.bus: ClusterBus | None = None
-        # ADDJOBs waiting for their copies, by job ID, and the one timer
-        # that asks more nodes while any waits (replication.py).
-        self.replicating: dict[bytes, BlockedAdd] = {}
-        #: Jobs whose ACK reached us lately (ack.remember_collected): ID ->
-        #: until when (ms) a copy arriving late is refused; and the same
-        #: entries in the order they expire.
-        self.acked_unknown: dict[bytes, int] = {}
-        self.acked_unknown_order: deque[tuple[int, bytes]] = deque()
+        # ADDJOBs waiting for their copies (replication.BlockedAdd), by job
+        # ID, and the one timer that asks more nodes while any waits.
+        self.replicating: dict[bytes, ReplicationWait] = {}
         self.replication_timer: asyncio.TimerHandle | None = None
-        #: IDMP keys of idempotent ADDJOBs (dedup.py, an extension).
-        self.dedup = DedupIndex(self.memory, config.idmp_max_keys)
-        #: WAITJOB clients by job ID, and the IDs of jobs acked here lately
-        #: (completion.py, an extension).
-        self.job_waiters: dict[bytes, dict[BlockedWait, None]] = {}
+        #: IDs of jobs acked here lately (WAITJOB), and of jobs whose ACK
+        #: reached us from elsewhere (late copies refused).
         self.recent_acks = RecentAcks()
+        self.collected_acks = CollectedAcks()
+        #: IDMP keys of idempotent ADDJOBs (idmp.py, an extension).
+        self.idmp = DedupIndex(self.memory, config.idmp_max_keys)
+        #: WAITJOB clients by job ID (waitjob.py, an extension).
+        self.job_waiters: dict[bytes, dict[Blocked, None]] = {}
         #: ADDJOB to replication achieved, for the metrics endpoint.
         self.replication_latency = LatencyHistogram(REPLICATION_BUCKETS_S)
         config.on_change("maxmemory", self._set_maxmemory)
@@ -158,7 +172,7 @@ class ServerState:
             log.warning("WARNING: %s.", warning)
 
     def _set_idmp_max_keys(self, value: int) -> None:
-        self.dedup.max_keys = value
+        self.idmp.max_keys = value
 
     # -- time ---------------------------------------------------------------
 
@@ -202,24 +216,6 @@ class ServerState:
         (t0, c0), (t1, c1) = samples[0], samples[-1]
         return int((c1 - c0) / (t1 - t0)) if t1 > t0 else 0
 
-    # -- job events ---------------------------------------------------------
-
-    def on_job_created(self, job: Job) -> None:
-        for hook in self.job_created_hooks:
-            hook(job)
-
-    def on_job_moved(self, job: Job) -> None:
-        for hook in self.job_moved_hooks:
-            hook(job)
-
-    def on_job_acked(self, job: Job) -> None:
-        for hook in self.job_acked_hooks:
-            hook(job)
-
-    def on_job_unregistered(self, job: Job) -> None:
-        for hook in self.job_removed_hooks:
-            hook(job)
-
     # -- queues -------------------------------------------------------------
 
     def queue_for_write(self, name: bytes) -> Queue:
@@ -257,33 +253,3 @@ class ServerState:
                 break
         self.stats.evicted_queues += evicted
         return evicted
-
-    # -- everything ---------------------------------------------------------
-
-    def flush_all(self) -> None:
-        """DEBUG FLUSHALL / CLUSTER RESET: drop every job and every queue.
-
-        Queues with blocked clients are kept (empty) so those clients stay
-        blocked and are served by the next job, as if the queue was new.
-        """
-        if self.replicating:
-            from .replication import abort_all
-            abort_all(self)
-        if self.job_waiters:
-            from .completion import job_removed
-            for job_id in list(self.job_waiters):
-                job_removed(self, job_id)
-        for job in list(self.jobs.all()):
-            self.on_job_unregistered(job)
-        self.jobs.clear()
-        self.dedup.clear()
-        kept = []
-        for q in list(self.queues.all()):
-            if q.waiters:
-                q.jobs.clear()
-                kept.append(q)
-        self.queues.clear()
-        self.memory.accounted = 0
-        for q in kept:
-            self.queues.add(q)
-            self.memory.add(QUEUE_OVERHEAD_BYTES + len(q.name))

@@ -23,7 +23,7 @@ import ssl
 from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any
 
-from .connection import ClientConnection
+from .connection import ClientConnection, ReplyBatch
 from .log import RateLimitedLog
 
 if TYPE_CHECKING:
@@ -85,8 +85,9 @@ class TLSListener:
     handshake, and a bad one is logged.
     """
 
-    def __init__(self, state: ServerState, context: ssl.SSLContext) -> None:
+    def __init__(self, state: ServerState, replies: ReplyBatch, context: ssl.SSLContext) -> None:
         self.state = state
+        self.replies = replies
         self.context = context
         self._sockets: list[socket.socket] = []
         self._tasks: set[asyncio.Task[None]] = set()
@@ -140,10 +141,10 @@ class TLSListener:
             self._spawn(self._handshake(sock, peer))
 
     async def _handshake(self, sock: socket.socket, peer: Any) -> None:
-        state = self.state
+        state, replies = self.state, self.replies
         try:
             await asyncio.get_running_loop().connect_accepted_socket(
-                lambda: ClientConnection(state), sock, ssl=self.context,
+                lambda: ClientConnection(state, replies), sock, ssl=self.context,
                 ssl_handshake_timeout=HANDSHAKE_TIMEOUT_S)
         except (OSError, ssl.SSLError, TimeoutError, ConnectionError) as err:
             sock.close()

@@ -39,7 +39,7 @@ __all__ = [
 
 #: The column that carries a caller-chosen dedup key (see docs/SPARK_SINK.md).
 KEY_COLUMN = "_disque_key"
-#: The node's limits for ADDJOB ... IDMP key IDMP-WINDOW s (disque/dedup.py).
+#: The node's limits for ADDJOB ... IDMP key IDMP-WINDOW s (disque/idmp.py).
 MAX_IDMP_KEY_BYTES = 256
 MAX_IDMP_WINDOW_S = 86400
 

@@ -21,8 +21,6 @@ from typing import Any, NamedTuple
 
 import redis.asyncio.connection as _async_connection
 import redis.connection as _sync_connection
-from redis._parsers import _AsyncHiredisParser, _AsyncRESP2Parser, _HiredisParser, _RESP2Parser
-from redis.utils import HIREDIS_AVAILABLE
 
 from ..exceptions import DisqueError, Leaving, ProtocolError, error_from_reply
 
@@ -165,24 +163,20 @@ class _DisqueErrors:
         return error_from_reply(str(response))
 
 
-class DisqueRESP2Parser(_DisqueErrors, _RESP2Parser):
-    """Pure-Python RESP2 parser (used when hiredis is missing, and by the CLI)."""
+# redis-py's DefaultParser (its public name for the parser a connection uses:
+# hiredis when installed, else its pure-Python one) with our error classes;
+# the connections always speak RESP2 (connection_options).  DefaultParser is
+# a variable holding that class, which mypy does not take as a base.
+class SyncParser(_DisqueErrors, _sync_connection.DefaultParser):  # type: ignore[misc,valid-type]
+    """The sync client's reply parser."""
 
 
-class DisqueHiredisParser(_DisqueErrors, _HiredisParser):
-    """hiredis RESP2 parser."""
+class AsyncParser(_DisqueErrors, _async_connection.DefaultParser):  # type: ignore[misc,valid-type]
+    """The asyncio client's reply parser."""
 
 
-class AsyncDisqueRESP2Parser(_DisqueErrors, _AsyncRESP2Parser):
-    pass
-
-
-class AsyncDisqueHiredisParser(_DisqueErrors, _AsyncHiredisParser):
-    pass
-
-
-SYNC_PARSER: type = DisqueHiredisParser if HIREDIS_AVAILABLE else DisqueRESP2Parser
-ASYNC_PARSER: type = AsyncDisqueHiredisParser if HIREDIS_AVAILABLE else AsyncDisqueRESP2Parser
+SYNC_PARSER: type = SyncParser
+ASYNC_PARSER: type = AsyncParser
 
 
 def _accepts(cls: type, name: str) -> bool:

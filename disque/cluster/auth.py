@@ -4,7 +4,7 @@ An extension (``cluster-secret``, off by default).  Without it anything that
 can reach a node's bus port (client port + 10000) is trusted as a peer: it
 can MEET its way into the cluster, REPLJOB jobs into queues or DELJOB them.
 With it every message carries, in the 34 reserved header bytes at offset 102
-that the original ignores (C-BEHAVIOUR.md 3a)::
+(the original Disque ignores them)::
 
     102  "H1"          the scheme (room for another one later)
     104  tag[32]       HMAC-SHA256(secret, the whole message with bytes

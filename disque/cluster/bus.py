@@ -32,7 +32,8 @@ from .auth import BusAuth
 from .link import BusLink
 from .membership import Membership
 from .messages import Message
-from .state import ClusterNode, ClusterState
+from .node import ClusterNode
+from .state import ClusterState
 
 __all__ = ["BUS_PORT_OFFSET", "ClusterBus", "Handler"]
 
@@ -158,14 +159,14 @@ class ClusterBus:
         if old_ping_sent:
             node.ping_sent = old_ping_sent
 
-    def buffered_bytes(self) -> int:
-        """Bytes held in every link's buffers (BusLink.buffered_bytes)."""
+    def unsent_bytes(self) -> int:
+        """Output waiting in every link (BusLink.unsent_bytes)."""
         total = 0
         for link in self.inbound:
-            total += link.buffered_bytes()
+            total += link.unsent_bytes()
         for node in self.cluster.nodes.values():
             if node.link is not None:
-                total += node.link.buffered_bytes()
+                total += node.link.unsent_bytes()
         return total
 
     def link_lost(self, link: BusLink) -> None:

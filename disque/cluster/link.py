@@ -42,7 +42,7 @@ from .messages import (
 
 if TYPE_CHECKING:
     from .bus import ClusterBus
-    from .state import ClusterNode
+    from .node import ClusterNode
 
 __all__ = ["EARLY_WRITE_ENTRIES", "OUTPUT_LIMIT", "BusLink"]
 
@@ -223,11 +223,9 @@ class BusLink(asyncio.Protocol):
                         self.peer_ip)
             self.close()
 
-    def buffered_bytes(self) -> int:
-        """Bytes held for this link: an incomplete message read, and output
-        the kernel has not taken yet (INFO mem_cluster_links)."""
-        written = self.transport.get_write_buffer_size() if self.transport is not None else 0
-        return self.reader.pending + written
+    def unsent_bytes(self) -> int:
+        """Output the kernel has not taken yet (INFO mem_cluster_links)."""
+        return self.transport.get_write_buffer_size() if self.transport is not None else 0
 
     def close(self) -> None:
         if self.closed:

@@ -27,7 +27,7 @@ from typing import Protocol
 
 from . import messages
 from .messages import GossipEntry, Message
-from .state import (
+from .node import (
     FLAG_FAIL,
     FLAG_HANDSHAKE,
     FLAG_LEAVING,
@@ -35,9 +35,9 @@ from .state import (
     FLAG_NOADDR,
     FLAG_PFAIL,
     ClusterNode,
-    ClusterState,
     new_node_id,
 )
+from .state import ClusterState
 
 __all__ = ["BusLinkLike", "Membership"]
 

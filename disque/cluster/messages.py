@@ -263,7 +263,7 @@ def jobs_message(msg_type: int, sender_id: str, port: int, flags: int, blobs: li
     """REPLJOB / YOURJOBS: numjobs u32, datasize u32, the serialized jobs.
 
     ``trailer`` goes after the jobs, inside ``datasize``: the extension
-    options of the jobs (disque.jobext), which the original ignores.
+    options of the jobs (disque.job_options), which the original ignores.
     """
     data = b"".join(blobs) + trailer if trailer else b"".join(blobs)
     return b"".join((SIGNATURE, _TOTLEN.pack(HEADER_SIZE + 8 + len(data)),
@@ -286,7 +286,7 @@ def _batch_key(frame: bytes) -> bytes:
     if (frame[13] == REPLJOB and HEADER_SIZE + 12 <= size <= _MAX_MERGED_REPLJOB
             and frame[147] == 1 and not (frame[144] or frame[145] or frame[146])):
         # One job and nothing after its blob (the blob's length is its first
-        # 4 bytes, little-endian): an extension trailer (jobext) describes
+        # 4 bytes, little-endian): an extension trailer (job_options) describes
         # the jobs of its own message, so that message stays whole.
         blob = frame[152] | frame[153] << 8 | frame[154] << 16 | frame[155] << 24
         if size == HEADER_SIZE + 12 + blob:

@@ -14,10 +14,8 @@ import os
 import re
 import time
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from .state import ClusterNode
+from .node import KNOWN_FLAGS, ClusterNode
 
 _NODE_ID = re.compile(r"^[0-9a-f]{40}$")
 
@@ -50,7 +48,6 @@ def save_nodes_file(path: str, nodes: Iterable[ClusterNode]) -> None:
 
 def load_nodes_file(path: str) -> list[ClusterNode] | None:
     """The nodes saved in ``path``, or None if it is missing or empty."""
-    from .state import KNOWN_FLAGS, ClusterNode
 
     try:
         with open(path, encoding="ascii") as fh:

@@ -12,6 +12,7 @@ from .. import __version__
 from ..config import ConfigError
 from ..info import info_text
 from ..protocol import OK, Map, ReplyError, Status
+from ..reset import flush_all
 from .registry import COMMANDS, SYNTAX_ERROR, CommandError, command, lookup, parse_int
 
 if TYPE_CHECKING:
@@ -186,7 +187,7 @@ def config(state: ServerState, client: ClientConnection, argv: list[bytes]) -> A
 def debug(state: ServerState, client: ClientConnection, argv: list[bytes]) -> Any:
     sub = argv[1].lower()
     if sub == b"flushall" and len(argv) == 2:
-        state.flush_all()
+        flush_all(state)
         return OK
     if sub == b"sleep" and len(argv) == 3:
         try:

@@ -25,9 +25,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ..blocking import NO_REPLY, Blocked, Waiter, park, unblock
-from ..memory import free_memory_if_needed
+from ..eviction import free_memory_if_needed
 from ..protocol import Encoded, ReplyError, Status
+from ..waiters import NO_REPLY, Blocked, Waiter, park, unblock
 from .jobs import addjob, parse_addjob
 from .registry import BLOCKED, OOM, CommandClient, CommandError, command
 
@@ -73,10 +73,6 @@ class BlockedBatch(Blocked):
 
     __slots__ = ("members", "parked", "remaining", "replies", "state")
 
-    #: ADDJOBs and ADDJOBS pipelined after this one may run meanwhile
-    #: (connection.ReplySlot), as after a replicating ADDJOB.
-    overlappable = True
-
     def __init__(self, state: ServerState, client: Waiter, size: int) -> None:
         super().__init__(client)
         self.state = state
@@ -92,6 +88,11 @@ class BlockedBatch(Blocked):
         self.remaining -= 1
         if self.remaining == 0 and self.parked:
             unblock(self.state, self, self.replies)
+
+    def overlappable(self) -> bool:
+        # ADDJOBs and ADDJOBS pipelined after this one may run meanwhile,
+        # as after a replicating ADDJOB.
+        return True
 
     def release(self, state: ServerState) -> None:
         """Nothing of the batch itself to release: each job releases its own wait."""

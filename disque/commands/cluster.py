@@ -7,10 +7,11 @@ from __future__ import annotations
 import ipaddress
 from typing import TYPE_CHECKING, Any
 
-from ..blocking import unblock_all
 from ..cluster.nodes_file import node_line
 from ..job import JobIdGenerator
 from ..protocol import OK, ReplyError, Status
+from ..reset import flush_all
+from ..waiters import unblock_all
 from .jobs import LEAVING_ERROR
 from .registry import SYNTAX_ERROR, CommandError, command, parse_int
 
@@ -93,7 +94,7 @@ def _reset(state: ServerState, client: ClientConnection, args: list[bytes], n: i
     mode = args[0].lower() if args else b"soft"
     if mode not in (b"soft", b"hard"):
         raise CommandError(SYNTAX_ERROR)
-    state.flush_all()
+    flush_all(state)
     state.cluster.reset(hard=mode == b"hard")
     state.ids = JobIdGenerator(state.cluster.myself_id)  # new node ID prefix after HARD
     return OK

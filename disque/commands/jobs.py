@@ -5,24 +5,18 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Final
 
 from .. import ack
-from ..blocking import WITH_COUNTERS, WITH_LEASE, block_for_jobs, getjob_entry
-from ..completion import completion_of, wait_for
-from ..dedup import DEFAULT_WINDOW_S, MAX_KEY_BYTES, MAX_WINDOW_S, DedupEntry, body_digest
 from ..federation import import_rate, need_jobs
+from ..idmp import DEFAULT_WINDOW_S, MAX_KEY_BYTES, MAX_WINDOW_S, DedupEntry, body_digest
 from ..job import ACTIVE, FLAG_BCAST_WILLQUEUE, WAIT_REPL, Job, JobState
-from ..jobext import JobExt, dead_letter_queue, retry_seconds
-from ..jobs import register_job, requeue_time, unregister_job, update_awake_time
+from ..job_options import JobExt, dead_letter_queue, retry_seconds
+from ..jobs import register_job, unregister_job
 from ..protocol import NULL_ARRAY, Map, ReplyError, Status, status_reply
-from ..queue import (
-    PAUSED_IN,
-    PAUSED_OUT,
-    dequeue_job,
-    enqueue_job,
-    fetch_job,
-    fetch_jobs,
-    nack_job,
-)
+from ..queue import dequeue_job, enqueue_job, fetch_job, fetch_jobs, nack_job
+from ..queue_table import PAUSED_IN, PAUSED_OUT
 from ..replication import replicate_job
+from ..schedule import requeue_time, update_awake_time
+from ..waiters import WITH_COUNTERS, WITH_LEASE, block_for_jobs, getjob_entry
+from ..waitjob import completion_of, wait_for
 from .registry import (
     BLOCKED,
     SYNTAX_ERROR,
@@ -68,7 +62,7 @@ class AddJobOptions:
         self.maxlen = 0
         self.async_ = False
         self.timeout = 0
-        # Extensions (disque.jobext): 0 / None when not given.
+        # Extensions (disque.job_options): 0 / None when not given.
         self.backoff = 0
         self.max_deliveries = 0
         self.dead_letter: bytes | None = None
@@ -175,7 +169,7 @@ def job_ext_for(opts: AddJobOptions, queue: bytes, retry: int) -> JobExt | None:
             raise CommandError("ERR DEADLETTER queue must not be the job's own queue")
     return JobExt(opts.backoff, opts.max_deliveries, opts.dead_letter or b"")
 # --------------------------------------------------------------------------
-# IDMP (idempotent ADDJOB, an extension: dedup.py, docs/EXTENSIONS.md)
+# IDMP (idempotent ADDJOB, an extension: idmp.py, docs/EXTENSIONS.md)
 # --------------------------------------------------------------------------
 
 IDMP_WINDOW_ERROR = f"ERR IDMP-WINDOW must be between 1 and {MAX_WINDOW_S} seconds"
@@ -194,10 +188,10 @@ def idmp_seen(entry: DedupEntry, body: bytes, state: ServerState) -> Any:
     if entry.pending:
         return ReplyError(IDMP_BUSY)
     if entry.digest != body_digest(body):
-        state.dedup.conflicts += 1
+        state.idmp.conflicts += 1
         return ReplyError(f"IDMPCONFLICT IDMP key already used in this queue within its "
                           f"window for job {entry.job_id.decode()} with a different body")
-    state.dedup.hits += 1
+    state.idmp.hits += 1
     return status_reply(entry.job_id)
 
 
@@ -206,8 +200,9 @@ def idmp_record(state: ServerState, opts: AddJobOptions, queue: bytes, body: byt
     """Index the new job's key (pending while its ADDJOB waits for copies)."""
     assert opts.idmp is not None
     window = opts.idmp_window if opts.idmp_window != -1 else DEFAULT_WINDOW_S
-    state.dedup.add(DedupEntry(queue, opts.idmp, job_id, body_digest(body),
-                               now + window * 1000, pending))
+    entry = DedupEntry(queue, opts.idmp, job_id, body_digest(body), now + window * 1000, pending)
+    if state.idmp.add(entry):
+        state.events.idmp_settled(state, entry)
 
 
 @command("addjob", -4, "write denyoom")
@@ -218,7 +213,7 @@ def addjob(state: ServerState, client: CommandClient, argv: list[bytes]) -> Any:
     now = state.clock.now_ms()
     if opts.idmp is not None:
         # First, so that a retry gets its ID even if the queue is now paused or full.
-        seen = state.dedup.lookup(argv[1], opts.idmp, now)
+        seen = state.idmp.lookup(argv[1], opts.idmp, now)
         if seen is not None:
             return idmp_seen(seen, argv[2], state)
     cluster = state.cluster
@@ -271,7 +266,9 @@ def addjob(state: ServerState, client: CommandClient, argv: list[bytes]) -> Any:
         if reply is None:
             return BLOCKED  # the entry is settled when the ADDJOB answers
         if opts.idmp is not None:
-            state.dedup.settle(job.id, not isinstance(reply, ReplyError))
+            settled = state.idmp.settle(job.id, not isinstance(reply, ReplyError))
+            if settled is not None:
+                state.events.idmp_settled(state, settled)
         return reply
 
     job = Job(state.ids.next_id(ttl, retry), q.name, argv[2], ACTIVE, replicate,
@@ -285,8 +282,7 @@ def addjob(state: ServerState, client: CommandClient, argv: list[bytes]) -> Any:
         job.qtime = now
         enqueue_job(state, job, q=q, now=now)
     register_job(state, job)
-    if state.job_created_hooks:
-        state.on_job_created(job)
+    state.events.job_stored(state, job)
     if opts.idmp is not None:
         idmp_record(state, opts, q.name, argv[2], job.id, now, pending=False)
     return status_reply(job.id)
@@ -537,7 +533,7 @@ def _working(state: ServerState, job_id: bytes) -> Any:
 
 
 # --------------------------------------------------------------------------
-# WAITJOB (an extension: completion.py, docs/EXTENSIONS.md)
+# WAITJOB (an extension: waitjob.py, docs/EXTENSIONS.md)
 # --------------------------------------------------------------------------
 
 @command("waitjob", 3, "")

@@ -1,6 +1,6 @@
 """Persistence commands: BGREWRITEAOF, and LOADJOB (the AOF's record, not for clients).
 
-The AOF is a list of ``LOADJOB``/``DELJOB`` commands (see ``disque/aof.py``),
+The AOF is a list of ``LOADJOB``/``DELJOB`` commands (see ``disque/aof/``),
 replayed at start-up by the loader, which applies them directly to a job
 table.  ``LOADJOB`` therefore exists as a command name only so that a client
 sending it gets a clear refusal, like the original where it is reserved for
@@ -29,10 +29,10 @@ def loadjob(state: ServerState, client: ClientConnection, argv: list[bytes]) -> 
 @command("bgrewriteaof", 1, "admin")
 def bgrewriteaof(state: ServerState, client: ClientConnection, argv: list[bytes]) -> Any:
     """BGREWRITEAOF: compact the AOF while the node keeps serving."""
-    aof = state.aof
+    aof = state.persistence
     if aof is None:
         raise CommandError("ERR append only file support is not available")
-    if aof.rewrite is not None:
+    if aof.rewriting:
         raise CommandError("ERR Background append only file rewriting already in progress")
     if not aof.start_rewrite("BGREWRITEAOF"):
         raise CommandError("ERR Can't start the background append only file rewrite: "

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ..blocking import getjob_entry
 from ..federation import import_from, import_rate
 from ..job import JobState
 from ..keyspace import SLICES
 from ..protocol import Map
-from ..queue import PAUSED_IN, PAUSED_OUT, pause_label, set_pause
+from ..queue import set_pause
+from ..queue_table import PAUSED_IN, PAUSED_OUT, pause_label
+from ..waiters import getjob_entry
 from .jobs import show_reply
 from .registry import SYNTAX_ERROR, CommandError, command, parse_int
 

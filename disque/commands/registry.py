@@ -21,13 +21,13 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
+from ..eviction import free_memory_if_needed
 from ..job import are_valid_job_ids
-from ..memory import free_memory_if_needed
 from ..protocol import ReplyError
 
 if TYPE_CHECKING:
-    from ..blocking import Blocked
     from ..state import ServerState
+    from ..waiters import Blocked
 
 __all__ = [
     "CommandClient",
@@ -138,7 +138,7 @@ def execute(state: ServerState, client: CommandClient, argv: list[bytes]) -> Any
         return NOAUTH
     if cmd.denyoom and state.memory.level() >= 2 and free_memory_if_needed(state) >= 3:
         return OOM
-    aof = state.aof if cmd.write else None
+    aof = state.persistence if cmd.write else None
     if aof is not None and (refused := aof.refuse_write()) is not None:
         return refused  # -MISCONF while the AOF cannot be written
     state.stats.commands_processed += 1

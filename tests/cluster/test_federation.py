@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 
 from disque.cluster import messages
-from disque.cluster.state import ClusterNode
+from disque.cluster.node import ClusterNode
 from disque.federation import receive_yourjobs
 from disque.job import serialize_job
 from tests.server.statekit import Node

@@ -18,7 +18,8 @@ from typing import Any
 from disque.cluster import messages as m
 from disque.cluster.bus import HOLD_TURNS, ClusterBus
 from disque.cluster.link import EARLY_WRITE_ENTRIES, BusLink
-from disque.cluster.state import ClusterNode, ClusterState
+from disque.cluster.node import ClusterNode
+from disque.cluster.state import ClusterState
 
 ME = "0123456789abcdef0123456789abcdef01234567"
 PEER = "fedcba9876543210fedcba9876543210fedcba98"

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from disque.cluster import messages as m
 from disque.cluster.membership import Membership
-from disque.cluster.state import ClusterNode, ClusterState
+from disque.cluster.node import ClusterNode
+from disque.cluster.state import ClusterState
 
 NODE_TIMEOUT = 2000
 

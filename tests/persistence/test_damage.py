@@ -21,7 +21,7 @@ def make_aof(server_factory, jobs: int = 20):
 
 
 def check_aof(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "disque.aof_check", *args],
+    return subprocess.run([sys.executable, "-m", "disque.aof.check", *args],
                           capture_output=True, text=True, timeout=60)
 
 

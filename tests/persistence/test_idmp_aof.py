@@ -59,6 +59,6 @@ def test_keys_survive_rewrites(aof_node) -> None:
     assert idmp_keys(r) == 301
     assert r.execute_command("ADDJOB", "q", "b7", 0, "IDMP", "k7") == ids["k7"]
     # The checker knows the record.
-    done = subprocess.run([sys.executable, "-m", "disque.aof_check", str(aof_file(aof_node))],
+    done = subprocess.run([sys.executable, "-m", "disque.aof.check", str(aof_file(aof_node))],
                           capture_output=True, text=True, timeout=60)
     assert "301 IDMP key records" in done.stdout, done.stdout + done.stderr

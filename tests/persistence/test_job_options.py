@@ -46,6 +46,6 @@ def test_options_and_a_dead_letter_move_survive_crash_and_rewrite(aof_node) -> N
     wait_for(lambda: r.execute_command("QLEN", "q:dead") == 1, timeout=10,
              message="the reloaded dead letter to be requeued")
     assert r.execute_command("GETJOB", "FROM", "q:dead")[0][1] == moved
-    report = subprocess.run([sys.executable, "-m", "disque.aof_check", str(aof_file(aof_node))],
+    report = subprocess.run([sys.executable, "-m", "disque.aof.check", str(aof_file(aof_node))],
                             capture_output=True, text=True, timeout=60)
     assert report.returncode == 0, report.stdout + report.stderr

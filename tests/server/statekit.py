@@ -8,14 +8,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from disque.blocking import BlockedGet
 from disque.clock import ManualClock
 from disque.cluster import ClusterNode, ClusterState
 from disque.commands import execute
 from disque.config import Config
-from disque.jobs import process_due_jobs
+from disque.node_events import NodeEvents
 from disque.protocol import Encoded, ReplyError, Status
 from disque.state import ServerState
+from disque.timers import process_due_jobs
+from disque.waiters import BlockedGet
 
 NODE_ID = "a" * 40
 
@@ -53,7 +54,7 @@ class Node:
             cfg.set(name.replace("_", "-"), value)
         self.clock = ManualClock()
         cluster = ClusterState(ClusterNode(NODE_ID, "127.0.0.1", 7711), None)
-        self.state = ServerState(cfg, cluster, clock=self.clock)
+        self.state = ServerState(cfg, cluster, NodeEvents(), clock=self.clock)
         self.client = LocalClient()
 
     def __call__(self, *args: Any) -> Any:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from disque.job import JobState, serialize_job
-from disque.jobext import JobExt, decode_stored, retry_seconds, stored_form
+from disque.job_options import JobExt, decode_stored, retry_seconds, stored_form
 
 from .statekit import Node
 

@@ -5,7 +5,8 @@ tests/faults/test_scenarios.py)."""
 
 from __future__ import annotations
 
-from disque import ack, federation, replication
+from disque import ack, copies, federation
+from disque.acked_ids import COLLECTED_ACK_MS
 from disque.cluster import ClusterNode, messages
 from disque.job import ACTIVE, Job, JobIdGenerator, JobState, serialize_job
 
@@ -49,7 +50,7 @@ def _dropped(node: Node) -> int:
 def test_a_replicated_copy_keeps_the_jobs_ttl() -> None:
     node, peer = _cluster()
     job = _peer_job(node, ttl_s=600)
-    replication.receive_repljob(node.state, peer, _job_message(messages.REPLJOB, job, node))
+    copies.receive_repljob(node.state, peer, _job_message(messages.REPLJOB, job, node))
     copy = node.job(job.id)
     assert copy is not None
     # The time left on the wire (+1 s), not 1000 times it.
@@ -61,7 +62,7 @@ def test_a_copy_acked_by_setack_runs_the_gc_itself() -> None:
     acked copy must not wait for its TTL."""
     node, peer = _cluster()
     job = _peer_job(node)
-    replication.receive_repljob(node.state, peer, _job_message(messages.REPLJOB, job, node))
+    copies.receive_repljob(node.state, peer, _job_message(messages.REPLJOB, job, node))
     ack.receive_setack(node.state, peer, _id_message(messages.SETACK, job.id, aux=2))
     copy = node.job(job.id)
     assert copy is not None and copy.state == JobState.ACKED
@@ -83,12 +84,12 @@ def test_a_job_whose_ack_reached_us_is_not_taken_in_later() -> None:
     assert node.job(late.id) is None  # nothing to ack here: answered GOTACK(0)
     federation.receive_yourjobs(node.state, peer, _job_message(messages.YOURJOBS, late, node))
     assert node.job(late.id) is None and node("QLEN", "q") == 0
-    replication.receive_repljob(node.state, peer, _job_message(messages.REPLJOB, late, node))
+    copies.receive_repljob(node.state, peer, _job_message(messages.REPLJOB, late, node))
     assert node.job(late.id) is None
     # A copy we held, acked and deleted when the GC completed (DELJOB):
     # the same for its YOURJOBS (the fault harness's lossy-link case).
     held = _peer_job(node)
-    replication.receive_repljob(node.state, peer, _job_message(messages.REPLJOB, held, node))
+    copies.receive_repljob(node.state, peer, _job_message(messages.REPLJOB, held, node))
     ack.receive_setack(node.state, peer, _id_message(messages.SETACK, held.id, aux=2))
     ack.receive_deljob(node.state, peer, _id_message(messages.DELJOB, held.id))
     assert node.job(held.id) is None
@@ -98,8 +99,8 @@ def test_a_job_whose_ack_reached_us_is_not_taken_in_later() -> None:
     federation.receive_yourjobs(node.state, peer, _job_message(messages.YOURJOBS, other, node))
     assert node("QLEN", "q") == 1
     # The memory of the ACK fades after a while.
-    node.advance(ack.ACKED_UNKNOWN_MS + 1)
-    assert not ack.acked_elsewhere(node.state, late.id)
+    node.advance(COLLECTED_ACK_MS + 1)
+    assert not ack.acked_elsewhere(node.state, late.id, node.clock.now_ms())
 
 
 def test_a_late_requeue_warns_twice_and_waits_before_queueing() -> None:
@@ -108,7 +109,7 @@ def test_a_late_requeue_warns_twice_and_waits_before_queueing() -> None:
     and queues only if nobody answered QUEUED meanwhile."""
     node, peer = _cluster()
     job = _peer_job(node, retry_s=5)
-    replication.receive_repljob(node.state, peer, _job_message(messages.REPLJOB, job, node))
+    copies.receive_repljob(node.state, peer, _job_message(messages.REPLJOB, job, node))
     before = _dropped(node)
     node.advance(20_000)  # stopped well past RETRY
     copy = node.job(job.id)
@@ -122,7 +123,7 @@ def test_a_late_requeue_warns_twice_and_waits_before_queueing() -> None:
 def test_a_late_requeue_yields_to_a_copy_queued_elsewhere() -> None:
     node, peer = _cluster()
     job = _peer_job(node, retry_s=5)
-    replication.receive_repljob(node.state, peer, _job_message(messages.REPLJOB, job, node))
+    copies.receive_repljob(node.state, peer, _job_message(messages.REPLJOB, job, node))
     node.advance(20_000)
     copy = node.job(job.id)
     assert copy.state == JobState.ACTIVE

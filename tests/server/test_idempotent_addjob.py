@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import redis
 
-from disque.jobs import JOB_OVERHEAD_BYTES
+from disque.job_table import JOB_OVERHEAD_BYTES
 from tests.support.process import DisqueProcess, wait_for
 
 

@@ -14,14 +14,15 @@ import random
 import re
 import time
 import weakref
+from collections.abc import Callable
 
 import pytest
 
-from disque import _native, gcpolicy
-from disque.connection import ClientConnection
-from disque.gcpolicy import CollectorPolicy
+from disque import _native, cyclic_gc
+from disque.connection import ClientConnection, ReplyBatch
+from disque.cyclic_gc import CollectorPolicy
 from disque.job import _ID_PATTERN, Job, JobIdGenerator, are_valid_job_ids, is_valid_job_id
-from disque.jobs import AwakeSchedule, JobRegistry
+from disque.job_table import AwakeSchedule, JobRegistry
 
 from .statekit import Node
 
@@ -30,7 +31,7 @@ NODE = "f" * 40
 
 def make_job(registry: JobRegistry, ids: JobIdGenerator, awakeme: int) -> Job:
     job = Job(ids.next_id(3600, 60), b"q", b"x")
-    registry._add(job)
+    registry.add(job)
     registry.schedule.move(job, awakeme)
     return job
 
@@ -75,7 +76,7 @@ def test_moved_and_forgotten_jobs_leave_nothing_behind() -> None:
     moved = make_job(registry, ids, 1000)
     registry.schedule.move(moved, 90_000)
     gone = make_job(registry, ids, 1000)
-    registry._remove(gone)
+    registry.remove(gone)
     same_bucket = make_job(registry, ids, 1001)
     registry.schedule.move(same_bucket, 1002)
     schedule = registry.schedule
@@ -171,14 +172,14 @@ def test_collector_policy_freezes_then_hands_back() -> None:
     policy = CollectorPolicy(now=0.0)
     try:
         gc.unfreeze()
-        policy.tick(gcpolicy.FREEZE_PERIOD_S / 2)
+        policy.tick(cyclic_gc.FREEZE_PERIOD_S / 2)
         assert gc.get_freeze_count() == 0
-        policy.tick(gcpolicy.FREEZE_PERIOD_S)
+        policy.tick(cyclic_gc.FREEZE_PERIOD_S)
         assert gc.get_freeze_count() > 0 and policy.freezes == 1
-        policy.tick(gcpolicy.UNFREEZE_PERIOD_S)
+        policy.tick(cyclic_gc.UNFREEZE_PERIOD_S)
         assert gc.get_freeze_count() == 0 and policy.unfreezes == 1
         # The next freeze comes a full period after the hand-back.
-        policy.tick(gcpolicy.UNFREEZE_PERIOD_S + gcpolicy.FREEZE_PERIOD_S / 2)
+        policy.tick(cyclic_gc.UNFREEZE_PERIOD_S + cyclic_gc.FREEZE_PERIOD_S / 2)
         assert gc.get_freeze_count() == 0
     finally:
         gc.unfreeze()
@@ -190,7 +191,7 @@ def test_collector_policy_install_keeps_full_collections_off_between_freezes() -
         CollectorPolicy.install()
         gen0, gen1, gen2 = gc.get_threshold()
         assert (gen0, gen1) == before[:2]
-        assert gen2 == gcpolicy.FULL_COLLECTION_THRESHOLD > before[2]
+        assert gen2 == cyclic_gc.FULL_COLLECTION_THRESHOLD > before[2]
         # Young garbage cycles are still collected by the cheap generations.
         obj = Cycle()
         alive = weakref.ref(obj)
@@ -214,11 +215,11 @@ def test_collector_policy_frees_cycles_that_died_while_frozen() -> None:
         gc.unfreeze()
         obj = Cycle()
         alive = weakref.ref(obj)
-        policy.tick(gcpolicy.FREEZE_PERIOD_S)      # obj is frozen...
+        policy.tick(cyclic_gc.FREEZE_PERIOD_S)      # obj is frozen...
         del obj                                     # ...and dies there
         gc.collect()
         assert alive() is not None                  # frozen: out of the collector's sight
-        policy.tick(gcpolicy.UNFREEZE_PERIOD_S)     # the hourly hand-back collects it
+        policy.tick(cyclic_gc.UNFREEZE_PERIOD_S)     # the hourly hand-back collects it
         assert alive() is None
     finally:
         gc.unfreeze()
@@ -257,7 +258,7 @@ class RecordingTransport:
 def connect(node: Node) -> tuple[ClientConnection, RecordingTransport]:
     """A client connection to ``node`` over a transport that records what it writes."""
     transport = RecordingTransport()
-    conn = ClientConnection(node.state)
+    conn = ClientConnection(node.state, ReplyBatch(node.state))
     conn.connection_made(transport)  # type: ignore[arg-type]
     return conn, transport
 
@@ -269,25 +270,34 @@ async def _until(predicate, timeout: float = 5.0) -> None:
         await asyncio.sleep(0)
 
 
-def test_replies_wait_for_the_end_of_the_turn_and_survive_a_failing_hook() -> None:
+class FailingOnceAOF:
+    """What ReplyBatch asks of the AOF (its before_reply), recording when it
+    ran and failing the first time: the replies must go out anyway."""
+
+    def __init__(self, written: Callable[[], int]) -> None:
+        self.written = written
+        self.calls: list[int] = []
+
+    def before_reply(self) -> None:
+        self.calls.append(self.written())
+        if len(self.calls) == 1:
+            raise RuntimeError("injected AOF failure")
+
+
+def test_replies_wait_for_the_end_of_the_turn_and_survive_a_failing_aof() -> None:
     async def main() -> None:
         node = Node()
         loop = asyncio.get_running_loop()
         loop.set_exception_handler(lambda loop, context: None)  # the injected failure
-        calls: list[int] = []
-
-        def hook() -> None:
-            calls.append(len(transport.written))
-            if len(calls) == 1:
-                raise RuntimeError("injected hook failure")
-
-        node.state.before_reply_hooks.append(hook)
+        aof = FailingOnceAOF(lambda: len(transport.written))
+        node.state.persistence = aof  # type: ignore[assignment]
+        calls = aof.calls
         conn, transport = connect(node)
         conn.data_received(b"PING\r\nECHO a\r\n")
         assert transport.written == b""                 # not from the read callback
         await _until(lambda: transport.written)
         assert transport.written == b"+PONG\r\n$1\r\na\r\n"
-        assert calls == [0]                              # the hook ran before the write
+        assert calls == [0]                              # the AOF ran before the write
         conn.data_received(b"PING\r\n")                 # the connection still works
         await _until(lambda: transport.written.count(b"+PONG") == 2)
         assert transport.written == b"+PONG\r\n$1\r\na\r\n+PONG\r\n"
@@ -339,7 +349,7 @@ def test_acked_long_lived_jobs_leave_no_heap_keys_behind() -> None:
 
 
 def test_a_failing_job_stays_scheduled(monkeypatch: pytest.MonkeyPatch) -> None:
-    from disque import jobs as jobs_module
+    from disque import timers as jobs_module
 
     node = Node()
     job_id = node("ADDJOB", "q", "x", 0, "RETRY", 1).encode()
@@ -424,8 +434,7 @@ def test_random_pick_takes_distinct_candidates_and_every_one_in_turn() -> None:
 # --------------------------------------------------------------------------
 
 def test_recent_acks_forget_by_age_and_by_count_across_the_ring() -> None:
-    from disque import completion
-    from disque.completion import RECENT_ACK_MAX, RECENT_ACK_MS, RecentAcks
+    from disque.acked_ids import RECENT_ACK_MAX, RECENT_ACK_MS, RecentAcks
 
     acks = RecentAcks()
     acks.add(b"first", 1000)
@@ -444,11 +453,10 @@ def test_recent_acks_forget_by_age_and_by_count_across_the_ring() -> None:
     assert b"%d" % (total - RECENT_ACK_MAX - 1) not in acks
     assert all(b"%d" % i in acks for i in range(total - RECENT_ACK_MAX, total))
     assert b"second" not in acks and b"third" not in acks
-    assert completion.RECENT_ACK_MAX == RECENT_ACK_MAX
 
 
 def test_recent_acks_an_id_acked_again_keeps_its_later_time() -> None:
-    from disque.completion import RECENT_ACK_MAX, RECENT_ACK_MS, RecentAcks
+    from disque.acked_ids import RECENT_ACK_MAX, RECENT_ACK_MS, RecentAcks
 
     acks = RecentAcks()
     acks.add(b"again", 0)

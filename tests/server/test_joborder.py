@@ -13,7 +13,7 @@ import random
 import pytest
 
 from disque.job import FLAG_FIFO_STALE, FLAG_IN_FIFO, Job
-from disque.joborder import COMPACT_MIN, JobOrder
+from disque.queue_order import COMPACT_MIN, JobOrder
 
 
 def make_job(n: int, ctime: int) -> Job:

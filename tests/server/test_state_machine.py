@@ -10,10 +10,10 @@ import pytest
 from disque.ack import gc_retry_delay_ms
 from disque.cluster import ClusterNode
 from disque.job import JobState, ttl_minutes_from_id
-from disque.jobs import JOB_OVERHEAD_BYTES
+from disque.job_table import JOB_OVERHEAD_BYTES
 from disque.memory import STARTUP_BYTES
 from disque.protocol import NULL_ARRAY, ReplyError
-from disque.queue import QUEUE_ENTRY_BYTES
+from disque.queue_table import QUEUE_ENTRY_BYTES
 
 from .statekit import Node
 

@@ -1,10 +1,17 @@
-"""Clients blocked in GETJOB, served in arrival order (blocked.c).
+"""Blocked clients: what a client waits for, its timer, and how it is
+released (blocked.c).
 
-A blocked client waits on one or more queues.  Each queue keeps its waiters
-in arrival order; when a job is queued the first waiter gets it, and is
-removed from every queue it was waiting on.  A blocked client is unblocked
-exactly once: by a job, by its timeout, by ``-LEAVING``, or because it
-disconnected (then nothing is sent and nothing is left behind).
+A blocked command is a :class:`Blocked`: a GETJOB waiting for jobs
+(:class:`BlockedGet`, here), an ADDJOB waiting for its copies
+(``replication.BlockedAdd``), a WAITJOB (``waitjob.BlockedWait``), an
+ADDJOBS batch.  Each is unblocked exactly once: by its answer, by its
+timeout, by ``-LEAVING``, or because its client disconnected (then nothing
+is sent and the command's half-done work is undone).
+
+A GETJOB client waits on one or more queues.  Each queue keeps its waiters
+in arrival order; when a job is queued the first waiter gets it
+(``queue.serve_blocked_clients``) and is removed from every queue it was
+waiting on.
 """
 
 from __future__ import annotations
@@ -13,13 +20,14 @@ import asyncio
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
 from .job import Job
-from .queue import Queue, fetch_job
+from .protocol import NULL_ARRAY
+from .queue_table import Queue
 
 if TYPE_CHECKING:
     from .state import ServerState
 
-__all__ = ["Blocked", "BlockedGet", "block_for_jobs", "park", "unblock", "serve_blocked_clients",
-           "unblock_all", "getjob_entry", "NO_REPLY", "WITH_COUNTERS", "WITH_LEASE"]
+__all__ = ["Blocked", "BlockedGet", "ReplicationWait", "Waiter", "block_for_jobs", "park",
+           "unblock", "unblock_all", "getjob_entry", "NO_REPLY", "WITH_COUNTERS", "WITH_LEASE"]
 
 #: Timeouts are capped: a wait this long is "forever" for every practical purpose
 #: and larger values would overflow the event loop's timer.
@@ -70,6 +78,36 @@ class Blocked:
         """The client went away: undo what the command left half done."""
         raise NotImplementedError
 
+    def overlappable(self) -> bool:
+        """Whether the connection may run the ADDJOBs pipelined after this
+        command while it waits (connection.ReplySlot)."""
+        return False
+
+
+class ReplicationWait(Blocked):
+    """An ADDJOB waiting for its job's copies: what the replication timer
+    and the confirmations read (the behaviour is ``replication.BlockedAdd``)."""
+
+    __slots__ = ("extrepl", "job", "last_added", "last_sent", "needed", "started")
+
+    def __init__(self, client: Waiter, job: Job, needed: int, extrepl: bool, now: int,
+                 started: float) -> None:
+        super().__init__(client)
+        self.job = job
+        self.needed = needed
+        self.extrepl = extrepl
+        #: When a node was last added to the job's list (ms).
+        self.last_added = now
+        #: When REPLJOB last went to the unconfirmed nodes (ms).
+        self.last_sent = now
+        #: For the replication latency histogram (finer than the ms clock).
+        self.started = started
+
+    def overlappable(self) -> bool:
+        # Replicating pipelined ADDJOBs one at a time would cost a bus
+        # round trip per job.
+        return True
+
 
 class BlockedGet(Blocked):
     """A client waiting in GETJOB for a job on one of ``queues``."""
@@ -89,7 +127,6 @@ class BlockedGet(Blocked):
             q.atime = now
 
     def timeout_reply(self, state: ServerState) -> Any:
-        from .protocol import NULL_ARRAY
         return NULL_ARRAY
 
     def abandoned(self, state: ServerState) -> None:
@@ -148,9 +185,8 @@ def park(state: ServerState, blocked: Blocked, timeout_ms: int) -> None:
 def unblock(state: ServerState, blocked: Blocked, reply: Any, timed_out: bool = False) -> None:
     """Release the client and send it ``reply`` (unless NO_REPLY: it went away).
 
-    ``blocked`` is a :class:`BlockedGet` or a replicating ADDJOB
-    (``replication.BlockedAdd``): each knows what to release, what to
-    answer on timeout and what to undo when its client is gone.
+    Each kind of :class:`Blocked` knows what to release, what to answer on
+    timeout and what to undo when its client is gone.
     """
     client = blocked.client
     if client.blocked is not blocked:
@@ -167,21 +203,6 @@ def unblock(state: ServerState, blocked: Blocked, reply: Any, timed_out: bool = 
     if timed_out:
         reply = blocked.timeout_reply(state)
     client.resume(reply)
-
-
-def serve_blocked_clients(state: ServerState, q: Queue) -> int:
-    """Give one job each to the clients waiting on ``q``, first come first served."""
-    served = 0
-    while q.waiters and q.jobs and not q.paused_out:
-        blocked = next(iter(q.waiters))
-        job = fetch_job(state, q)
-        if job is None:
-            break
-        fields = blocked.fields
-        now = state.clock.now_ms() if fields & WITH_LEASE else 0
-        unblock(state, blocked, [getjob_entry(job, fields, now)])
-        served += 1
-    return served
 
 
 def unblock_all(state: ServerState, reply: Any) -> int:

@@ -21,9 +21,10 @@ import mmap
 import os
 import sys
 
-from .aof import KIND_DELJOB, KIND_IDMP, KIND_LOADJOB, KIND_MARK, AofReader, Damage, Record
-from .job import SerializationError
-from .jobext import decode_stored
+from ..job import SerializationError
+from ..job_options import decode_stored
+from .reader import AofReader, Damage, Record
+from .records import KIND_DELJOB, KIND_IDMP, KIND_LOADJOB, KIND_MARK
 
 __all__ = ["main", "check"]
 

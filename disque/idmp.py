@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import hashlib
 import heapq
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Final
 
 from .memory import MemoryTracker
@@ -85,8 +85,6 @@ class DedupIndex:
         self._seq = 0
         #: Entries waiting for their ADDJOB's replication, by job ID.
         self.pending: dict[bytes, DedupEntry] = {}
-        #: Called with each entry that becomes final (the AOF logs it).
-        self.on_settled: list[Callable[[DedupEntry], None]] = []
         self.hits = 0
         self.conflicts = 0
         self.expired = 0
@@ -112,8 +110,9 @@ class DedupIndex:
             return None
         return entry
 
-    def add(self, entry: DedupEntry) -> None:
-        """Record ``entry`` (replacing an older one for the same key)."""
+    def add(self, entry: DedupEntry) -> bool:
+        """Record ``entry`` (replacing an older one for the same key); True
+        if it is final already (not waiting for its ADDJOB's copies)."""
         k = (entry.queue, entry.key)
         old = self._entries.get(k)
         if old is not None:
@@ -126,36 +125,30 @@ class DedupIndex:
         heapq.heappush(self._heap, (entry.until, self._seq, entry))
         if entry.pending:
             self.pending[entry.job_id] = entry
-        else:
-            self._settled(entry)
+            return False
+        return True
 
-    def settle(self, job_id: bytes, achieved: bool) -> None:
+    def settle(self, job_id: bytes, achieved: bool) -> DedupEntry | None:
         """The ADDJOB of a pending entry answered: keep the entry (the job was
-        added) or drop it (-NOREPL: a retry must add the job)."""
+        added; it is returned, final now) or drop it (-NOREPL: a retry must
+        add the job)."""
         entry = self.pending.pop(job_id, None)
         if entry is None:
-            return
+            return None
         entry.pending = False
+        if not self.is_current(entry):
+            return None
         if not achieved:
-            if self.is_current(entry):
-                self._remove(entry)
-        elif self.is_current(entry):
-            self._settled(entry)
+            self._remove(entry)
+            return None
+        return entry
 
     def restore(self, entry: DedupEntry, now: int) -> bool:
         """An entry read back from the AOF; False if it expired meanwhile."""
         if entry.until <= now:
             return False
-        self.add_quietly(entry)
+        self.add(entry)
         return True
-
-    def add_quietly(self, entry: DedupEntry) -> None:
-        """:meth:`add` without telling ``on_settled`` (loading)."""
-        hooks, self.on_settled = self.on_settled, []
-        try:
-            self.add(entry)
-        finally:
-            self.on_settled = hooks
 
     def expire(self, now: int, limit: int = EXPIRE_PER_RUN) -> int:
         """Drop up to ``limit`` expired entries (the cron)."""
@@ -184,10 +177,6 @@ class DedupIndex:
         self.pending.clear()
 
     # -- internals ------------------------------------------------------------
-
-    def _settled(self, entry: DedupEntry) -> None:
-        for hook in self.on_settled:
-            hook(entry)
 
     def _remove(self, entry: DedupEntry) -> None:
         """Forget ``entry``; its heap item is skipped when it surfaces."""

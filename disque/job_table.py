@@ -1,0 +1,212 @@
+"""The job table: every job this node holds, by ID, and the one "awake-me"
+schedule.
+
+There is no timer per job.  Every job has one ``awakeme`` time: the earliest
+of its expiry, its next (re)queue time (500 ms early when the other copies
+must be warned with WILLQUEUE) and, once acked, its next garbage-collection
+attempt.  All jobs sit in one schedule ordered by that time
+(:class:`AwakeSchedule`); the server arms a single timer for its earliest
+job and ``timers.process_due_jobs`` runs ``process_job`` on whatever is due
+(job.c:processJob).  A job is in the schedule exactly once while registered:
+rescheduling moves it and forgetting it takes it out, both in O(1).
+
+This module holds the data; the procedures that change it are
+``jobs.register_job`` / ``unregister_job`` and ``schedule.update_awake_time``.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable, Iterator
+from itertools import islice
+from typing import Final
+
+from . import _native
+from .job import Job
+from .keyspace import SlicedDict, job_id_slice
+
+__all__ = ["AwakeSchedule", "JobRegistry", "JOB_OVERHEAD_BYTES", "job_memory"]
+
+#: Bytes attributed to one job besides its body (object, ID, times, registry
+#: and schedule entries); checked against tracemalloc in the tests, and
+#: matching the RSS per job of ``benchmarks.run memory`` (1 M jobs of 100
+#: bytes: 517 B each compiled).  The compiled Job keeps its fields unboxed
+#: and is smaller; interpreted, jobs share time objects under load
+#: (ServerState.shared_int): ~400 bytes at tens of jobs per ms and ~470 at
+#: one per ms.
+JOB_OVERHEAD_BYTES: Final = 410 if _native.MODE == "compiled" else 450
+
+
+class AwakeSchedule:
+    """Jobs by awake time, in buckets of ``2**BUCKET_SHIFT`` ms.
+
+    A bucket is a dict used as an ordered set of jobs; a heap orders the
+    bucket numbers.  A job is in exactly one bucket while it has an awake
+    time (``job.awakeme``): moving or forgetting a job takes it out of its
+    bucket in O(1), so the schedule never holds a job the node dropped.
+    (A lazily-deleted heap, as here before, kept every acked job and its
+    body alive until its old awake time, up to RETRY later: hundreds of
+    megabytes under a sustained ACK load.)  Precision is per job: a bucket
+    is opened when its first millisecond is due and only its jobs whose own
+    ``awakeme`` has come are taken.
+
+    Compared with a heap of ``(awakeme, seq, job)`` tuples this costs one
+    dict slot per job instead of a tuple and a sequence number, and leaves
+    the cyclic GC one object fewer per job to walk.
+    """
+
+    __slots__ = ("_buckets", "_heaped", "_keys")
+
+    #: Bucket width: 16 ms.
+    BUCKET_SHIFT: Final = 4
+
+    def __init__(self) -> None:
+        # Emptied buckets are deleted at once: a dict keeps its table after
+        # its entries go, and a bucket may have held thousands of jobs.
+        self._buckets: dict[int, dict[Job, None]] = {}
+        self._keys: list[int] = []    # heap of bucket numbers (some maybe emptied since)
+        self._heaped: set[int] = set()  # the numbers in _keys, so each is pushed once
+
+    def __len__(self) -> int:
+        """Jobs scheduled."""
+        return sum(map(len, self._buckets.values()))
+
+    def move(self, job: Job, when: int) -> None:
+        """Schedule ``job`` at ``when`` (ms), wherever it was before."""
+        if job.awakeme:
+            self.discard(job)
+        job.awakeme = when
+        key = when >> self.BUCKET_SHIFT
+        bucket = self._buckets.get(key)
+        if bucket is None:
+            bucket = self._buckets[key] = {}
+            if key not in self._heaped:
+                self._heaped.add(key)
+                heapq.heappush(self._keys, key)
+        bucket[job] = None
+
+    def discard(self, job: Job) -> None:
+        """Take ``job`` out of the schedule (its awake time becomes 0)."""
+        when = job.awakeme
+        if when:
+            key = when >> self.BUCKET_SHIFT
+            bucket = self._buckets.get(key)
+            if bucket is not None:
+                if job in bucket:  # not pop(job, None): compiled, a Python-level call
+                    del bucket[job]
+                if not bucket:
+                    del self._buckets[key]
+                    if len(self._keys) > 2 * len(self._buckets) + 1024:
+                        self._rebuild_keys()
+            job.awakeme = 0
+
+    def _rebuild_keys(self) -> None:
+        """Drop the heap's numbers of emptied buckets.
+
+        They would otherwise stay until their time comes: a job acked long
+        before its expiry (RETRY 0, a TTL of days) leaves one behind.
+        """
+        self._keys = list(self._buckets)
+        heapq.heapify(self._keys)
+        self._heaped = set(self._keys)
+
+    def _pop_key(self) -> None:
+        key = heapq.heappop(self._keys)
+        self._heaped.discard(key)
+        self._buckets.pop(key, None)
+
+    def next_time(self) -> int | None:
+        """Awake time of the earliest scheduled job (empty buckets are dropped)."""
+        keys, buckets = self._keys, self._buckets
+        while keys:
+            bucket = buckets.get(keys[0])
+            if bucket:
+                return min(job.awakeme for job in bucket)
+            self._pop_key()
+        return None
+
+    def pop_due(self, now_ms: int, limit: int) -> list[Job]:
+        """Remove and return up to ``limit`` jobs whose time has come, earliest buckets first."""
+        keys, buckets = self._keys, self._buckets
+        shift = self.BUCKET_SHIFT
+        due: list[Job] = []
+        while keys and keys[0] << shift <= now_ms and len(due) < limit:
+            bucket = buckets.get(keys[0])
+            if bucket:
+                # Stop scanning at the limit: a bucket may hold a million jobs
+                # (e.g. loaded ones expiring in the same second).
+                taken = list(islice((job for job in bucket if job.awakeme <= now_ms),
+                                    limit - len(due)))
+                for job in taken:
+                    del bucket[job]
+                    job.awakeme = 0  # unscheduled: update_awake_time schedules it again
+                    due.append(job)
+                if bucket:
+                    break  # not due yet, or over the limit: nothing later is due either
+            self._pop_key()
+        return due
+
+    def clear(self) -> None:
+        self._buckets.clear()
+        self._keys.clear()
+        self._heaped.clear()
+
+
+class JobRegistry:
+    """All jobs this node holds, by ID, scannable with JSCAN.
+
+    ``evictable`` keeps, oldest first, the jobs that memory eviction may drop
+    without breaking a guarantee: acked jobs and delivered RETRY-0 jobs.
+    """
+
+    __slots__ = ("_evictable", "_jobs", "_slices", "schedule")
+
+    def __init__(self) -> None:
+        self._jobs: SlicedDict[bytes, Job] = SlicedDict(job_id_slice)
+        self._slices = self._jobs.slices
+        self.schedule = AwakeSchedule()
+        self._evictable: dict[Job, None] = {}
+
+    def __len__(self) -> int:
+        return len(self._jobs)
+
+    def get(self, job_id: bytes) -> Job | None:
+        return self._slices[job_id_slice(job_id)].get(job_id)
+
+    def all(self) -> Iterator[Job]:
+        return self._jobs.values()
+
+    def scan(self, cursor: int, count: int,
+             accept: Callable[[Job], bool] | None = None) -> tuple[int, list[Job]]:
+        return self._jobs.scan(cursor, count, accept)
+
+    def evictable_add(self, job: Job) -> None:
+        self._evictable[job] = None
+
+    def evictable_discard(self, job: Job) -> None:
+        if job in self._evictable:  # not pop(job, None): compiled, a Python-level call
+            del self._evictable[job]
+
+    def oldest_evictable(self) -> Job | None:
+        return next(iter(self._evictable), None)
+
+    def clear(self) -> None:
+        self._jobs.clear()
+        self.schedule.clear()
+        self._evictable.clear()
+
+    # Used by jobs.register_job / unregister_job only.
+    def add(self, job: Job) -> bool:
+        job_id = job.id
+        return self._jobs.add_at(job_id_slice(job_id), job_id, job)
+
+    def remove(self, job: Job) -> bool:
+        self.evictable_discard(job)
+        self.schedule.discard(job)
+        job_id = job.id
+        return self._jobs.pop_at(job_id_slice(job_id), job_id) is not None
+
+
+def job_memory(job: Job) -> int:
+    """What a job counts in ``used_memory`` (memory.py)."""
+    return JOB_OVERHEAD_BYTES + len(job.body)

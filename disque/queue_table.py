@@ -1,0 +1,160 @@
+"""Queues and the queue table: the data.
+
+A queue holds its jobs in creation order (``queue_order.JobOrder``), its
+pause flags, statistics, the GETJOB clients waiting on it and, once it
+federates, what it remembers of asking for and importing jobs.  A queue
+exists only while something needs it: empty, unpaused queues without
+waiting clients are evicted after a while (``ServerState.evict_idle_queues``).
+
+The spec's procedures on queues (ENQUEUE, DEQUEUE, NACK, the fetch of
+GETJOB) are in ``queue.py``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
+
+from .job import Job
+from .keyspace import SlicedDict, name_slice
+from .queue_order import JobOrder
+
+if TYPE_CHECKING:
+    from .waiters import BlockedGet
+
+__all__ = ["Queue", "QueueRegistry", "QueueFederation", "PAUSED_IN", "PAUSED_OUT",
+           "pause_label", "QUEUE_OVERHEAD_BYTES", "QUEUE_ENTRY_BYTES"]
+
+class QueueFederation:
+    """What one queue remembers about asking for and importing jobs."""
+
+    __slots__ = ("adhoc_attempt", "adhoc_time", "bcast_attempt", "bcast_time", "cur_count",
+                 "cur_start", "prev_count", "prev_start", "responders")
+
+    def __init__(self) -> None:
+        self.bcast_time = 0
+        self.bcast_attempt = 0
+        self.adhoc_time = 0
+        self.adhoc_attempt = 0
+        #: node ID -> when it last sent us jobs for this queue (ms).
+        self.responders: dict[str, int] = {}
+        # Jobs imported in the current and the previous second.
+        self.cur_start = 0
+        self.cur_count = 0
+        self.prev_start = 0
+        self.prev_count = 0
+
+
+PAUSED_IN = 1
+PAUSED_OUT = 2
+_PAUSE_LABELS = {0: "none", PAUSED_IN: "in", PAUSED_OUT: "out", PAUSED_IN | PAUSED_OUT: "all"}
+
+#: Memory attributed to one queue besides its jobs (measured, see tests).
+QUEUE_OVERHEAD_BYTES = 1200
+#: Memory attributed to one queued entry (a deque slot; a re-queued job's
+#: sorted-list entry costs more, but such jobs are few).
+QUEUE_ENTRY_BYTES = 8
+
+
+def pause_label(flags: int) -> str:
+    return _PAUSE_LABELS[flags & (PAUSED_IN | PAUSED_OUT)]
+
+
+class Queue:
+    """A named queue of jobs ordered by creation time (``ctime``)."""
+
+    __slots__ = (
+        "atime",
+        "ctime",
+        "dead_lettered",
+        "fed",
+        "flags",
+        "jobs",
+        "jobs_in",
+        "jobs_out",
+        "name",
+        "waiters",
+    )
+
+    def __init__(self, name: bytes, now_ms: int) -> None:
+        self.name = name
+        # The jobs themselves, oldest ctime first.
+        self.jobs = JobOrder()
+        self.ctime = now_ms
+        self.atime = now_ms
+        self.flags = 0
+        self.jobs_in = 0
+        self.jobs_out = 0
+        #: Jobs this node moved out of this queue to a dead-letter queue (MAXDELIVERIES).
+        self.dead_lettered = 0
+        # Blocked GETJOB clients in arrival order (a dict keeps order and removes in O(1)).
+        self.waiters: dict[BlockedGet, None] = {}
+        # Federation state, made when the queue first asks for or imports
+        # jobs (federation.py); None on a lone node.
+        self.fed: QueueFederation | None = None
+
+    def __len__(self) -> int:
+        return len(self.jobs)
+
+    @property
+    def paused_in(self) -> bool:
+        return bool(self.flags & PAUSED_IN)
+
+    @property
+    def paused_out(self) -> bool:
+        return bool(self.flags & PAUSED_OUT)
+
+    def is_evictable(self, now_ms: int, idle_ms: int) -> bool:
+        """Empty, not paused, nobody waiting, untouched for ``idle_ms``."""
+        return (not self.jobs and not self.flags and not self.waiters
+                and now_ms - self.atime >= idle_ms)
+
+    def peek(self, count: int) -> list[Job]:
+        """The ``count`` oldest jobs, or the ``-count`` newest (newest first)."""
+        if count >= 0:
+            return self.jobs.oldest(count)
+        return self.jobs.newest(-count)
+
+
+class QueueRegistry:
+    """All queues of this node, scannable with QSCAN."""
+
+    __slots__ = ("_by_name", "_queues")
+
+    def __init__(self) -> None:
+        self._queues: SlicedDict[bytes, Queue] = SlicedDict(name_slice)
+        # A flat index too: every job command looks its queue up, and queues
+        # are few, so a second dict is cheaper than hashing into a slice.
+        self._by_name: dict[bytes, Queue] = {}
+
+    def __len__(self) -> int:
+        return len(self._queues)
+
+    def lookup(self, name: bytes) -> Queue | None:
+        return self._by_name.get(name)
+
+    def get_or_create(self, name: bytes, now_ms: int) -> Queue:
+        q = self._by_name.get(name)
+        if q is None:
+            q = Queue(bytes(name), now_ms)
+            self.add(q)
+        return q
+
+    def add(self, q: Queue) -> None:
+        self._queues.add(q.name, q)
+        self._by_name[q.name] = q
+
+    def remove(self, q: Queue) -> None:
+        self._queues.pop(q.name)
+        self._by_name.pop(q.name, None)
+
+    def all(self) -> Iterator[Queue]:
+        return self._queues.values()
+
+    def scan(self, cursor: int, count: int,
+             accept: Callable[[Queue], bool] | None = None) -> tuple[int, list[Queue]]:
+        return self._queues.scan(cursor, count, accept)
+
+    def clear(self) -> None:
+        self._queues.clear()
+        self._by_name.clear()
