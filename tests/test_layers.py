@@ -266,8 +266,10 @@ def test_known_private_import_is_gone(path: str) -> None:
 # What the docs cite
 # --------------------------------------------------------------------------
 
-#: Files that are not in the repository: the project's working notes.
-NOT_SHIPPED = re.compile(r"COMPAT\.md|C-BEHAVIOUR|\.\./shared")
+#: Files that are not in the repository: the project's working notes.  Each
+#: name is written in two pieces so that this file does not cite them itself.
+WORKING_NOTES = ("COMPAT" ".md", "C-" "BEHAVIOUR", "../" "shared")
+NOT_SHIPPED = re.compile("|".join(map(re.escape, WORKING_NOTES)))
 LINK = re.compile(r"\]\(([^)\s]*)\)")
 
 
@@ -330,8 +332,9 @@ def test_the_doc_readers_find_what_they_look_for(tmp_path: Path) -> None:
     (tmp_path / "b.md").write_text("# B\n")
     assert broken_links(tmp_path / "a.md") == ["c.md: no such file", "b.md#gone: no such heading"]
     module = tmp_path / "m.py"
-    module.write_text('"""See COMPAT.md."""\nX = "C-BEHAVIOUR"  # and ../shared\n')
-    assert citations(module) == ["../shared", "COMPAT.md"]  # not the string literal
+    compat, behaviour, shared = WORKING_NOTES
+    module.write_text(f'"""See {compat}."""\nX = "{behaviour}"  # and {shared}\n')
+    assert citations(module) == sorted([compat, shared])  # not the string literal
 
 
 @pytest.mark.parametrize("path", list(source_files(".md")), ids=rel)
