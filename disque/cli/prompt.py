@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import Any
 
 from ..exceptions import ConnectionFailed, DisqueError
@@ -50,11 +51,9 @@ def interactive(cli: Cli) -> int:
     """Read commands at a ``host:port>`` prompt until EOF, ``quit`` or Ctrl-C; returns 0."""
     readline = _setup_readline()
     history = os.environ.get("DISQUE_HISTFILE") or os.path.expanduser("~/.disque_history")
-    if readline is not None and history != os.devnull:
-        try:
-            readline.read_history_file(history)
-        except OSError:
-            pass
+    keep_history = readline is not None and history != os.devnull
+    if keep_history:
+        _on_history_file(readline.read_history_file, history)
     connected = _try_connect(cli)
     try:
         while True:
@@ -69,11 +68,8 @@ def interactive(cli: Cli) -> int:
                 break
             if not line.strip():
                 continue
-            if readline is not None and history != os.devnull:
-                try:
-                    readline.write_history_file(history)
-                except OSError:
-                    pass
+            if keep_history:
+                _on_history_file(readline.write_history_file, history)
             args = split_args(line)
             if args is None:
                 cli.err.write("Invalid argument(s)\n")
@@ -119,6 +115,13 @@ def _try_connect(cli: Cli) -> bool:
         cli.err.flush()
         return False
     return True
+
+
+def _on_history_file(action: Callable[[str], None], path: str) -> None:
+    try:
+        action(path)
+    except OSError:  # no history yet, or not writable: the prompt works without it
+        pass
 
 
 def _setup_readline() -> Any:
