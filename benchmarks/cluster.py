@@ -10,7 +10,7 @@ For each implementation (ours, and the original when
 
 ``redis-benchmark``, 50 clients, unpipelined and ``-P 16``.  Each cluster
 figure is divided by the same implementation's lone-node figure of the same
-round (the issue's target for ours: >= 0.6x unpipelined, >= 0.4x with -P 16),
+round (the target for ours: >= 0.6x unpipelined, >= 0.4x with -P 16),
 and every run is checked: the first node must hold one job per request
 (redis-benchmark counts ``-NOREPL`` answers as successes).
 

@@ -54,7 +54,7 @@ Scenarios:
     the original (``benchmarks/bulk_add.py``).
 ``original``
     one of our nodes against the original (``DISQUE_REFERENCE_SERVER``), the
-    issue's targets side by side: ADDJOB and GETJOB NOHANG with
+    speed targets side by side: ADDJOB and GETJOB NOHANG with
     ``redis-benchmark``, the batched produce/get/ack cycle (our client
     against redis-py on the original), memory per job
     (``benchmarks/versus_original.py``).

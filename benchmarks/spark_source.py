@@ -20,7 +20,7 @@ starts one real node (``appendonly no``) and one local Spark session
    for ``--rounds`` rounds, each ending with the node's fetch + ACK ceiling
    (the client's GETJOB loop then ``ack_many``, Spark idle), and each
    configuration's median run is reported with its per-round ratio to that
-   round's ceiling (issue 18's target: >= 0.6x);
+   round's ceiling (the target: >= 0.6x);
 2. times Spark's built-in ``rate-micro-batch`` source into ``noop`` for the
    same number of rows, in batches of the same sizes (``rowsPerBatch`` =
    ``maxJobsPerTrigger``; median of ``--rate-repeats`` runs), and prints
@@ -78,7 +78,7 @@ from disque.client import Client
 from tests.support.process import DisqueProcess, wait_for
 
 TARGET_RATIO = 0.15
-#: Issue 18: the source's drain against the node's fetch + ACK ceiling.
+#: The target of the source's drain against the node's fetch + ACK ceiling.
 CEILING_TARGET = 0.6
 DEFAULT_CONFIGS = [
     "fetchMode=driver,ackMode=ackjob,maxJobsPerTrigger=20000",
@@ -577,7 +577,7 @@ def print_report(args: argparse.Namespace, result: dict[str, Any]) -> None:
     print(f"\nagainst the node's fetch + ACK ceiling, per round ({result['rounds']} rounds; "
           f"ceiling: the client's GETJOB loop then ack_many, Spark idle; ceilings jobs/s "
           f"{[round(c) for c in ceilings]}, median {statistics.median(ceilings):.0f}):")
-    print("  whole query (start() until every job is acknowledged: what the issue's target "
+    print("  whole query (start() until every job is acknowledged: what the target "
           "measures):")
     for run in result["disque"]:
         verdict = "meets" if run["ceiling_ratio"] >= CEILING_TARGET else "MISSES"

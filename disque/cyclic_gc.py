@@ -3,8 +3,8 @@
 Every stored job is a GC-tracked object.  The collector's full collections
 walk all of them, and by default one runs each time the long-lived objects
 grow by 25%: with a million jobs that is a 0.3-0.5 s stall every few seconds
-of sustained ADDJOB load, and about a fifth of the node's CPU (measured, see
-docs/BENCHMARKS.md).  Jobs never form reference cycles, so walking them is
+of sustained ADDJOB load, and about a fifth of the node's CPU (measured with
+perf under a sustained ADDJOB load).  Jobs never form reference cycles, so walking them is
 wasted work.
 
 The policy: every ``FREEZE_PERIOD_S`` the cron calls :func:`gc.freeze`,

@@ -93,6 +93,19 @@ BLOCKS: dict[tuple[str, str], str] = {
     ("docs/BENCHMARKS.md", "python3 -m benchmarks.run SCENARIO"): "a usage synopsis",
     ("docs/BENCHMARKS.md", "python3 -m benchmarks.run server --rounds 3"):
         "benchmarks of minutes each; tests/benchmarks/ run every scenario with --smoke",
+    ("docs/BENCHMARKS.md", "DISQUE_REFERENCE_SERVER=/path/to/disque-server python3 -m "
+     "benchmarks.run original"):
+        "needs the original's binary; tests/benchmarks/ run the scenario with --smoke",
+    ("docs/BENCHMARKS.md", "DISQUE_REFERENCE_SERVER=/path/to/disque-server python3 -m "
+     "benchmarks.run bulk"):
+        "needs the original's binary; tests/benchmarks/ run the scenario with --smoke",
+    ("docs/BENCHMARKS.md", "python3 -m benchmarks.run soak"):
+        "rounds of 100,000 jobs; tests/benchmarks/ run the scenario with --smoke",
+    ("docs/BENCHMARKS.md", "python3 -m benchmarks.instructions ADDJOB q body 0"):
+        "valgrind runs of minutes; tests/benchmarks/ run the counter's smoke test",
+    ("docs/CLUSTER.md", "DISQUE_REFERENCE_SERVER=/path/to/disque-server python3 -m "
+     "benchmarks.run cluster"):
+        "three-node benchmarks of minutes; tests/benchmarks/ run the scenario with --smoke",
     ("docs/BENCHMARKS.md", "redis-benchmark -h 127.0.0.1 -p PORT"):
         "the load commands the harness runs, quoted from its report (PORT varies)",
     ("docs/BENCHMARKS.md", "python3 -m disque.server --port 17712"):

@@ -292,7 +292,7 @@ class ClusterBus:
         answered before send their next ones: held, a REPLJOB carries ~28
         jobs instead of ~14, so each peer wakes, reads and writes GOTJOB
         half as often per job (-20% CPU per job on the peers; the 3-node
-        rate went from 0.43 to 0.49 of the one-node rate, docs/CLUSTER.md).
+        rate went from 0.43 to 0.49 of the one-node rate).
         The cost is a non-blocking poll: nothing waits on a timer, and a
         lone client's job leaves one poll later.  Only copies are held: a
         link with anything else to send (GOTJOB, PONG, a job too large for

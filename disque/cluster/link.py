@@ -59,7 +59,7 @@ OUTPUT_LIMIT = 256 * 1024 * 1024
 #: they copy the jobs.  Written every 64 entries, the peers copy and confirm
 #: the first jobs while this node parses the rest, and on two cores the
 #: nodes' work overlaps: +12% REPLICATE 3 -P 16 on 3 nodes (median of 5
-#: alternating rounds, better in each; docs/CLUSTER.md).  Much smaller runs
+#: alternating rounds, better in each).  Much smaller runs
 #: cost the peers more per job than the overlap saves (every 4 or 16
 #: entries halved the unpipelined rate in an earlier trial), and 50
 #: unpipelined clients never make a run this long: that case is unchanged.

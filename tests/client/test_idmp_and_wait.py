@@ -9,7 +9,8 @@ import time
 import pytest
 
 from disque import AsyncClient, Client, IdmpConflict, NoJob
-from disque.cli import HELP, waiting_hint
+from disque.cli.prompt import HELP
+from disque.cli.session import waiting_hint
 from tests.client.conftest import address, fake_job_id
 from tests.client.test_cli import disque
 from tests.support.process import DisqueProcess

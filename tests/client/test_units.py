@@ -8,7 +8,8 @@ import pytest
 
 import disque
 from disque import exceptions as exc
-from disque.cli import Status, format_raw, format_reply, format_tty, quote, split_args
+from disque.cli.format import Status, format_raw, format_reply, format_tty, quote
+from disque.cli.prompt import split_args
 from disque.client import _wire as w
 from disque.client._cluster import (
     Affinity,

@@ -98,7 +98,7 @@ def test_gossip_sections_are_sized_like_the_originals_and_failing_nodes_go_first
         assert len(membership.gossip_entries()) == wanted, n
     membership, peers, _clock = table(40)
     peers[7].flags.add("fail?")
-    peers[7].link = None  # a dead node has no link: still reported (bug 14)
+    peers[7].link = None  # a dead node has no link: still reported (the original skipped it)
     entries = membership.gossip_entries()
     assert entries[0].node_id == peers[7].id and entries[0].flags & m.WIRE_FLAGS["fail?"]
 

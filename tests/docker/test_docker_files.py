@@ -276,13 +276,11 @@ def test_the_dashboard_queries_only_metrics_a_node_exports(server_factory) -> No
     # The HELP lines too: per-queue and per-peer families have no samples on
     # a lone empty node, but are declared.
     exported = set(re.findall(r"^(?:# (?:HELP|TYPE) )?(disque_[a-z_]+)", text, re.MULTILINE))
-    # Exported once the dead-letter extension (issue 19, another part) counts.
-    optional = {"disque_dead_lettered_jobs_total"}
     dashboard = json.loads(DASHBOARD.read_text(encoding="utf-8"))
     queried = {name for panel in dashboard["panels"] for target in panel["targets"]
                for name in re.findall(r"\bdisque_[a-z_]+", target["expr"])}
     assert len(dashboard["panels"]) >= 10
-    assert queried - optional <= exported, sorted(queried - optional - exported)
+    assert queried <= exported, sorted(queried - exported)
 
 
 def test_compose_spark_runs_the_example_jobs() -> None:
@@ -309,8 +307,6 @@ def test_compose_spark_runs_the_example_jobs() -> None:
 
 
 def test_compose_spark_commands_match_the_jobs_options() -> None:
-    if not (ROOT / "jobs").is_dir():
-        pytest.skip("jobs/ (the example pipelines, issue 7) is not in this tree yet")
     script = load_compose()["services"]["spark"]["command"][2]
     for line in script.splitlines():
         if not line.strip():
@@ -342,8 +338,6 @@ def test_dockerfile_copy_sources_exist_and_are_in_the_context(name: str) -> None
     assert found, f"{name} copies nothing"
     for sources, _ in found:
         for source in sources:
-            if source.startswith("jobs") and not (ROOT / "jobs").is_dir():
-                pytest.skip("jobs/ (the example pipelines, issue 7) is not in this tree yet")
             path = ROOT / source
             assert path.exists(), f"{name}: COPY source {source} does not exist"
             assert in_context(source), f"{name}: {source} is excluded by .dockerignore"

@@ -1,9 +1,10 @@
-"""Adversarial input for every command (issue 2, "Bad input").
+"""Adversarial input for every command: a clear error, nothing lost.
 
 For each command in the table: wrong arity, non-numbers where numbers go,
 negative and huge numbers, unknown options, malformed job IDs, binary and
 empty and very large bodies, many IDs in one call, binary and empty queue
-names.  Each must get the original's error (COMPAT.md), the connection
+names.  Each must get the error the original Disque 1.0-rc1 answers, in
+its words and with its code (``ERR``, ``BADID``, ...), the connection
 must keep serving, and nothing already stored may be lost or altered: an
 autouse fixture stores a sentinel job before every test and checks it,
 byte for byte, afterwards.

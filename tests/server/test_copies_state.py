@@ -1,7 +1,7 @@
 """Copies of jobs from other nodes, driven in process with a manual clock:
-the defects the fault harness (faults/, docs/FAULTS.md) found, each pinned
-at the level of the state machine (their end-to-end reproductions are in
-tests/faults/test_scenarios.py)."""
+the fault harness's scenarios (faults/scenarios.py, docs/FAULTS.md, "What
+the scenarios reproduce"), each at the level of the state machine; their
+end-to-end runs are tests/faults/test_scenarios.py."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Unit tests of the node's hot-path data structures (issue 8 made them leaner).
+"""Unit tests of the node's hot-path data structures.
 
 The awake schedule in buckets, job ID generation and validation, and the
 garbage-collector policy are exercised directly; the state machine tests

@@ -3,9 +3,11 @@
 Everything here is about how the node reads requests and frames replies:
 inline commands, pipelines that mix framings, requests split into tiny
 writes, malformed frames (which must close only the offending connection),
-byte-exact replies where COMPAT.md fixes them, and RESP2/RESP3 negotiation
-with ``HELLO`` (including the stock redis-py 8 client, which sends
-``HELLO 3`` on connect).
+replies byte for byte where clients of the original depend on the exact
+framing (a status reply for ADDJOB's ID, a null array for a GETJOB that
+got nothing, a null bulk for SHOW of an unknown job, ...), and RESP2/RESP3
+negotiation with ``HELLO`` (including the stock redis-py 8 client, which
+sends ``HELLO 3`` on connect).
 
 ``Resp`` (a tiny raw client) is also used by ``test_bad_input.py``.
 
@@ -570,7 +572,7 @@ def test_huge_getjob_timeout_blocks_then_serves(node: DisqueProcess, probe: Resp
 
 
 # --------------------------------------------------------------------------
-# Byte-exact replies (COMPAT.md)
+# Byte-exact replies: the framing the original's clients read
 # --------------------------------------------------------------------------
 
 def test_byte_exact_replies(conn: Resp) -> None:
