@@ -170,6 +170,16 @@ BLOCKS: dict[tuple[str, str], str] = {
         "needs Docker (see above)",
     ("docker/README.md", "docker compose -f docker/compose.yaml run --rm spark"):
         "needs Docker (see above)",
+    ("docs/DEPLOY.md", "kubectl create secret generic disque-cluster-secret"):
+        "needs a Kubernetes cluster: tests/deploy/test_deploy_doc.py runs the secret command "
+        "with --dry-run=client and renders the kustomization; tests/deploy/"
+        "test_kubernetes.py validates it and runs the pods' join by DNS with real nodes",
+    ("docs/DEPLOY.md", "python3 -m venv /opt/disque"):
+        "installs system-wide (a user, a unit); tests/deploy/test_deploy_doc.py "
+        "(test_systemd_unit) verifies the unit and runs its ExecStart and stop as written",
+    ("docs/DEPLOY.md", "disque -p 7712 cluster info"):
+        "tests/deploy/test_deploy_doc.py (test_rolling_restart_check) runs it between two "
+        "restarts",
     ("docker/README.md", "DISQUE_CONFIG_FILE=none DISQUE_DATA_DIR=/tmp/disque"):
         "tests/docker/test_docker_files.py runs the entrypoint the same way (on free ports)",
 }

@@ -418,7 +418,9 @@ def test_spark_dockerfile() -> None:
     assert final["USER"].split(":")[0] not in ("", "0", "root")
     run = " ".join(rest for name, rest in instructions(dockerfile) if name == "RUN")
     assert "openjdk-17-jre-headless" in run
-    assert "pip install --no-cache-dir '.[spark]'" in run
+    # In a virtualenv: a Debian base's pip refuses the system (PEP 668).
+    assert "python -m venv /opt/venv && /opt/venv/bin/pip install '.[spark]'" in run
+    assert re.search(r"^ENV PATH=/opt/venv/bin:\$PATH", text, re.M)
     assert (["jobs/"], "./jobs/") in copies(dockerfile)
 
 
