@@ -419,7 +419,7 @@ def test_spark_dockerfile() -> None:
     run = " ".join(rest for name, rest in instructions(dockerfile) if name == "RUN")
     assert "openjdk-17-jre-headless" in run
     # In a virtualenv: a Debian base's pip refuses the system (PEP 668).
-    assert "python -m venv /opt/venv && /opt/venv/bin/pip install '.[spark]'" in run
+    assert "python -m venv --upgrade-deps /opt/venv && /opt/venv/bin/pip install '.[spark]'" in run
     assert re.search(r"^ENV PATH=/opt/venv/bin:\$PATH", text, re.M)
     assert (["jobs/"], "./jobs/") in copies(dockerfile)
 
