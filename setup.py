@@ -12,10 +12,14 @@ Python: an install never fails for want of the compiled core.
 from __future__ import annotations
 
 import ast
+import contextlib
 import hashlib
+import io
 import json
+import logging
 import os
 import sys
+import time
 from pathlib import Path
 
 from setuptools import setup
@@ -36,6 +40,10 @@ def _constant(name: str) -> object:
     raise RuntimeError(f"{name} not found in {NATIVE}")
 
 
+_STARTED = time.monotonic()
+#: setup.py commands that build the extensions; the others (egg_info and
+#: dist_info for metadata, sdist) do not need them translated.
+BUILDS = {"build", "build_ext", "bdist_wheel", "editable_wheel", "develop", "install"}
 MODULES: tuple[str, ...] = _constant("COMPILED_MODULES")  # type: ignore[assignment]
 ENV_VAR: str = _constant("ENV_VAR")  # type: ignore[assignment]
 HASHES_FILE: str = _constant("HASHES_FILE")  # type: ignore[assignment]
@@ -60,12 +68,24 @@ class OptionalBuildExt(build_ext):
     """
 
     def run(self) -> None:
+        if not self.extensions:
+            return
+        # The compiler's command lines (logged at INFO, ~2 kB each) are noise
+        # for a user; the build's one line says what happens.  -v keeps them.
+        root = logging.getLogger()
+        level = root.level
+        if self.verbose <= 1:
+            root.setLevel(logging.WARNING)
         try:
             super().run()
         except Exception as exc:  # CompileError, LinkError, missing headers ...
             self._remove_outputs()
             _notice(f"the C build failed: {exc}")
             return
+        finally:
+            root.setLevel(level)
+        print(f"disque: compiled the node's core in {time.monotonic() - _STARTED:.0f} s",
+              file=sys.stderr)
         hashes = {m: hashlib.sha256(_source(m).read_bytes()).hexdigest() for m in MODULES}
         package_dir = ROOT / "disque" if self.inplace else Path(self.build_lib) / "disque"
         package_dir.mkdir(parents=True, exist_ok=True)
@@ -86,12 +106,26 @@ def _extensions() -> list[object]:
     except ImportError:
         _notice("mypyc is not installed")
         return []
+    if not set(sys.argv[1:]) & BUILDS:
+        return []  # metadata or an sdist: nothing to compile (and no 20 s translation)
+    print(f"disque: compiling the node's core ({len(MODULES)} modules) with mypyc and the C "
+          "compiler: a minute or two", file=sys.stderr)
+    # mypyc's notes on the code ("Treating generator comprehension as list")
+    # are for whoever optimizes it, not for an install: shown only on failure.
+    notes = io.StringIO()
     try:
-        return list(mypycify([str(_source(m).relative_to(ROOT)) for m in MODULES],
-                             opt_level="3", group_name="disque_core"))
+        with contextlib.redirect_stdout(notes):
+            extensions = list(mypycify([str(_source(m).relative_to(ROOT)) for m in MODULES],
+                                       opt_level="3", group_name="disque_core"))
     except BaseException as exc:  # mypy's errors end in SystemExit
+        sys.stderr.write(notes.getvalue())
         _notice(f"mypyc could not translate the modules: {exc!r}")
         return []
+    # mypyc's generated C draws compiler warnings (unused labels and
+    # variables) that say nothing about this code.
+    for extension in extensions:
+        extension.extra_compile_args = [*extension.extra_compile_args, "-w"]
+    return extensions
 
 
 setup(ext_modules=_extensions(), cmdclass={"build_ext": OptionalBuildExt})

@@ -16,6 +16,7 @@ import fnmatch
 import os
 import re
 import shlex
+import textwrap
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -161,34 +162,51 @@ DIRECTIVES: dict[str, Directive] = {d.name: d for d in [
               doc="addresses to listen on"),
     Directive("dir", _string, ".", doc="working directory for nodes.conf, the AOF and logs"),
     Directive("logfile", _string, "", mutable=False, doc='log file; "" logs to stdout'),
-    Directive("loglevel", _choice("debug", "verbose", "notice", "warning"), "notice"),
-    Directive("daemonize", _yes_no, False, _fmt_bool, mutable=False),
-    Directive("pidfile", _string, "", mutable=False),
+    Directive("loglevel", _choice("debug", "verbose", "notice", "warning"), "notice",
+              doc="debug, verbose, notice or warning"),
+    Directive("daemonize", _yes_no, False, _fmt_bool, mutable=False,
+              doc="run in the background; the command returns once the node listens"),
+    Directive("pidfile", _string, "", mutable=False, doc='file to write the pid to; "" = none'),
     Directive("requirepass", _string, "", doc="password clients must AUTH with"),
     Directive("hz", _int_range(1, 500), 10, doc="frequency of periodic tasks"),
     Directive("timeout", _int_range(0, 2 ** 31 - 1), 0, doc="close idle clients after N s"),
-    Directive("tcp-keepalive", _int_range(0, 2 ** 31 - 1), 300),
-    Directive("tcp-backlog", _int_range(1, 65535), 511, mutable=False),
-    Directive("maxclients", _int_range(1, 1_000_000), 10000),
+    Directive("tcp-keepalive", _int_range(0, 2 ** 31 - 1), 300,
+              doc="TCP keepalive interval of client connections, in s; 0 = off"),
+    Directive("tcp-backlog", _int_range(1, 65535), 511, mutable=False,
+              doc="listen() backlog of the client port"),
+    Directive("maxclients", _int_range(1, 1_000_000), 10000,
+              doc="most client connections at once"),
     Directive("maxmemory", parse_memory, 1024 ** 3, format_memory,
               doc="limit of the node's data (INFO used_memory); 0: always at the 95% level"),
     Directive("maxmemory-policy", _choice("acks", "noeviction"), "acks",
               doc="acks: evict acked and delivered at-most-once jobs at 95%"),
     Directive("proto-max-bulk-len", _memory_at_least(1024 ** 2), 512 * 1024 ** 2,
-              format_memory),
+              format_memory, doc="largest argument (job body) a client may send"),
     Directive("client-query-buffer-limit", _memory_at_least(1024 ** 2), 1024 ** 3,
-              format_memory),
-    Directive("appendonly", _yes_no, False, _fmt_bool),
-    Directive("appendfilename", _string, "appendonly.aof", mutable=False),
-    Directive("appendfsync", _choice("always", "everysec", "no"), "everysec"),
-    Directive("aof-enqueue-jobs-once", _yes_no, False, _fmt_bool),
-    Directive("aof-load-truncated", _yes_no, True, _fmt_bool),
-    Directive("auto-aof-rewrite-percentage", _int_range(0, 2 ** 31 - 1), 100),
-    Directive("auto-aof-rewrite-min-size", parse_memory, 64 * 1024 ** 2, format_memory),
+              format_memory, doc="most unprocessed input one client may have"),
+    Directive("appendonly", _yes_no, False, _fmt_bool,
+              doc="log jobs to the append-only file and load it at start-up"),
+    Directive("appendfilename", _string, "appendonly.aof", mutable=False,
+              doc="the append-only file, in dir"),
+    Directive("appendfsync", _choice("always", "everysec", "no"), "everysec",
+              doc="fsync the AOF before every reply, once a second, or never"),
+    Directive("aof-enqueue-jobs-once", _yes_no, False, _fmt_bool,
+              doc="next start: load the AOF and restore the queues, then switch off"),
+    Directive("aof-load-truncated", _yes_no, True, _fmt_bool,
+              doc="start with a torn last AOF record dropped (no: refuse to start)"),
+    Directive("auto-aof-rewrite-percentage", _int_range(0, 2 ** 31 - 1), 100,
+              doc="rewrite the AOF when it grew this much since the last rewrite; 0 = never"),
+    Directive("auto-aof-rewrite-min-size", parse_memory, 64 * 1024 ** 2, format_memory,
+              doc="no automatic rewrite below this size"),
+    Directive("shutdown-timeout", _int_range(0, 3600), 10,
+              doc="seconds SIGTERM's drain may take (hand queued jobs to other nodes, "
+                  "then stop); 0 = stop at once"),
     Directive("idmp-max-keys", _int_range(1, 2 ** 31 - 1), 1_000_000,
               doc="most IDMP keys (idempotent ADDJOB) a node holds; the oldest go first"),
-    Directive("cluster-config-file", _string, "nodes.conf", mutable=False),
-    Directive("cluster-node-timeout", _int_range(1, 2 ** 31 - 1), 15000),
+    Directive("cluster-config-file", _string, "nodes.conf", mutable=False,
+              doc="the node's ID and known peers, in dir (written by the node)"),
+    Directive("cluster-node-timeout", _int_range(1, 2 ** 31 - 1), 15000,
+              doc="ms without an answer before a peer is flagged as possibly failing"),
     # Extensions (docs/EXTENSIONS.md): all off by default.
     Directive("cluster-secret", _secret, "", mutable=False,
               doc="HMAC key signing every cluster bus message; every node needs the same"),
@@ -356,6 +374,21 @@ class Config:
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, self.config_file)
+
+    def render(self) -> str:
+        """Every directive with its value and what it does: ``disque-server
+        --print-config`` (the defaults, or what a file and arguments make),
+        a disque.conf that loads as it is."""
+        out = ["# disque.conf: every directive of disque-server, with its value.",
+               "# \"directive value\" per line; \"#\" starts a comment; arguments",
+               "# (--directive value) override the file. Printed by",
+               "# disque-server --print-config [disque.conf] [--directive value ...]"]
+        for name, directive in DIRECTIVES.items():
+            out.append("")
+            doc = directive.doc + ("" if directive.mutable else " (not changed by CONFIG SET)")
+            out.extend(textwrap.wrap(doc, 78, initial_indent="# ", subsequent_indent="# "))
+            out.append(self._line(name))
+        return "\n".join(out) + "\n"
 
     def _line(self, name: str) -> str:
         value = self.formatted(name)

@@ -42,7 +42,7 @@ if TYPE_CHECKING:
     from .state import ServerState
 
 __all__ = ["import_from", "import_rate", "need_jobs", "need_jobs_cron", "receive_needjobs",
-           "receive_yourjobs"]
+           "receive_yourjobs", "send_jobs"]
 
 #: A node that sent jobs within this long is a responder.
 RESPONDER_WINDOW_MS = 5000
@@ -146,13 +146,24 @@ def receive_needjobs(state: ServerState, sender: ClusterNode, msg: Message) -> N
         return
     wanted = min(max(1, msg.aux), MAX_COUNT)  # bounded: the original overflowed a buffer
     count = wanted if len(q.jobs) >= 2 * wanted else max(1, len(q.jobs) // 2)
-    jobs: list[Job] = q.jobs.oldest(count)
+    send_jobs(state, sender.id, q.jobs.oldest(count))
+
+
+def send_jobs(state: ServerState, node_id: str, jobs: list[Job]) -> int:
+    """YOURJOBS: hand ``jobs``, queued here, to ``node_id``; how many went.
+
+    They leave our queue (and are forgotten here if at-most-once); one
+    message carries at most MAX_YOURJOBS_BYTES (at least one job), the rest
+    stay queued.  NEEDJOBS answers with this; so does the drain on SIGTERM
+    (drain.py), unasked.
+    """
+    now = state.clock.now_ms()
     blobs: list[bytes] = []
     size = 0
     for job in jobs:
-        # The asker holds a copy from now on: the GC must reach it (the
+        # The receiver holds a copy from now on: the GC must reach it (the
         # original left it out of the node list and could finish the GC early).
-        delivered = job.delivered | {sender.id}
+        delivered = job.delivered | {node_id}
         job.delivered, before = delivered, job.delivered
         blob = serialize_job(job, bus_now_ms=now)
         if blobs and size + len(blob) > MAX_YOURJOBS_BYTES:
@@ -162,9 +173,10 @@ def receive_needjobs(state: ServerState, sender: ClusterNode, msg: Message) -> N
         size += len(blob)
         dequeue_job(state, job)
         if job.retry == 0:
-            unregister_job(state, job)  # at most once: only the asker has it now
-    state.cluster.send(sender.id, state.cluster.jobs_message(
+            unregister_job(state, job)  # at most once: only the receiver has it now
+    state.cluster.send(node_id, state.cluster.jobs_message(
         messages.YOURJOBS, blobs, trailer=bus_trailer(jobs[:len(blobs)])))
+    return len(blobs)
 
 
 def receive_yourjobs(state: ServerState, sender: ClusterNode, msg: Message) -> None:

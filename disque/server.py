@@ -12,20 +12,22 @@ two timers:
   scheduled from the previous deadline, not from "now"), for the periodic
   housekeeping: idle queue eviction, idle client timeouts, statistics.
 
-Shutdown (SIGTERM, SIGINT, SHUTDOWN) is phased: stop listening, close the
-clients, run the shutdown hooks (persistence), save nodes.conf, remove the
-pid file.
+Shutdown (SHUTDOWN, and SIGTERM / SIGINT after the drain of ``drain.py``)
+is phased: stop listening, close the clients, write and sync the AOF, save
+nodes.conf, remove the pid file.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import signal
 import socket
 import ssl
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from typing import Any
@@ -38,6 +40,7 @@ from .cluster.bus import BUS_PORT_OFFSET, ClusterBus
 from .config import Config, ConfigError
 from .connection import ClientConnection, ReplyBatch
 from .cyclic_gc import CollectorPolicy
+from .drain import Drain
 from .federation import need_jobs_cron
 from .log import set_level, setup_logging
 from .node_events import NodeEvents
@@ -78,6 +81,7 @@ class DisqueServer:
         self.port = config.port
         self._metrics: Any = None  # metrics.MetricsServer, with metrics-port
         self._tls: TLSListener | None = None  # with tls-port
+        self._drain: Drain | None = None  # after a first SIGTERM / SIGINT
 
     # -- start --------------------------------------------------------------
 
@@ -88,6 +92,7 @@ class DisqueServer:
             os.chdir(config.dir)
         except OSError as err:
             raise SystemExit(f"Can't chdir to '{config.dir}': {err.strerror}") from None
+        _check_writable(config.dir)
         config.on_change("dir", self._change_dir)
         config.on_change("loglevel", set_level)
         my_ip = next((a for a in config.bind if a not in ("0.0.0.0", "::", "*")), "")
@@ -117,7 +122,6 @@ class DisqueServer:
         if config.port == 0:
             state.tcp_port = self.port
             cluster.myself.port = self.port
-            cluster.save()
         auth = None
         if config.cluster_secret:
             auth = BusAuth(config.cluster_secret.encode("utf-8", "surrogateescape"))
@@ -128,6 +132,13 @@ class DisqueServer:
         state.bus = bus
         register_job_messages(bus, state)
         await bus.start(config.bind, self.port)
+        # Only now, listening on both ports: a node that cannot start leaves
+        # no nodes.conf (a new identity) behind.
+        try:
+            cluster.save()
+        except OSError as err:
+            raise SystemExit(f"Can't write the cluster config file "
+                             f"'{config.cluster_config_file}': {err.strerror}") from None
         if config.metrics_port:
             # Imported here: prometheus-client is only loaded by nodes that serve it.
             from .metrics import MetricsServer
@@ -175,8 +186,9 @@ class DisqueServer:
             except OSError as err:
                 for other in servers:
                     other.close()
+                reason = os.strerror(err.errno) if err.errno else err.strerror
                 raise SystemExit(f"Could not create server TCP listening socket "
-                                 f"{address}:{port}: {err.strerror}") from None
+                                 f"{address}:{port}: {reason}") from None
             servers.append(server)
             if not port:  # the other addresses listen on the port the first one got
                 port = server.sockets[0].getsockname()[1]
@@ -286,6 +298,20 @@ class DisqueServer:
         asyncio.get_running_loop().call_soon(self.request_stop, mode)
         return None
 
+    def signal_stop(self) -> None:
+        """SIGTERM / SIGINT: drain first (drain.py), stop once drained; a
+        second signal, or ``shutdown-timeout 0``, stops at once."""
+        if self._stopping:
+            return
+        if self._drain is not None:
+            self._drain.interrupt()
+        elif self.state is None or not self.config.shutdown_timeout:
+            self.request_stop()
+        else:
+            self._drain = Drain(self.state, self._close_listeners, self.request_stop,
+                                self.config.shutdown_timeout)
+            self._drain.start()
+
     def request_stop(self, mode: str = "") -> None:
         if not self._stopping:
             log.warning("User requested shutdown...")
@@ -296,12 +322,9 @@ class DisqueServer:
             await self._stopped.wait()
             return
         self._stopping = True
-        for server in self._servers:
-            server.close()
+        self._close_listeners()
         if self._metrics is not None:
             self._metrics.stop()
-        if self._tls is not None:
-            self._tls.stop()
         if self._job_timer is not None:
             self._job_timer.cancel()
         if self._cron_handle is not None:
@@ -334,6 +357,14 @@ class DisqueServer:
         log.warning("Disque is now ready to exit, bye bye...")
         self._stopped.set()
 
+    def _close_listeners(self) -> None:
+        """No new client connections (the stop, and the drain's first step)."""
+        for server in self._servers:
+            server.close()
+        if self._tls is not None:
+            self._tls.stop()
+            self._tls = None
+
     async def wait_stopped(self) -> None:
         await self._stopped.wait()
 
@@ -351,6 +382,18 @@ def _sum_buffers(state: ServerState) -> None:
         clients += client.output_pending()
     links = state.bus.unsent_bytes() if state.bus is not None else 0
     state.memory.set_buffers(clients, links)
+
+
+def _check_writable(directory: str) -> None:
+    """Refuse to start in a directory the node cannot write (nodes.conf, the
+    AOF): better now, with the reason, than at the first save."""
+    try:
+        fd, path = tempfile.mkstemp(prefix=".disque-write-check-", dir=".")
+    except OSError as err:
+        raise SystemExit(f"Can't write to the working directory '{directory}': "
+                         f"{err.strerror}") from None
+    os.close(fd)
+    os.unlink(path)
 
 
 def _bus_port_free(bind: list[str], port: int) -> bool:
@@ -374,6 +417,7 @@ def _bus_port_free(bind: list[str], port: int) -> bool:
 USAGE = """Usage: disque-server [/path/to/disque.conf] [options]
        disque-server -v or --version
        disque-server -h or --help
+       disque-server --print-config [/path/to/disque.conf] [options]
 
 Examples:
        disque-server                      (127.0.0.1:7711, no config file needed)
@@ -383,24 +427,61 @@ Examples:
 """
 
 
-def _daemonize() -> None:
-    """Detach like the original with ``daemonize yes`` (double fork)."""
+def _daemonize() -> int:
+    """Detach like the original with ``daemonize yes`` (double fork).
+
+    The command does not return before the node serves: the first parent
+    waits on a pipe until the node reports (:func:`_report_start`) that it
+    listens, then exits 0, or prints why it could not start and exits 1.
+    Returns the pipe's write end, in the detached node.
+    """
+    read_fd, write_fd = os.pipe()
     if os.fork() > 0:
-        os._exit(0)
+        os.close(write_fd)
+        os._exit(_wait_for_start(read_fd))
+    os.close(read_fd)
     os.setsid()
     if os.fork() > 0:
         os._exit(0)
     devnull = os.open(os.devnull, os.O_RDWR)
     for fd in (0, 1, 2):
         os.dup2(devnull, fd)
+    return write_fd
 
 
-async def _serve(config: Config) -> None:
+#: What the detached node writes on the start-up pipe once it listens.
+STARTED = b"started"
+
+
+def _wait_for_start(read_fd: int) -> int:
+    chunks = []
+    while chunk := os.read(read_fd, 4096):
+        chunks.append(chunk)
+    report = b"".join(chunks)
+    if report == STARTED:
+        return 0
+    reason = report.decode("utf-8", "replace") or "the node exited during start-up"
+    print(f"disque-server: {reason}", file=sys.stderr)
+    return 1
+
+
+def _report_start(fd: int | None, report: bytes) -> None:
+    if fd is None:
+        return
+    try:
+        os.write(fd, report)
+        os.close(fd)
+    except OSError:
+        pass
+
+
+async def _serve(config: Config, started: Callable[[], None]) -> None:
     server = DisqueServer(config)
     await server.start()
+    started()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, server.request_stop, "")
+        loop.add_signal_handler(sig, server.signal_stop)
     await server.wait_stopped()
 
 
@@ -412,19 +493,30 @@ def main(argv: list[str] | None = None) -> int:
     if args and args[0] in ("-v", "--version"):
         print(f"Disque server v={__version__} (python, core: {_native.describe()})")
         return 0
+    print_config = bool(args) and args[0] == "--print-config"
     try:
-        config = Config.from_args(args)
+        config = Config.from_args(args[1:] if print_config else args)
     except ConfigError as err:
         print(f"\n*** FATAL CONFIG FILE ERROR ***\n{err}\n", file=sys.stderr)
         return 1
+    if print_config:  # every directive, commented: a sample disque.conf
+        sys.stdout.write(config.render())
+        return 0
+    report_fd: int | None = None
     if config.daemonize:
         if not config.logfile:
             config.logfile = os.devnull
-        _daemonize()
-    setup_logging(config.loglevel, config.logfile)
-    if config.pidfile:
-        with open(config.pidfile, "w") as fh:
-            fh.write(f"{os.getpid()}\n")
+        report_fd = _daemonize()
+    try:
+        setup_logging(config.loglevel, config.logfile)
+        if config.pidfile:
+            with open(config.pidfile, "w") as fh:
+                fh.write(f"{os.getpid()}\n")
+    except OSError as err:
+        reason = f"Can't open '{err.filename}': {err.strerror}"
+        _report_start(report_fd, reason.encode())
+        print(f"disque-server: {reason}", file=sys.stderr)
+        return 1
     runner: Callable[..., Any]
     try:
         import uvloop
@@ -432,10 +524,19 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError:  # pragma: no cover - uvloop is a dependency; fall back anyway
         runner = asyncio.run
     try:
-        runner(_serve(config))
+        runner(_serve(config, lambda: _report_start(report_fd, STARTED)))
     except SystemExit as err:
         if isinstance(err.code, str):
             logging.getLogger("disque.server").error("%s", err.code)
+            # The log may be a file nobody is looking at: say it where the
+            # command was run too (the daemon's parent prints it).
+            if report_fd is not None:
+                _report_start(report_fd, err.code.encode())
+            elif config.logfile:
+                print(f"disque-server: {err.code}", file=sys.stderr)
+            if config.pidfile:
+                with contextlib.suppress(OSError):
+                    os.unlink(config.pidfile)
             return 1
         raise
     return 0

@@ -6,8 +6,13 @@
 #   disque-entrypoint [--directive value ...]   start the node (extra directives win)
 #   disque-entrypoint disque-server [conf] [--directive value ...]   the same
 #   disque-entrypoint healthcheck               exit 0 if the local node answers PING
+#   disque-entrypoint ready                     exit 0 if it answers PING and, with
+#                                               DISQUE_JOIN, has a reachable peer
 #   disque-entrypoint print-command [...]       print the server command line, one
 #                                               argument per line, and exit
+#   disque-entrypoint --print-config [...]      print the configuration the node
+#                                               would run with (disque.conf format)
+#   disque-entrypoint --version | --help        disque-server's
 #   disque-entrypoint COMMAND [ARG ...]         run any other command (disque, sh, ...)
 #
 # Configuration, later sources winning:
@@ -37,7 +42,8 @@ port bind dir logfile loglevel daemonize pidfile requirepass hz timeout
 tcp-keepalive tcp-backlog maxclients maxmemory maxmemory-policy
 proto-max-bulk-len client-query-buffer-limit appendonly appendfilename
 appendfsync aof-enqueue-jobs-once aof-load-truncated
-auto-aof-rewrite-percentage auto-aof-rewrite-min-size idmp-max-keys cluster-config-file
+auto-aof-rewrite-percentage auto-aof-rewrite-min-size shutdown-timeout idmp-max-keys
+cluster-config-file
 cluster-node-timeout cluster-secret metrics-port metrics-bind tls-port
 tls-cert-file tls-key-file tls-ca-cert-file tls-auth-clients
 "
@@ -221,6 +227,24 @@ healthcheck() {
     return 1
 }
 
+# Readiness (Kubernetes): answers PING and, when DISQUE_JOIN names peers,
+# has joined (at least one reachable peer; CLUSTER INFO).
+ready() {
+    healthcheck >/dev/null || { echo "not answering PING on port $local_port"; return 1; }
+    if [ -z "${DISQUE_JOIN:-}" ]; then
+        echo ready
+        return 0
+    fi
+    reachable=$(local_cli cluster info 2>/dev/null | tr -d '\r' |
+        sed -n 's/^cluster_reachable_nodes:\([0-9][0-9]*\)$/\1/p')
+    if [ "${reachable:-0}" -ge 1 ]; then
+        echo "ready: joined, $reachable reachable peers"
+        return 0
+    fi
+    echo "not ready: no reachable peer yet (DISQUE_JOIN=$DISQUE_JOIN)"
+    return 1
+}
+
 # ---------------------------------------------------------------------------
 
 dry_run=""
@@ -229,12 +253,23 @@ case "${1:-}" in
         healthcheck
         exit $?
         ;;
+    ready)
+        ready
+        exit $?
+        ;;
     print-command) dry_run=1; shift ;;
 esac
 case "${1:-}" in
     disque-server) shift ;;
     "" | -*) ;;
     *) [ -n "$dry_run" ] || exec "$@" ;;
+esac
+# disque-server's own options: --version and --help as they are; --print-config
+# shows the configuration the variables and the file make, without starting.
+print_config=""
+case "${1:-}" in
+    -v | --version | -h | --help) [ -n "$dry_run" ] || exec disque-server "$1" ;;
+    --print-config) print_config=1; shift ;;
 esac
 
 config=$(find_config)
@@ -250,7 +285,7 @@ fi
 if ! conf_has dir; then
     : "${DISQUE_DIR:=${DISQUE_DATA_DIR:-/data}}"
 fi
-if [ -n "${DISQUE_DIR:-}" ] && [ -z "$dry_run" ]; then
+if [ -n "${DISQUE_DIR:-}" ] && [ -z "$dry_run$print_config" ]; then
     mkdir -p "$DISQUE_DIR" 2>/dev/null || die "cannot create the data directory $DISQUE_DIR"
     [ -w "$DISQUE_DIR" ] || die "the data directory $DISQUE_DIR is not writable by uid $(id -u):" \
         "chown it (the image's user is uid 10001) or use a named volume"
@@ -298,6 +333,9 @@ done
 if [ -n "$dry_run" ]; then
     printf '%s\n' disque-server "$@"
     exit 0
+fi
+if [ -n "$print_config" ]; then
+    exec disque-server --print-config "$@"
 fi
 
 # Port and password the node will have (for the join loop), and the command

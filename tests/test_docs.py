@@ -175,14 +175,28 @@ BLOCKS: dict[tuple[str, str], str] = {
         "the key format is checked in tests/spark/test_sink.py",
     ("docs/SPARK_SINK.md", "run              median jobs/s"): "sample benchmark output",
     ("docker/README.md", "docker build -f docker/Dockerfile"):
-        "needs Docker, which CI does not have; tests/docker/ check the files, lint them and "
-        "run the entrypoint against real nodes",
+        "tests/containers/ (opt-in container tier, podman) builds the image and runs "
+        "containers like this; tests/docker/ check the files and run the entrypoint",
     ("docker/README.md", "docker run -d --init -p 127.0.0.1:7711:7711 -v disque-data:/data"):
         "needs Docker (see above)",
     ("docker/README.md", "docker compose -f docker/compose.yaml up --build"):
-        "needs Docker (see above)",
+        "tests/containers/ (test_compose_runs_the_example_pipeline) runs it with "
+        "podman-compose",
     ("docker/README.md", "docker compose -f docker/compose.yaml run --rm spark"):
         "needs Docker (see above)",
+    ("docs/DEPLOY.md", "kubectl create secret generic disque-cluster-secret"):
+        "needs a Kubernetes cluster: tests/deploy/test_deploy_doc.py runs the secret command "
+        "with --dry-run=client and renders the kustomization; tests/deploy/"
+        "test_kubernetes.py validates it and runs the pods' join by DNS with real nodes",
+    ("docs/DEPLOY.md", "python3 -m venv /opt/disque"):
+        "installs system-wide (a user, a unit); tests/deploy/test_deploy_doc.py "
+        "(test_systemd_unit) verifies the unit and runs its ExecStart and stop as written",
+    ("docs/DEPLOY.md", "disque -p 7712 cluster info"):
+        "tests/deploy/test_deploy_doc.py (test_rolling_restart_check) runs it between two "
+        "restarts",
+    ("docker/README.md", "sudo sh docker/debian-base.sh podman"):
+        "tests/containers/ (the container tier, opt-in) runs these builds with the same "
+        "build arguments",
     ("docker/README.md", "DISQUE_CONFIG_FILE=none DISQUE_DATA_DIR=/tmp/disque"):
         "tests/docker/test_docker_files.py runs the entrypoint the same way (on free ports)",
 }

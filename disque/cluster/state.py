@@ -43,6 +43,8 @@ class ClusterState:
         self.myself = myself
         self.nodes: dict[str, ClusterNode] = {myself.id: myself}
         self.config_path = config_path
+        # LEAVING told to the others but kept out of nodes.conf (a drain).
+        self._leaving_transient = False
         self.messages_dropped = 0
         # {myself}: the node set of every job made here, shared by all of them.
         self.myself_set: frozenset[str] = frozenset((myself.id,))
@@ -70,11 +72,14 @@ class ClusterState:
 
     @classmethod
     def load_or_create(cls, config_path: str, ip: str, port: int) -> ClusterState:
-        """Reuse the node ID (and peers) saved in ``config_path``, or make a new one."""
+        """Reuse the node ID (and peers) saved in ``config_path``, or make a new one.
+
+        A new identity is not written here: the server saves it once it
+        listens, so a node that cannot start leaves no nodes.conf behind.
+        """
         nodes = load_nodes_file(config_path)
         if nodes is None:
             state = cls(ClusterNode(new_node_id(), ip, port), config_path)
-            state.save()
             log.info("No cluster configuration found, I'm %s", state.myself_id)
             return state
         myself = next(n for n in nodes if FLAG_MYSELF in n.flags)
@@ -87,8 +92,17 @@ class ClusterState:
         return state
 
     def save(self) -> None:
-        if self.config_path:
+        if not self.config_path:
+            return
+        if not self._leaving_transient:
             save_nodes_file(self.config_path, self.nodes.values())
+            return
+        flags = self.myself.flags
+        flags.discard(FLAG_LEAVING)
+        try:
+            save_nodes_file(self.config_path, self.nodes.values())
+        finally:
+            flags.add(FLAG_LEAVING)
 
     @property
     def myself_id(self) -> str:
@@ -199,11 +213,15 @@ class ClusterState:
     def leaving(self) -> bool:
         return FLAG_LEAVING in self.myself.flags
 
-    def set_leaving(self, leaving: bool) -> None:
+    def set_leaving(self, leaving: bool, persist: bool = True) -> None:
+        """Set or clear our LEAVING flag.  ``persist=False`` (the drain on
+        SIGTERM) keeps it out of nodes.conf: the node leaves for good only
+        when told so (CLUSTER LEAVING), a restarted node is not leaving."""
         if leaving:
             self.myself.flags.add(FLAG_LEAVING)
         else:
             self.myself.flags.discard(FLAG_LEAVING)
+        self._leaving_transient = leaving and not persist
         self.save()
 
     # -- sends (best effort) -----------------------------------------------

@@ -283,6 +283,23 @@ def test_the_dashboard_queries_only_metrics_a_node_exports(server_factory) -> No
     assert queried <= exported, sorted(queried - exported)
 
 
+def test_compose_starts_the_cluster_without_the_monitoring_images() -> None:
+    """Prometheus and Grafana come from a registry: only with --profile
+    monitoring, so that `up` never waits for images that cannot be pulled."""
+    services = load_compose()["services"]
+    for name in MONITORING:
+        assert services[name]["profiles"] == ["monitoring"]
+    for name in [*NODES, "spark"]:
+        assert "profiles" not in services[name]
+        assert not set(services[name].get("depends_on") or {}) & set(MONITORING)
+
+
+def test_compose_publishes_on_the_loopback_only() -> None:
+    for name, service in load_compose()["services"].items():
+        for port in service.get("ports") or []:
+            assert port.startswith("127.0.0.1:"), f"{name}: {port}"
+
+
 def test_compose_spark_runs_the_example_jobs() -> None:
     compose = load_compose()
     spark = compose["services"]["spark"]
@@ -412,7 +429,9 @@ def test_spark_dockerfile() -> None:
     assert final["USER"].split(":")[0] not in ("", "0", "root")
     run = " ".join(rest for name, rest in instructions(dockerfile) if name == "RUN")
     assert "openjdk-17-jre-headless" in run
-    assert "pip install --no-cache-dir '.[spark]'" in run
+    # In a virtualenv: a Debian base's pip refuses the system (PEP 668).
+    assert "python -m venv --upgrade-deps /opt/venv && /opt/venv/bin/pip install '.[spark]'" in run
+    assert re.search(r"^ENV PATH=/opt/venv/bin:\$PATH", text, re.M)
     assert (["jobs/"], "./jobs/") in copies(dockerfile)
 
 
@@ -530,6 +549,29 @@ def test_missing_config_file_and_bad_data_dir_are_errors(tmp_path: Path) -> None
     result = run_entrypoint(DISQUE_CONFIG_FILE="none", DISQUE_DATA_DIR=str(blocker / "data"))
     assert result.returncode == 1
     assert "cannot create the data directory" in result.stderr
+
+
+@pytest.mark.parametrize("args", [("--version",), ("disque-server", "--version"),
+                                  ("disque-server", "-v")])
+def test_version_reaches_the_server(args: tuple[str, ...]) -> None:
+    """``docker run IMAGE disque-server --version``: not appended after the
+    directives the entrypoint builds (it was read as a directive)."""
+    result = run_entrypoint(*args, DISQUE_CONFIG_FILE="none", DISQUE_PORT="7000")
+    assert result.returncode == 0, result.stderr
+    assert re.fullmatch(r"Disque server v=\S+ \(python, core: .+\)\n", result.stdout)
+
+
+def test_print_config_shows_what_the_variables_make(tmp_path: Path) -> None:
+    conf = tmp_path / "disque.conf"
+    conf.write_text("appendonly yes\nhz 20\n")
+    result = run_entrypoint("--print-config", "--hz", "30", DISQUE_CONFIG_FILE=str(conf),
+                            DISQUE_PORT="7000", DISQUE_DATA_DIR=str(tmp_path / "never"))
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    for line in ("port 7000", "bind 0.0.0.0", f"dir {tmp_path / 'never'}", "appendonly yes",
+                 "hz 30", "daemonize no"):
+        assert line in lines, line
+    assert not (tmp_path / "never").exists()  # nothing started, nothing created
 
 
 def test_other_commands_run_as_they_are() -> None:
