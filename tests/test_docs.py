@@ -197,6 +197,8 @@ BLOCKS: dict[tuple[str, str], str] = {
     ("docker/README.md", "sudo sh docker/debian-base.sh podman"):
         "tests/containers/ (the container tier, opt-in) runs these builds with the same "
         "build arguments",
+    ("docs/SERVER.md", "edges       connection"):
+        "a drawing of the node's layers; tests/test_node_map.py checks the table under it",
     ("docker/README.md", "DISQUE_CONFIG_FILE=none DISQUE_DATA_DIR=/tmp/disque"):
         "tests/docker/test_docker_files.py runs the entrypoint the same way (on free ports)",
 }
