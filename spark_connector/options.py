@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from disque.client import Client
 
 __all__ = [
-    "OptionError", "ConnectionConfig", "SourceConfig",
+    "OptionError", "ConnectionConfig", "SourceConfig", "DEFAULT_MAX_JOBS_PER_TRIGGER",
     "option_str", "option_int", "option_bool", "option_duration_ms", "option_choice",
 ]
 
@@ -30,6 +30,9 @@ _UNIT_MS = {None: 1, "ms": 1, "s": 1000, "sec": 1000, "m": 60_000, "min": 60_000
 #: A batch's jobs are held in the driver's memory while staged: a ceiling
 #: that catches typos (an extra zero or three) before they cost an OOM.
 MAX_JOBS_PER_BATCH = 10_000_000
+#: Without maxJobsPerTrigger a batch holds at most this many jobs: every job
+#: of a batch sits in the driver's memory while it is staged.
+DEFAULT_MAX_JOBS_PER_TRIGGER = 100_000
 #: A batch gets at least ceil(jobs / this) Spark partitions (``jobsPerPartition``).
 DEFAULT_JOBS_PER_PARTITION = 25_000
 

@@ -37,6 +37,7 @@ from __future__ import annotations
 import logging
 import os
 import random
+import sys
 import time
 import uuid
 from collections import Counter
@@ -62,6 +63,7 @@ from . import resp
 from .pipeline import exchange, move_away
 from .resp import encode_args
 from .sink_options import JOB_OPTION_COLUMNS, MAX_IDMP_KEY_BYTES, RETRYABLE_ERRORS, SinkConfig
+from .topology import check_any_reachable
 
 if TYPE_CHECKING:
     from pyspark.sql.types import StructType
@@ -713,14 +715,32 @@ def _task() -> tuple[int, int, Any]:
 # The two writers Spark sees
 # --------------------------------------------------------------------------
 
+#: The module of the Python process in which Spark commits a micro-batch.
+_COMMIT_RUNNER = "pyspark.sql.worker.python_streaming_sink_runner"
+
+
+def _committing() -> bool:
+    """Is this the process Spark started to commit (or abort) a micro-batch?"""
+    return _COMMIT_RUNNER in sys.modules
+
+
+def _on_the_cluster(config: SinkConfig) -> SinkConfig:
+    """Check on the driver that a node answers, then spread over the cluster.
+
+    A write whose nodes cannot be reached fails here, before any task runs,
+    with one line naming the option (``reconnectTimeout`` still applies).
+    """
+    check_any_reachable(config.connection)
+    return config.over_cluster()
+
 class DisqueBatchWriter(DataSourceArrowWriter):
     """``df.write.format("disque").option("queue", "q").mode("append").save()``."""
 
     def __init__(self, options: Mapping[str, str], schema: StructType,
                  overwrite: bool) -> None:
         # Built on the driver: the cluster's nodes are looked up here, once.
-        self.config = SinkConfig.from_options(options, schema,
-                                              overwrite=overwrite).over_cluster()
+        self.config = _on_the_cluster(SinkConfig.from_options(options, schema,
+                                                              overwrite=overwrite))
         # Built once on the driver and pickled to every task (and every task
         # retry), so all of them share it: generated keys of one save() agree.
         self.write_id = self.config.write_id or uuid.uuid4().hex
@@ -748,8 +768,10 @@ class DisqueStreamWriter(DataSourceStreamArrowWriter):
 
     def __init__(self, options: Mapping[str, str], schema: StructType,
                  overwrite: bool) -> None:
-        self.config = SinkConfig.from_options(options, schema, overwrite=overwrite,
-                                              streaming=True).over_cluster()
+        config = SinkConfig.from_options(options, schema, overwrite=overwrite, streaming=True)
+        # Spark builds a new writer to commit each micro-batch: it only logs,
+        # and a node briefly down must not fail a batch whose tasks are done.
+        self.config = config if _committing() else _on_the_cluster(config)
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> DisqueCommitMessage:
         partition, attempt, context = _task()

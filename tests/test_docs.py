@@ -156,6 +156,9 @@ BLOCKS: dict[tuple[str, str], str] = {
     ("docs/SPARK_SINK.md", "import spark_connector"): HERE,
     ("docs/SPARK_SINK.md", "disque sink: could not add jobs"):
         "sample error messages; tests/spark/test_sink.py and test_unreachable.py check them",
+    ("docs/SPARK_SINK.md", "disque data source: option 'nodes' lists no node"):
+        "a sample error; tests/spark/test_sink.py "
+        "(test_unreachable_node_is_a_clear_error_on_the_driver) checks it",
     ("docs/SPARK_SINK.md", "<key> LF <original body>"): "a format, not a command",
     ("docs/SPARK_SINK.md", "key, _, body = job.body.partition"):
         "a fragment of the reader's own consumer (its job, client and Redis); "

@@ -20,11 +20,13 @@ from pyspark.sql.types import StringType, StructField, StructType
 
 from disque.client import Client
 from disque.client._wire import pack_commands
+from spark_connector.executor_read import fetch_or_replay
 from spark_connector.options import SourceConfig
+from spark_connector.partitions import FetchPartition
 from spark_connector.pipeline import exchange
-from spark_connector.reader import DisqueStreamReader, FetchPartition, fetch_or_replay
 from spark_connector.schema import source_schema
 from spark_connector.sink_options import SinkConfig
+from spark_connector.stream_reader import DisqueStreamReader
 from spark_connector.writer import PartitionWriter
 from tests.support.cluster import TEST_NODE_TIMEOUT_MS, join, wait_joined
 from tests.support.process import DisqueProcess, wait_for
@@ -180,6 +182,21 @@ def test_executor_task_of_a_dead_node_fetches_from_another(cluster, tmp_path: Pa
         assert table.schema.metadata[b"disque.node"] == addr(cluster[0]).encode()
     finally:
         reader.stop()
+
+
+def test_batch_read_finds_every_node_from_one_seed(spark, cluster) -> None:
+    produced = add_on_each(cluster, "scan", 10, "b")
+
+    def read(**options: str) -> list[str]:
+        reader = spark.read.format("disque").option("nodes", addr(cluster[0]))
+        for name, value in {"queues": "scan", **options}.items():
+            reader = reader.option(name, value)
+        return sorted(r.id for r in reader.load().select("id").collect())
+
+    assert read(discoverNodes="false") == sorted(produced[:10])  # the seed's queue only
+    assert read() == sorted(produced)                            # peeked on every node
+    assert read(drain="true") == sorted(produced)
+    assert not [n for n in cluster if on(n).qlen("scan")]
 
 
 # --------------------------------------------------------------------------

@@ -22,16 +22,13 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows, Read
 
 from disque.client import Client
 from spark_connector.batch_reader import DisqueBatchReader
-from spark_connector.fetch import fetch_table
+from spark_connector.executor_read import fetch_or_replay, publish_fetched
+from spark_connector.fetch import fetch_jobs, fetch_table
 from spark_connector.options import SourceConfig
-from spark_connector.reader import (
-    DisqueStreamReader,
-    FetchPartition,
-    fetch_or_replay,
-    publish_fetched,
-)
+from spark_connector.partitions import FetchPartition
 from spark_connector.schema import source_schema
 from spark_connector.staging import StagingArea
+from spark_connector.stream_reader import DisqueStreamReader
 from tests.support.process import wait_for
 
 
@@ -495,10 +492,10 @@ def test_fetch_ahead_waits_when_a_batch_outlives_half_its_lease(
     client.add_jobs("q", [f"b{i}" for i in range(30)], retry=2)
     reader = make_reader(server, tmp_path / "s", fetchAhead="true")
     end = reader.latestOffset({"batch": 0}, ReadMaxRows(10))
-    reader.driver._last_latest_at -= 1.0  # a trigger that took 1 s
+    reader.driver.ahead._last_trigger_at -= 1.0  # a trigger that took 1 s
     end = reader.latestOffset(end, ReadMaxRows(10))
     assert end == {"batch": 2}
-    reader.driver._wait_background()
+    reader.driver.ahead.wait()
     assert StagingArea(tmp_path / "s").batches() == [2]  # not staged ahead
     assert client.qlen("q") == 10 and registered(client) == 20  # batch 1 acknowledged
     reader.stop()
@@ -604,8 +601,67 @@ def test_fetch_ahead_goes_by_the_nodes_lease_without_min_job_retry(
     client.add_jobs("q", [f"b{i}" for i in range(30)])
     reader = make_reader(server, tmp_path / "s", fetchAhead="true")
     end = reader.latestOffset({"batch": 0}, ReadMaxRows(10))
-    reader.driver._last_latest_at -= 1.0  # a trigger that took 1 s
+    reader.driver.ahead._last_trigger_at -= 1.0  # a trigger that took 1 s
     assert reader.latestOffset(end, ReadMaxRows(10)) == {"batch": 2}
     wait_for(lambda: StagingArea(tmp_path / "s").batches() == [2, 3], timeout=10)
     assert client.qlen("q") == 0
     reader.stop()
+
+
+class _WaitsForRequeue(Client):
+    """A client that, after its first GETJOB, waits until the node has
+    queued again the job it delivered (its RETRY ran out): the next GETJOB
+    of the same fetch then delivers that job a second time."""
+
+    def execute_command(self, *args):
+        reply = super().execute_command(*args)
+        if args[0] == "GETJOB" and not getattr(self, "waited", False):
+            self.waited = True
+            wait_for(lambda: self.qlen("dup") == 2, timeout=10,
+                     message="the node to queue the delivered job again")
+        return reply
+
+
+def test_a_job_delivered_twice_in_one_fetch_is_one_row(server, client: Client) -> None:
+    first, second = (client.add_job("dup", body, retry=1) for body in ("a", "b"))
+    with _WaitsForRequeue(f"127.0.0.1:{server.port}") as slow:
+        fetched = fetch_jobs(slow, ["dup"], 2, batch_size=1, lease=True)
+    # Rounds: a, a again (left out), b: the limit counts distinct jobs.
+    assert fetched.table.column("id").to_pylist() == [first, second]
+
+
+def test_a_job_of_a_running_batch_is_not_staged_again(server, client: Client,
+                                                      tmp_path: Path) -> None:
+    ids = [client.add_job("q", f"j{i}", retry=1) for i in range(3)]
+    reader = make_reader(server, tmp_path / "staging", fetchAhead="true")
+    try:
+        reader.latestOffset({"batch": 0}, ReadMaxRows(2))
+        # The node queues the batch's jobs again (no heartbeat yet): what a
+        # batch staged ahead of this one would fetch.
+        client.enqueue(*ids[:2])
+        seen = reader.driver._held_ids()
+        assert seen == {i.encode() for i in ids[:2]}
+        fetched = fetch_jobs(client, ["q"], None, batch_size=10, seen=seen)
+        assert fetched.table.column("id").to_pylist() == [ids[2]]
+    finally:
+        reader.stop()
+
+
+def test_driver_mode_tasks_carry_compressed_slices_of_bounded_size(
+        server, client: Client, tmp_path: Path) -> None:
+    # 3 MB of bodies that do not compress: more than one task must carry them.
+    import os
+
+    from spark_connector.partitions import MAX_PAYLOAD_BYTES
+
+    bodies = [os.urandom(3000) for _ in range(1000)]
+    client.add_jobs("q", bodies)
+    reader = make_reader(server, tmp_path / "staging")
+    try:
+        reader.latestOffset({"batch": 0}, ReadMaxRows(5000))
+        parts = reader.partitions({"batch": 0}, {"batch": 1})
+        assert len(parts) > 3
+        assert all(len(p.arrow_ipc) <= MAX_PAYLOAD_BYTES for p in parts)
+        assert [r["body"] for r in rows(reader, 0, 1)] == bodies
+    finally:
+        reader.stop()
