@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import math
-import shutil
 import threading
 import time
 from typing import Any
@@ -31,7 +30,7 @@ from .executor_read import LEASE_UNTIL, SERVED_BY, seconds_left
 from .fetch import Fetched, empty_table, fetch_jobs
 from .leases import COPY_SKEW_S, LeaseKeeper
 from .logs import log_to_stderr
-from .options import DEFAULT_MAX_JOBS_PER_TRIGGER, SourceConfig
+from .options import DEFAULT_MAX_JOBS_PER_TRIGGER, OptionError, SourceConfig
 from .partitions import FetchPartition, staged_partitions
 from .staging import StagingArea
 from .topology import NodeSet, check_reachable
@@ -51,8 +50,15 @@ class DriverSide:
         # Before anything else (staging, leases): a wrong address fails the
         # query before its first batch, with an error naming the option.
         check_reachable(config)
-        self.staging = StagingArea(config.staging_path)
+        # The same for the staging store: an unknown scheme, a store that
+        # cannot be reached, missing credentials.
+        self.staging = StagingArea.open(config.staging_path, dict(config.staging_options))
         self.staging.ensure()
+        if config.fetch_mode == "executor" and not self.staging.store.exclusive:
+            raise OptionError(
+                "fetchMode", f"executor needs a first-writer-wins create on stagingPath, "
+                f"which the connector has for paths (local, NFS) and S3, not for "
+                f"{self.staging.root}; use fetchMode=driver there")
         #: The cluster's nodes (seeds plus HELLO), one pinned client each.
         self.nodes = NodeSet(config.connection)
         self._next_blocking = 0
@@ -98,17 +104,18 @@ class DriverSide:
         #: background while this thread fetches the next one (executor
         #: mode plans from QLEN and refunds budget on ACK: kept in order).
         self._overlap = config.fetch_ahead and config.fetch_mode == "driver"
+        self._first_latest = True
         self._recover()
 
     # ------------------------------------------------------------ recovery
 
     def _recover(self) -> None:
         """Pick up batches a previous run staged: lease them again, first thing."""
-        for directory in self.staging.abandoned_dirs():
+        for seq in self.staging.abandoned():
             # Staged in driver mode, crashed before plan.json: promote it.
             # Without a part nothing was staged: only temporary files are left.
-            if not self.staging.promote_driver_part(int(directory.name.split("-")[1])):
-                shutil.rmtree(directory, ignore_errors=True)
+            if not self.staging.promote_driver_part(seq):
+                self.staging.remove(seq)
         batches = self.staging.batches()
         for seq in batches:
             self._hold(seq)
@@ -120,6 +127,34 @@ class DriverSide:
             except DisqueError as exc:
                 log.warning("could not renew leases of recovered batches yet: %s", exc)
             self.keeper.start()
+
+    def _check_committed(self, start: int, jobs: int | None) -> None:
+        """A restarted query: was its last committed batch acknowledged?
+
+        Spark committed batch ``start``; its jobs are acknowledged at this
+        trigger, from its staging.  When that staging is gone and
+        ``acked.json`` does not name it either, the staging was lost (or
+        ``stagingPath`` changed): the jobs can no longer be acknowledged and
+        come back after their RETRY.  Say so, loudly.
+        """
+        if start <= 0 or self.staging.has_batch(start):
+            return
+        acked = self.staging.acked_through()
+        if acked is not None and acked >= start:
+            return
+        count = "its" if jobs is None else f"its {jobs}"
+        log.warning(
+            "batch %d was committed by Spark but is not staged under %s (staging lost, or "
+            "stagingPath changed): %s jobs cannot be acknowledged and will be delivered "
+            "again after their RETRY", start, self.staging.root, count)
+
+    def batch_jobs(self, seq: int) -> int:
+        """Jobs staged (driver mode) or planned (executor mode) for batch ``seq``."""
+        table = self.tables.get(seq)
+        if table is not None:
+            return int(table.num_rows)
+        planned = self.planned.get(seq)
+        return planned if planned is not None else self.staging.plan(seq).jobs
 
     def _hold(self, seq: int) -> None:
         plan = self.staging.plan(seq)
@@ -138,7 +173,7 @@ class DriverSide:
         """
         with self._parts_lock:
             seen = self.seen_parts.setdefault(seq, set())
-            if not self.staging.batch_dir(seq).exists():
+            if not self.staging.has_batch(seq):
                 return  # acknowledged and removed meanwhile
             for name, table in self.staging.read_parts(seq, skip=seen):
                 seen.add(name)
@@ -160,8 +195,16 @@ class DriverSide:
         self.available_now_budget = self._queue_length()
         log.info("availableNow: will read at most %d jobs", self.available_now_budget)
 
-    def latest(self, start: int, limit: ReadLimit) -> int:
+    def latest(self, start: int, limit: ReadLimit, start_jobs: int | None = None) -> int:
+        """The offset that ends the next batch (``start``: no new batch).
+
+        ``start_jobs``: how many jobs Spark's offset log says batch
+        ``start`` held (None: not recorded).
+        """
         self.ahead.trigger()
+        if self._first_latest:
+            self._first_latest = False
+            self._check_committed(start, start_jobs)
         if self._overlap:
             # Committed: acknowledged in the background (after the batch
             # being staged ahead, if any) while Spark runs the next batch.
@@ -273,11 +316,14 @@ class DriverSide:
         the next call acknowledges nothing and the run ends.
         """
         seq = start + 1
+        self._stage_empty(seq)
+        self.last_staged = seq
+        return seq
+
+    def _stage_empty(self, seq: int) -> None:
         table = empty_table()
         self.staging.stage_driver_batch(seq, table)
         self.tables[seq] = table
-        self.last_staged = seq
-        return seq
 
     def _limits(self, limit: ReadLimit) -> tuple[int | None, int | None]:
         if isinstance(limit, ReadAllAvailable):
@@ -441,7 +487,7 @@ class DriverSide:
                  seq, fetched, redelivered, ",".join(self.config.queues),
                  self.counters["queueLength"])
 
-    def _plan_executor_batch(self, seq: int, max_jobs: int | None) -> bool:
+    def _plan_executor_batch(self, seq: int, max_jobs: int | None, *, block: bool = True) -> bool:
         """Executor mode: split the work over nodes by their queue lengths."""
         config = self.config
         per_node = self._queue_lengths()
@@ -451,7 +497,7 @@ class DriverSide:
         if total == 0:
             if self.available_now_budget is not None:
                 self.available_now_budget = 0  # nothing left: finish the run
-            elif config.fetch_timeout_ms > 0:
+            elif block and config.fetch_timeout_ms > 0:
                 self.idle.wait(config.fetch_timeout_ms / 1000)  # bounded idle wait
             return False
         wanted = total if max_jobs is None else min(total, max_jobs)
@@ -486,14 +532,12 @@ class DriverSide:
 
     # ----------------------------------------------------------- partitions
 
-    def partitions(self, start: int, end: int) -> list[InputPartition]:
+    def partitions(self, start: int, end: int,
+                   end_jobs: int | None = None) -> list[InputPartition]:
         out: list[InputPartition] = []
         for seq in range(start + 1, end + 1):
-            if not self.staging.batch_dir(seq).exists():
-                raise RuntimeError(
-                    f"disque source: batch {seq} is in Spark's offset log but not staged "
-                    f"under {self.staging.root}; was stagingPath changed or cleaned? "
-                    "Each query needs its own stagingPath, kept as long as its checkpoint.")
+            if not self.staging.has_batch(seq):
+                self._lost(seq, end_jobs if seq == end else None)
             plan = self.staging.plan(seq)
             if plan.mode == "driver":
                 out.extend(self._staged_partitions(seq))
@@ -501,6 +545,30 @@ class DriverSide:
                 out.extend(self._fetch_partitions(seq, plan.parts))
         return out
 
+    def _lost(self, seq: int, jobs: int | None) -> None:
+        """Batch ``seq`` is in Spark's offset log but not staged: fail, or
+        stage a new batch ``seq`` (``onLostStaging=refetch``).
+
+        Its jobs are leased to nobody now: they come back after their RETRY
+        (to this query or another consumer), and a sink that already wrote
+        the lost batch gets them again.  Spark's checkpoint is never edited.
+        """
+        count = "its" if jobs is None else f"its {jobs}"
+        where = (f"batch {seq} is in Spark's offset log but not staged under "
+                 f"{self.staging.root} (staging lost, or stagingPath changed)")
+        if self.config.on_lost_staging != "refetch":
+            raise RuntimeError(
+                f"disque source: {where}. Restart the query with the option "
+                f"onLostStaging=refetch to stage a new batch {seq} in its place ({count} jobs "
+                "are delivered again after their RETRY); each query needs its own "
+                "stagingPath, kept as long as its checkpoint")
+        log.warning("%s: staging a new batch %d in its place (onLostStaging=refetch); %s jobs "
+                    "are delivered again after their RETRY", where, seq, count)
+        limit = jobs or self.config.max_jobs_per_trigger or DEFAULT_MAX_JOBS_PER_TRIGGER
+        fetch = (self._fetch_and_stage if self.config.fetch_mode == "driver"
+                 else self._plan_executor_batch)
+        if not fetch(seq, limit, block=False):
+            self._stage_empty(seq)
     def _staged_partitions(self, seq: int) -> list[InputPartition]:
         table = self.tables.get(seq)
         if table is None:
@@ -510,9 +578,11 @@ class DriverSide:
 
     def _fetch_partitions(self, seq: int, parts: list[dict]) -> list[InputPartition]:
         config = self.config
-        return [FetchPartition(seq, str(self.staging.root), p["file"], p["node"],
+        assert config.staging_path is not None
+        return [FetchPartition(seq, config.staging_path, p["file"], p["node"],
                                tuple(p["queues"]), int(p["count"]), config.connection,
-                               config.fetch_batch_size, tuple(p.get("fallbacks", ())))
+                               config.fetch_batch_size, tuple(p.get("fallbacks", ())),
+                               config.staging_options)
                 for p in parts]
 
     # ------------------------------------------------------------------ ACK
@@ -560,6 +630,7 @@ class DriverSide:
             self.counters["jobsAcked"] += len(ids)
             self._acked_unseen += len(ids)
             acked += len(ids)
+            self.staging.record_acked(seq)
             log.info("batch %d: acknowledged %d jobs", seq, len(ids))
         return acked
 

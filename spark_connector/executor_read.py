@@ -2,7 +2,7 @@
 
 A task fetches from its planned node (or a fallback), then publishes what
 it got as the batch's part file with a first-writer-wins create
-(:func:`.staging.publish_part`): when two attempts of a task run (a retry,
+(:meth:`.StagingArea.publish_part`): when two attempts of a task run (a retry,
 a speculative copy, a replay after a driver crash) exactly one part file
 wins, the loser gives its jobs back (ENQUEUE) and returns the winner's
 rows, so every attempt returns identical data.  The part file's metadata
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import math
+import socket
 import time
 from typing import TYPE_CHECKING
 
@@ -22,7 +23,7 @@ from disque.exceptions import ConnectionFailed
 
 from .fetch import empty_table, fetch_jobs
 from .partitions import FetchPartition
-from .staging import StagingArea, publish_part, read_table
+from .staging import StagingArea
 
 if TYPE_CHECKING:
     from disque.client import Client
@@ -43,13 +44,23 @@ def fetch_or_replay(part: FetchPartition) -> pa.Table:
     """Executor fetch mode: the part file if it exists, else fetch and publish it.
 
     Two attempts of the same task (a retry, a speculative copy, a replay
-    after a driver crash) may both fetch; :func:`publish_part` lets exactly
+    after a driver crash) may both fetch; :meth:`.StagingArea.publish_part` lets exactly
     one create the file, and the loser puts what it fetched back in the
     queue (ENQUEUE: it never reached Spark, so it is not a failed attempt).
     """
-    path = StagingArea(part.staging_path).part_path(part.seq, part.file)
-    if path.exists():
-        return read_table(path)
+    staging = staging_of(part)
+    published = staging.read_part(part.seq, part.file)
+    if published is not None:
+        return published
+    if not staging.has_batch(part.seq):
+        # The driver staged the plan before any task ran: an executor that
+        # does not see it does not share the driver's stagingPath, and the
+        # driver would never see (nor acknowledge) what this task publishes.
+        raise RuntimeError(
+            f"disque source: batch {part.seq}'s plan is not visible under "
+            f"{part.staging_path} from this executor ({socket.gethostname()}): with "
+            "fetchMode=executor, stagingPath must be storage every node of the cluster "
+            "sees (s3://..., an NFS mount); a local path works in local mode only")
     client = part.connection.client(node=part.node, client_name="spark-disque-fetch",
                                     fallbacks=part.fallbacks)
     try:
@@ -71,7 +82,7 @@ def fetch_or_replay(part: FetchPartition) -> pa.Table:
         # driver's per-node progress counts it there.
         metadata[SERVED_BY] = client.address or part.node
         table = table.replace_schema_metadata(metadata)
-        return publish_fetched(part, client, table)
+        return publish_fetched(part, client, table, staging)
     finally:
         client.close()
 
@@ -95,14 +106,21 @@ def seconds_left(lease_until_ms: bytes | None) -> float | None:
         return None
 
 
-def publish_fetched(part: FetchPartition, client: Client, table: pa.Table) -> pa.Table:
+def staging_of(part: FetchPartition) -> StagingArea:
+    return StagingArea.open(part.staging_path, dict(part.staging_options))
+
+
+def publish_fetched(part: FetchPartition, client: Client, table: pa.Table,
+                    staging: StagingArea | None = None) -> pa.Table:
     """Publish what this attempt fetched, or give it back if another attempt won."""
-    path = StagingArea(part.staging_path).part_path(part.seq, part.file)
-    if publish_part(path, table):
+    staging = staging or staging_of(part)
+    if staging.publish_part(part.seq, part.file, table):
         return table
     ids = table.column("id").to_pylist()
     if ids:
         client.enqueue(*ids)
         log.info("batch %d %s: another attempt won, re-queued %d jobs",
                  part.seq, part.file, len(ids))
-    return read_table(path)
+    winner = staging.read_part(part.seq, part.file)
+    assert winner is not None  # created by the attempt that won, never removed before ACK
+    return winner

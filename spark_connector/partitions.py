@@ -66,6 +66,8 @@ class FetchPartition(InputPartition):
     connection: ConnectionConfig
     batch_size: int
     fallbacks: tuple[str, ...] = ()
+    #: The ``staging.*`` options: how executors open ``staging_path``.
+    staging_options: tuple[tuple[str, str], ...] = ()
 
 
 

@@ -2,7 +2,9 @@
 
 Delivery contract (docs/SPARK.md explains it for users):
 
-* An offset is ``{"batch": n}``, a batch sequence number.  Before offset n is
+* An offset is ``{"batch": n, "jobs": k}``: a batch sequence number, and how
+  many jobs the batch holds (for messages only; an offset without it reads
+  as unknown).  Before offset n is
   returned, the jobs of batch n are durably staged under ``stagingPath``
   (see :mod:`.staging`), so a restarted query replays exactly that batch.
 * Jobs are acknowledged only for batches Spark has committed: at the start
@@ -95,7 +97,12 @@ class DisqueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.driver.prepare_available_now()
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
-        return {"batch": self.driver.latest(int(start["batch"]), limit)}
+        seq = self.driver.latest(int(start["batch"]), limit, start.get("jobs"))
+        if seq == int(start["batch"]):
+            return start  # no new batch: exactly the offset Spark gave
+        # The count rides in Spark's offset log: a restarted query that finds
+        # the batch's staging lost can say how many jobs come back.
+        return {"batch": seq, "jobs": self.driver.batch_jobs(seq)}
 
     def reportLatestOffset(self) -> dict | None:
         # Shown as sources[0].latestOffset in query progress: the only place
@@ -103,7 +110,7 @@ class DisqueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return self.driver.metrics()
 
     def partitions(self, start: dict, end: dict) -> list[InputPartition]:
-        return self.driver.partitions(int(start["batch"]), int(end["batch"]))
+        return self.driver.partitions(int(start["batch"]), int(end["batch"]), end.get("jobs"))
 
     def commit(self, end: dict) -> None:
         self.driver.commit(int(end["batch"]))

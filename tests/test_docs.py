@@ -149,8 +149,10 @@ BLOCKS: dict[tuple[str, str], str] = {
     ("docs/SPARK.md", "import json"):
         "needs a query: tests/spark/test_source_spark.py reads the same expression",
     ("docs/SPARK.md", "jobs = (spark.readStream.format(\"disque\")"):
-        "a fragment (no sink); tests/spark/test_cluster.py runs these options from one seed "
-        "against three nodes (test_stream_from_the_cluster_to_the_cluster_survives_a_killed_node)",
+        "fragments (no sink); tests/spark/test_cluster.py runs the cluster one's options from "
+        "one seed against three nodes (test_stream_from_the_cluster_to_the_cluster_survives_"
+        "a_killed_node), tests/spark/test_staging_stores.py the s3a:// staging and the "
+        "staging.endpoint_override option against moto_server",
     ("docs/SPARK.md", '{"batch": 12, "jobsFetched"'):
         "sample progress; tests/spark/test_cluster.py checks the per-node fields",
     ("docs/SPARK_SINK.md", "import spark_connector"): HERE,

@@ -330,6 +330,38 @@ class AsyncClient(ClientBase):
                 results[i] = result
         return results
 
+    async def send_pipeline(self, build: Callable[[str | None], tuple[bytes, int]], *,
+                            wait: float | None = 0.0) -> w.PipelineReplies:
+        """See :meth:`Client.send_pipeline`."""
+        async with self._lock:
+            try:
+                conn = await self._connection()
+            except ConnectionFailed as exc:
+                return w.PipelineReplies([], 0, exc)
+            address, node_id = self.address or "?", self.node_id
+            payload, count = build(node_id)
+            replies: list[Any] = []
+            try:
+                await conn.send_packed_command([payload])
+                for _ in range(count):
+                    replies.append(await self._read(conn, wait))
+            except NETWORK_ERRORS as exc:
+                await self._drop()
+                return w.PipelineReplies(replies, count, ConnectionFailed(
+                    f"connection to {address} lost after {len(replies)} of {count} "
+                    f"replies: {exc}", {address: exc}), node_id)
+            except BaseException:
+                await self._drop()
+                raise
+        return w.PipelineReplies(replies, count, None, node_id)
+
+    async def drop_node(self, *, leaving: bool = False) -> None:
+        """See :meth:`Client.drop_node`."""
+        async with self._lock:
+            if leaving:
+                self._table.mark_leaving(self._node_id)
+            await self._drop()
+
     async def execute_command(self, *args: Arg) -> Any:
         """Send any command and return the raw reply (errors raise)."""
         if not args:

@@ -425,6 +425,55 @@ class Client(ClientBase):
                     results[i] = result
         return results
 
+    def send_pipeline(self, build: Callable[[str | None], tuple[bytes, int]], *,
+                      wait: float | None = 0.0) -> w.PipelineReplies:
+        """Send one pipeline of commands encoded by the caller, once; read its replies.
+
+        For callers that build RESP themselves and keep their own retry
+        policy (the Spark sink).  ``build(node_id)`` is called once
+        connected, since what to send may depend on the node: it returns
+        the encoded commands and how many replies they ask for.  Nothing is
+        re-sent: when the connection drops, the replies read so far come
+        back with the error, and the connection is dropped (the next call
+        connects again, that node last).  ``wait`` is how long the node may
+        hold a reply on purpose (a synchronous ADDJOB's timeout), on top of
+        the socket timeout.  See :class:`PipelineReplies`.
+        """
+        with self._lock:
+            try:
+                conn = self._connection()
+            except ConnectionFailed as exc:
+                return w.PipelineReplies([], 0, exc)
+            address, node_id = self.address or "?", self.node_id
+            payload, count = build(node_id)
+            replies: list[Any] = []
+            timeout = self._read_timeout(wait)
+            try:
+                conn.send_packed_command([payload])
+                for _ in range(count):
+                    replies.append(conn.read_response(timeout=timeout))
+            except NETWORK_ERRORS as exc:
+                self._drop()
+                return w.PipelineReplies(replies, count, ConnectionFailed(
+                    f"connection to {address} lost after {len(replies)} of {count} "
+                    f"replies: {exc}", {address: exc}), node_id)
+            except BaseException:
+                self._drop()  # replies pending: the connection is unusable
+                raise
+        return w.PipelineReplies(replies, count, None, node_id)
+
+    def drop_node(self, *, leaving: bool = False) -> None:
+        """Close the connection; the next command connects again, to this node last.
+
+        ``leaving=True`` also marks the node as leaving in the node table,
+        as a ``-LEAVING`` reply does (for a caller that read that reply
+        itself, e.g. in :meth:`send_pipeline`'s replies).
+        """
+        with self._lock:
+            if leaving:
+                self._table.mark_leaving(self._node_id)
+            self._drop()
+
     def execute_command(self, *args: Arg) -> Any:
         """Send any command; the raw reply (bytes, int, None, lists) comes back.
 
