@@ -20,23 +20,15 @@ from disque.client import Client
 from spark_connector.executor_read import fetch_or_replay, publish_fetched
 from spark_connector.fetch import fetch_table
 from spark_connector.options import OptionError, SourceConfig
-from spark_connector.schema import source_schema
 from spark_connector.staging import StagingArea
 from spark_connector.stores import ArrowStore, LocalStore, open_store
 from spark_connector.stream_reader import DisqueStreamReader
+from tests.spark.test_source_reader import make_reader, registered
 
 
 @pytest.fixture
-def client(server) -> Client:
-    with Client(f"127.0.0.1:{server.port}") as c:
-        yield c
-
-
-def make_reader(server, staging: str, **options: str) -> DisqueStreamReader:
-    opts = {"nodes": f"127.0.0.1:{server.port}", "queues": "q", "stagingPath": staging,
-            "fetchTimeoutMs": "0", **options}
-    config = SourceConfig.from_options(opts, streaming=True)
-    return DisqueStreamReader(config, source_schema(config.body_format))
+def client(disque: Client) -> Client:
+    return disque  # the conftest's client of the ``server`` node
 
 
 def ids_of(reader: DisqueStreamReader, start: int, end: int) -> list[str]:
@@ -45,10 +37,6 @@ def ids_of(reader: DisqueStreamReader, start: int, end: int) -> list[str]:
         for batch in reader.read(part):
             out += batch.column("id").to_pylist()
     return out
-
-
-def registered(client: Client) -> int:
-    return int(client.info("jobs")["jobs"]["registered_jobs"])
 
 
 @pytest.mark.parametrize("scheme", ["s3", "s3a"])
