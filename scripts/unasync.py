@@ -14,8 +14,9 @@ and docstrings alike:
   (``aread_reply`` -> ``read_reply``, ...);
 * ``redis.asyncio`` becomes ``redis``, ``asynchronous=True`` becomes
   ``asynchronous=False``;
-* in prose, ``asyncio`` becomes ``synchronous`` and ``task(s)`` becomes
-  ``thread(s)``: write aio.py's docstrings so that both readings are true.
+* ``asyncio`` becomes ``synchronous`` and ``task(s)`` becomes ``thread(s)``:
+  words of the docstrings (aio.py's code uses neither), so write them
+  such that both readings are true.
 
 Then two layout fixes, so the output needs no hand-editing:
 
@@ -142,6 +143,8 @@ def realign(source: list[str], output: list[str]) -> list[str]:
                     break
         src_found, end_quote = brackets(src, quote)
         out_found, _ = brackets(out, quote)
+        if [char for _, char in src_found] != [char for _, char in out_found]:
+            raise ValueError(f"a rule changed the brackets of this line of aio.py: {src!r}")
         for (src_column, char), (out_column, _) in zip(src_found, out_found, strict=True):
             if char in "([{":
                 open_brackets.append((src_column + 1, out_column + 1))
