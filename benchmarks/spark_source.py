@@ -396,22 +396,22 @@ def driver_path(port: int, root: Path, queue: str, options: dict[str, str],
     the final latestOffset that ACKs the last batch.  The lease keeper runs
     in its thread as in Spark; its WORKING heartbeats are timed too.
     """
-    from spark_connector import reader as reader_mod
+    from spark_connector import driver as driver_mod
     from spark_connector import staging as staging_mod
     from spark_connector.leases import LeaseKeeper
     from spark_connector.options import SourceConfig
-    from spark_connector.reader import DisqueStreamReader
     from spark_connector.schema import source_schema
+    from spark_connector.stream_reader import DisqueStreamReader
 
     opts = {"nodes": f"127.0.0.1:{port}", "queues": queue,
             "stagingPath": str(root / f"staging-{queue}"), **options}
     config = SourceConfig.from_options(opts, streaming=True)
     timer = StepTimer()
-    timer.wrap(reader_mod, "fetch_jobs", "  fetch (GETJOB loop + Arrow table)")
+    timer.wrap(driver_mod, "fetch_jobs", "  fetch (GETJOB loop + Arrow table)")
     timer.wrap(staging_mod.StagingArea, "stage_driver_batch", "  stage (IPC write, fsync)")
     timer.wrap(LeaseKeeper, "hold", "  lease bookkeeping (hold)")
-    timer.wrap(reader_mod._DriverSide, "_queue_length", "  QLEN")
-    timer.wrap(reader_mod._DriverSide, "ack_through", "  ACK (ack_through)")
+    timer.wrap(driver_mod.DriverSide, "_queue_length", "  QLEN")
+    timer.wrap(driver_mod.DriverSide, "ack_through", "  ACK (ack_through)")
     timer.wrap(Client, "working_many", "keeper thread: WORKING heartbeats")
     profiler = cProfile.Profile() if profile else None
     rows = 0

@@ -24,5 +24,21 @@ __all__ = ["DisqueDataSource", "OptionError", "register"]
 
 
 def register(spark: SparkSession) -> None:
-    """Register ``format("disque")`` on this session (idempotent)."""
-    spark.dataSource.register(DisqueDataSource)
+    """Make ``format("disque")`` known to this session (idempotent).
+
+    Where the installed ``pyspark_disque`` module already made the name
+    known (Spark's lookup of ``pyspark_*`` modules), nothing is done:
+    registering again would only make Spark warn that the session's source
+    replaced the static one.  A Spark Connect session always registers
+    (its server decides, and logs there).
+    """
+    if not _known(spark, DisqueDataSource.name()):
+        spark.dataSource.register(DisqueDataSource)
+
+
+def _known(spark: SparkSession, name: str) -> bool:
+    """Is ``name`` a data source this (classic) session knows already?"""
+    session = getattr(spark, "_jsparkSession", None)
+    if session is None:  # Spark Connect: no JVM on this side
+        return False
+    return bool(session.sessionState().dataSourceManager().dataSourceExists(name))

@@ -11,7 +11,8 @@ from pyspark.sql.datasource import DataSourceReader, InputPartition
 
 from .fetch import fetch_table, jobs_to_table
 from .options import ConnectionConfig, SourceConfig
-from .reader import record_batches
+from .partitions import record_batches
+from .topology import discover
 
 if TYPE_CHECKING:
     from pyspark.sql.types import StructType
@@ -51,10 +52,14 @@ class DisqueBatchReader(DataSourceReader):
         self.schema = schema
 
     def partitions(self) -> list[InputPartition]:
+        """One partition per queue and node: every usable node of the cluster,
+        found through HELLO from the seeds (``discoverNodes``), as the
+        streaming source reads them."""
         config = self.config
+        nodes = [view.address for view in discover(config.connection)]
         return [ScanPartition(node, queue, config.connection, config.drain, config.max_jobs,
                               config.fetch_batch_size, config.ack_mode)
-                for node in config.connection.nodes for queue in config.queues]
+                for node in nodes for queue in config.queues]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, ScanPartition)

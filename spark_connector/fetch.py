@@ -162,20 +162,50 @@ class Fetched:
     lease_supported: bool = True
 
 
+def _new_entries(got: list, seen: set[bytes]) -> list:
+    """The entries of ``got`` whose job ID is not in ``seen`` (first copy
+    kept), adding their IDs to ``seen``.
+
+    A node queues a delivered job again when its RETRY runs out (counted
+    from when it was last queued, so a job that waited long may be due
+    again at once), and a later GETJOB of the same fetch can deliver it a
+    second time: one job, one row.
+    """
+    ids = [entry[1] for entry in got]
+    if seen.isdisjoint(ids) and len(set(ids)) == len(ids):  # the usual case
+        seen.update(ids)
+        return got
+    fresh = []
+    for entry, job_id in zip(got, ids, strict=True):
+        if job_id not in seen:
+            seen.add(job_id)
+            fresh.append(entry)
+    log.info("dropped %d jobs delivered twice to one batch", len(got) - len(fresh))
+    return fresh
+
+
 def fetch_jobs(client: Client, queues: tuple[str, ...] | list[str], limit: int | None, *,
-               batch_size: int, block_ms: int = 0, lease: bool = False) -> Fetched:
-    """Up to ``limit`` jobs (``None``: until the queues are empty), as a staged table.
+               batch_size: int, block_ms: int = 0, lease: bool = False,
+               seen: set[bytes] | None = None) -> Fetched:
+    """Up to ``limit`` distinct jobs (``None``: until the queues are empty), as a staged table.
 
     Only the first GETJOB may block, and for at most ``block_ms`` (0: never),
     so an idle queue costs one cheap command per call and a busy one is
     drained with back-to-back ``GETJOB NOHANG COUNT n`` round trips.
     ``lease`` asks each job's lease (``WITHLEASE``, this server's
     extension); a node that refuses it is asked again without.
+
+    ``seen`` holds the IDs (bytes) of jobs the caller already has (other
+    nodes' share of the batch, a batch still running): a job delivered
+    again is left out, and every ID fetched is added to it.  The limit
+    counts distinct jobs.
     """
     entries: list = []
     first = True
     lease_until = math.inf
     supported = True
+    if seen is None:
+        seen = set()
     while limit is None or len(entries) < limit:
         want = batch_size if limit is None else min(batch_size, limit - len(entries))
         asked_at = time.monotonic()
@@ -194,9 +224,10 @@ def fetch_jobs(client: Client, queues: tuple[str, ...] | list[str], limit: int |
             lease = supported = False  # nothing was fetched yet: ask again without
             continue
         first = False
-        if lease and got:
-            lease_until = min(lease_until, _lease_deadline(got, asked_at))
-        entries.extend(got)
+        fresh = _new_entries(got, seen)
+        if lease and fresh:
+            lease_until = min(lease_until, _lease_deadline(fresh, asked_at))
+        entries.extend(fresh)
         if len(got) < want:
             break
     table = _entries_to_table(entries, time.time_ns() // 1000)

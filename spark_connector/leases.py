@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 
 from disque.exceptions import Acked, DisqueError, NoJob, TooLate
 
-__all__ = ["LeaseKeeper"]
+__all__ = ["COPY_SKEW_S", "LeaseKeeper"]
 
 log = logging.getLogger("spark_connector.leases")
 
@@ -37,6 +37,10 @@ log = logging.getLogger("spark_connector.leases")
 RENEW_FRACTION = 1 / 3
 #: Never heartbeat more often than this, even for RETRY 1 jobs.
 MIN_INTERVAL_S = 0.2
+#: A node's WITHLEASE answer is its own copy's requeue time; another node
+#: holding a copy may queue it up to this much earlier (it sends WILLQUEUE
+#: 500 ms ahead, and each node adds up to 500 ms of jitter).
+COPY_SKEW_S = 1.0
 
 
 @dataclass

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from disque.client import Client
 
 __all__ = [
-    "OptionError", "ConnectionConfig", "SourceConfig",
+    "OptionError", "ConnectionConfig", "SourceConfig", "DEFAULT_MAX_JOBS_PER_TRIGGER",
     "option_str", "option_int", "option_bool", "option_duration_ms", "option_choice",
 ]
 
@@ -30,6 +30,9 @@ _UNIT_MS = {None: 1, "ms": 1, "s": 1000, "sec": 1000, "m": 60_000, "min": 60_000
 #: A batch's jobs are held in the driver's memory while staged: a ceiling
 #: that catches typos (an extra zero or three) before they cost an OOM.
 MAX_JOBS_PER_BATCH = 10_000_000
+#: Without maxJobsPerTrigger a batch holds at most this many jobs: every job
+#: of a batch sits in the driver's memory while it is staged.
+DEFAULT_MAX_JOBS_PER_TRIGGER = 100_000
 #: A batch gets at least ceil(jobs / this) Spark partitions (``jobsPerPartition``).
 DEFAULT_JOBS_PER_PARTITION = 25_000
 
@@ -199,6 +202,16 @@ class ConnectionConfig:
                       reconnect_timeout=reconnect_timeout_s)
 
 
+#: Options named ``staging.<argument>`` configure the staging filesystem.
+STAGING_OPTION_PREFIX = "staging."
+
+
+def _prefixed(options: Mapping[str, str], prefix: str) -> tuple[tuple[str, str], ...]:
+    """``(name, value)`` of the options named ``<prefix><name>``, sorted."""
+    return tuple(sorted((key[len(prefix):], value) for key, value in options.items()
+                        if key.lower().startswith(prefix) and len(key) > len(prefix)))
+
+
 #: The server's default dead-letter queue suffix (ADDJOB ... MAXDELIVERIES).
 DEAD_SUFFIX = ":dead"
 
@@ -227,6 +240,7 @@ class SourceConfig:
 
     connection: ConnectionConfig
     queues: tuple[str, ...]
+    #: Absolute (made so on the driver) or a URI, see :mod:`.stores`.
     staging_path: str | None
     body_format: Literal["binary", "string"] = "binary"
     ack_mode: Literal["ackjob", "fastack"] = "ackjob"
@@ -255,6 +269,11 @@ class SourceConfig:
     #: Dead-letter queues read after ``queues`` (already included in
     #: ``queues``); non-empty also reports ``deadLettered`` (QSTAT).
     dead_letter_queues: tuple[str, ...] = ()
+    #: ``staging.<argument>`` options: the staging filesystem's arguments.
+    staging_options: tuple[tuple[str, str], ...] = ()
+    #: ``onLostStaging``: a batch in Spark's offset log but not staged:
+    #: ``fail`` the query, or ``refetch`` a new batch in its place.
+    on_lost_staging: Literal["fail", "refetch"] = "fail"
 
     @property
     def live_queues(self) -> tuple[str, ...]:
@@ -269,6 +288,10 @@ class SourceConfig:
         if not queues:
             raise OptionError("queues", f"must name at least one queue, got {raw_queues!r}")
         staging = option_str(options, "stagingPath", required=streaming)
+        if staging is not None:
+            from .stores import absolute_uri
+
+            staging = absolute_uri(staging)
         max_jobs = option_int(options, "maxJobsPerTrigger", None, minimum=1,
                               maximum=MAX_JOBS_PER_BATCH)
         min_jobs = option_int(options, "minJobsPerTrigger", None, minimum=1,
@@ -310,4 +333,7 @@ class SourceConfig:
                                     "warning"),
             drain=option_bool(options, "drain", False),
             max_jobs=option_int(options, "maxJobs", None, minimum=1, maximum=2**62),
+            staging_options=_prefixed(options, STAGING_OPTION_PREFIX),
+            on_lost_staging=option_choice(options, "onLostStaging", ("fail", "refetch"),
+                                          "fail"),  # type: ignore[arg-type]
         )

@@ -1,6 +1,7 @@
 """The ``disque`` data source: one class that Spark instantiates per query.
 
-Readers live in :mod:`.reader`, writers in :mod:`.writer`; this class only
+Readers live in :mod:`.stream_reader` and :mod:`.batch_reader`, writers in
+:mod:`.writer`; this class only
 parses options (once, on the driver, failing early with errors that name
 the option) and hands typed configs to them.
 """
@@ -57,12 +58,12 @@ class DisqueDataSource(DataSource):
         return schema
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
-        from .reader import DisqueStreamReader
+        from .stream_reader import DisqueStreamReader
 
         # No check_reachable() here: Spark also creates a stream reader in a
         # process of its own to plan the executors' reads, which then needed
         # disque.client (redis-py, 0.25 s) and a connection for nothing.  The
-        # driver side checks the nodes before its first batch (_DriverSide).
+        # driver side checks the nodes before its first batch (DriverSide).
         config = SourceConfig.from_options(self.options, streaming=True)
         return DisqueStreamReader(config, self._checked_schema(schema, config))
 

@@ -1,23 +1,27 @@
 """Durable staging of fetched jobs: what makes a replayed batch identical.
 
-Layout under ``stagingPath`` (one directory per streaming query)::
+Layout under ``stagingPath`` (one directory, or key prefix, per streaming
+query; :mod:`.stores` says which storage it may be on)::
 
     batch-000000000042/
         plan.json           the batch exists once this file exists
         part-00000.arrow    staged jobs (Arrow IPC stream), immutable once named
+    acked.json              the last batch acknowledged
 
-Every file is written to a temporary name, fsync'ed, and then given its final
-name atomically; the directory is fsync'ed after.  A crash therefore leaves
-either the complete file or no file, never a torn one.
+Every file appears whole or not at all (:meth:`.Store.write`): a crash
+leaves either the complete file or no file, never a torn one.
 
 * Driver fetch mode writes the part file(s) first and ``plan.json`` last:
   ``plan.json`` is the commit point of the batch.
 * Executor fetch mode writes ``plan.json`` first (which node / queues / how
   many jobs each partition fetches); each Spark task later creates its own
-  part file with :func:`publish_part`, which refuses to replace an existing
-  one, so the first attempt to finish wins and a replay reads what it wrote.
+  part file with :meth:`StagingArea.publish_part`, which refuses to replace
+  an existing one, so the first attempt to finish wins and a replay reads
+  what it wrote.
 
-A batch directory is removed once every job in it is acknowledged.
+A batch directory is removed once every job in it is acknowledged, and
+``acked.json`` names it: a restarted driver tells a batch acknowledged (and
+removed) from one whose staging was lost.
 """
 
 from __future__ import annotations
@@ -25,81 +29,37 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
-import uuid
-from collections.abc import Container, Iterator
+from collections.abc import Container, Iterator, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.ipc
 
 from .schema import STAGED_SCHEMA, empty_table
+from .stores import Store, open_store
 
-__all__ = ["StagingArea", "BatchPlan", "write_table", "read_table", "publish_part"]
+__all__ = ["StagingArea", "BatchPlan", "table_bytes", "table_from"]
 
 PLAN = "plan.json"
+ACKED = "acked.json"
 #: The one part file of a batch fetched on the driver.
 DRIVER_PART = "part-00000.arrow"
 _BATCH_PREFIX = "batch-"
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _write_temp(directory: Path, data_writer: Any) -> Path:
-    """Write via ``data_writer(file)`` to a fsync'ed temporary file in ``directory``."""
-    tmp = directory / f".tmp-{uuid.uuid4().hex}"
-    with open(tmp, "wb") as handle:
-        data_writer(handle)
-        handle.flush()
-        os.fsync(handle.fileno())
-    return tmp
-
-
-def _write_arrow(table: pa.Table) -> Any:
-    # The table's metadata (e.g. the node an executor task fetched from) is kept.
+def table_bytes(table: pa.Table) -> bytes:
+    """A staged table as an Arrow IPC stream (its metadata, e.g. the node an
+    executor task fetched from, kept)."""
     schema = STAGED_SCHEMA.with_metadata(table.schema.metadata or {})
-
-    def write(handle: Any) -> None:
-        with pa.ipc.new_stream(handle, schema) as writer:
-            writer.write_table(table)
-    return write
-
-
-def write_table(path: Path, table: pa.Table) -> None:
-    """Atomically create or replace ``path`` with ``table``."""
-    tmp = _write_temp(path.parent, _write_arrow(table))
-    os.replace(tmp, path)
-    _fsync_dir(path.parent)
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, schema) as writer:
+        writer.write_table(table)
+    return sink.getvalue().to_pybytes()
 
 
-def publish_part(path: Path, table: pa.Table) -> bool:
-    """Create ``path`` holding ``table`` unless it exists; True if we created it.
-
-    ``os.link`` fails when the target exists, which makes "first writer wins"
-    atomic even between two processes (speculative or retried task attempts).
-    """
-    tmp = _write_temp(path.parent, _write_arrow(table))
-    try:
-        os.link(tmp, path)
-    except FileExistsError:
-        return False
-    finally:
-        os.unlink(tmp)
-    _fsync_dir(path.parent)
-    return True
-
-
-def read_table(path: Path) -> pa.Table:
-    with pa.memory_map(str(path)) as source:
-        return pa.ipc.open_stream(source).read_all()
+def table_from(data: bytes) -> pa.Table:
+    return pa.ipc.open_stream(pa.BufferReader(data)).read_all()
 
 
 @dataclass
@@ -116,86 +76,106 @@ class BatchPlan:
         return json.dumps({"seq": self.seq, "mode": self.mode, "parts": self.parts})
 
     @classmethod
-    def from_json(cls, text: str) -> BatchPlan:
+    def from_json(cls, text: str | bytes) -> BatchPlan:
         data = json.loads(text)
         return cls(int(data["seq"]), str(data["mode"]), list(data["parts"]))
 
+    @property
+    def jobs(self) -> int:
+        """Jobs staged (driver mode) or planned (executor mode)."""
+        return sum(int(p.get("rows", p.get("count", 0))) for p in self.parts)
+
+
+def batch_name(seq: int) -> str:
+    return f"{_BATCH_PREFIX}{seq:012d}"
+
+
+def _seq_of(name: str) -> int | None:
+    if name.startswith(_BATCH_PREFIX):
+        with contextlib.suppress(ValueError):
+            return int(name[len(_BATCH_PREFIX):])
+    return None
+
 
 class StagingArea:
-    """The staged batches of one query, on a local or shared filesystem."""
+    """The staged batches of one query, on the store ``stagingPath`` names."""
 
-    def __init__(self, root: str | os.PathLike[str]) -> None:
-        self.root = Path(root)
+    def __init__(self, store: Store | str | os.PathLike[str]) -> None:
+        self.store = store if isinstance(store, Store) else open_store(os.fspath(store))
+
+    @classmethod
+    def open(cls, uri: str, options: Mapping[str, str] = {}) -> StagingArea:
+        return cls(open_store(uri, options))
+
+    @property
+    def root(self) -> str:
+        """The staging URI, for messages."""
+        return self.store.uri
 
     def ensure(self) -> None:
-        self.root.mkdir(parents=True, exist_ok=True)
-        if not os.access(self.root, os.W_OK):
-            raise PermissionError(f"staging path {self.root} is not writable")
+        """Fail now, naming ``stagingPath``, if the store cannot be written."""
+        self.store.check()
 
-    def batch_dir(self, seq: int) -> Path:
-        return self.root / f"{_BATCH_PREFIX}{seq:012d}"
+    def _key(self, seq: int, name: str) -> str:
+        return f"{batch_name(seq)}/{name}"
+
+    def has_batch(self, seq: int) -> bool:
+        return self.store.exists(self._key(seq, PLAN))
 
     def batches(self) -> list[int]:
         """Sequence numbers of the batches that exist (have a plan), ascending."""
-        if not self.root.is_dir():
-            return []
-        found = []
-        for entry in self.root.iterdir():
-            if entry.name.startswith(_BATCH_PREFIX) and (entry / PLAN).exists():
-                with contextlib.suppress(ValueError):
-                    found.append(int(entry.name[len(_BATCH_PREFIX):]))
-        return sorted(found)
+        found = [seq for seq in map(_seq_of, self.store.children()) if seq is not None]
+        return sorted(seq for seq in found if self.has_batch(seq))
 
-    def abandoned_dirs(self) -> Iterator[Path]:
+    def abandoned(self) -> list[int]:
         """Batch directories without a plan: a crash before the batch existed."""
-        if not self.root.is_dir():
-            return
-        for entry in self.root.iterdir():
-            if entry.name.startswith(_BATCH_PREFIX) and not (entry / PLAN).exists():
-                yield entry
+        found = [seq for seq in map(_seq_of, self.store.children()) if seq is not None]
+        return sorted(seq for seq in found if not self.has_batch(seq))
 
     def plan(self, seq: int) -> BatchPlan:
-        return BatchPlan.from_json((self.batch_dir(seq) / PLAN).read_text())
+        data = self.store.read(self._key(seq, PLAN))
+        if data is None:
+            raise FileNotFoundError(f"{self.root}: batch {seq} has no {PLAN}")
+        return BatchPlan.from_json(data)
 
     def stage_driver_batch(self, seq: int, table: pa.Table) -> BatchPlan:
         """Durably stage jobs fetched on the driver as batch ``seq``."""
-        directory = self.batch_dir(seq)
-        directory.mkdir(exist_ok=True)
-        write_table(directory / DRIVER_PART, table)
+        self.store.write(self._key(seq, DRIVER_PART), table_bytes(table))
         return self._commit_driver_batch(seq, table.num_rows)
 
     def promote_driver_part(self, seq: int) -> bool:
         """Finish a driver batch whose part file was named but whose plan was not.
 
-        The part was renamed into place, so it is complete: only the commit
-        point is missing.  False if there is no part (nothing was staged).
+        The part appeared whole, so it is complete: only the commit point is
+        missing.  False if there is no part (nothing was staged).
         """
-        part = self.batch_dir(seq) / DRIVER_PART
-        if not part.exists():
+        data = self.store.read(self._key(seq, DRIVER_PART))
+        if data is None:
             return False
-        self._commit_driver_batch(seq, read_table(part).num_rows)
+        self._commit_driver_batch(seq, table_from(data).num_rows)
         return True
 
     def _commit_driver_batch(self, seq: int, rows: int) -> BatchPlan:
         plan = BatchPlan(seq, "driver", [{"file": DRIVER_PART, "rows": rows}])
-        self._write_plan(self.batch_dir(seq), plan)
+        self.store.write(self._key(seq, PLAN), plan.to_json().encode())
         return plan
 
     def stage_executor_plan(self, seq: int, parts: list[dict[str, Any]]) -> BatchPlan:
-        directory = self.batch_dir(seq)
-        directory.mkdir(exist_ok=True)
         plan = BatchPlan(seq, "executor", parts)
-        self._write_plan(directory, plan)
+        self.store.write(self._key(seq, PLAN), plan.to_json().encode())
         return plan
 
-    def _write_plan(self, directory: Path, plan: BatchPlan) -> None:
-        tmp = _write_temp(directory, lambda h: h.write(plan.to_json().encode()))
-        os.replace(tmp, directory / PLAN)
-        _fsync_dir(directory)
-        _fsync_dir(self.root)
+    def read_part(self, seq: int, name: str) -> pa.Table | None:
+        data = self.store.read(self._key(seq, name))
+        return None if data is None else table_from(data)
 
-    def part_path(self, seq: int, name: str) -> Path:
-        return self.batch_dir(seq) / name
+    def publish_part(self, seq: int, name: str, table: pa.Table) -> bool:
+        """Create part ``name`` of batch ``seq`` unless it exists; True if we did.
+
+        First writer wins, even between processes on different hosts
+        (speculative or retried task attempts): :meth:`.Store.create`.
+        """
+        return self.store.create(self._key(seq, name), table_bytes(table))
 
     def read_parts(self, seq: int, skip: Container[str] = ()) -> Iterator[tuple[str, pa.Table]]:
         """The part files of batch ``seq`` that exist now, except those named in ``skip``."""
@@ -203,9 +183,9 @@ class StagingArea:
         for part in plan.parts:
             if part["file"] in skip:
                 continue
-            path = self.part_path(seq, part["file"])
-            if path.exists():
-                yield part["file"], read_table(path)
+            table = self.read_part(seq, part["file"])
+            if table is not None:
+                yield part["file"], table
 
     def read_batch(self, seq: int) -> pa.Table:
         """Every job staged for batch ``seq`` so far, as one table."""
@@ -213,4 +193,12 @@ class StagingArea:
                                  *(table for _, table in self.read_parts(seq))])
 
     def remove(self, seq: int) -> None:
-        shutil.rmtree(self.batch_dir(seq), ignore_errors=True)
+        self.store.remove_tree(batch_name(seq))
+
+    def acked_through(self) -> int | None:
+        """The last batch acknowledged (None: none yet, or ``acked.json`` lost)."""
+        data = self.store.read(ACKED)
+        return None if data is None else int(json.loads(data)["batch"])
+
+    def record_acked(self, seq: int) -> None:
+        self.store.write(ACKED, json.dumps({"batch": seq}).encode())

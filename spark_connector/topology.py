@@ -31,7 +31,8 @@ if TYPE_CHECKING:
 
     from .options import ConnectionConfig, SourceConfig
 
-__all__ = ["NodeView", "NodeSet", "check_reachable", "discover", "USABLE_PRIORITY"]
+__all__ = ["NodeView", "NodeSet", "check_any_reachable", "check_reachable", "discover",
+           "USABLE_PRIORITY"]
 
 log = logging.getLogger("spark_connector.topology")
 
@@ -251,14 +252,32 @@ def check_reachable(config: SourceConfig) -> None:
     """
     connection = config.connection
     for node in connection.nodes:
-        client = connection.client(node=node, client_name="spark-disque-check")
-        try:
-            client.ping()
-        except AuthError as exc:
-            raise OptionError("password", f"was refused by {node}: {exc}") from None
-        except ConnectionFailed as exc:
-            raise OptionError("nodes", f"lists {node}, which cannot be reached (tried for "
-                              f"{connection.reconnect_timeout_s:g} s, reconnectTimeout): "
-                              f"{exc}") from None
-        finally:
-            client.close()
+        _ping(connection, node, f"lists {node}, which cannot be reached")
+
+
+def check_any_reachable(connection: ConnectionConfig) -> None:
+    """The sink's check on the driver: some node of ``nodes`` answers.
+
+    One is enough (the others are fallbacks, and HELLO finds the rest),
+    tried for ``reconnectTimeout`` like every node; without it the write
+    fails here, with one line naming the option, rather than in every
+    task after the same wait.
+    """
+    nodes = ", ".join(connection.nodes)
+    _ping(connection, None, f"lists no node that can be reached ({nodes})")
+
+
+def _ping(connection: ConnectionConfig, node: str | None, unreachable: str) -> None:
+    client = connection.client(node=node, client_name="spark-disque-check")
+    where = node or "every node"
+    try:
+        client.ping()
+    except AuthError as exc:
+        raise OptionError("password", f"was refused by {client.address or where}: "
+                          f"{exc}") from None
+    except ConnectionFailed as exc:
+        raise OptionError("nodes", f"{unreachable} (tried for "
+                          f"{connection.reconnect_timeout_s:g} s, reconnectTimeout): "
+                          f"{exc}") from None
+    finally:
+        client.close()

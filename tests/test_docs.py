@@ -15,6 +15,7 @@ and they agree with pyproject.toml on the minimum PySpark.
 from __future__ import annotations
 
 import asyncio
+import os
 import re
 import subprocess
 import sys
@@ -159,16 +160,22 @@ BLOCKS: dict[tuple[str, str], str] = {
         "needs a worker beside the producer; tests/client/test_idmp_and_wait.py "
         "(test_request_response_with_wait_job) runs the same pattern",
     ("docs/SPARK.md", "import spark_connector"): HERE,
+    ("docs/SPARK.md", '"""Copy the jobs of queue \'orders\''): HERE,
     ("docs/SPARK.md", "import json"):
         "needs a query: tests/spark/test_source_spark.py reads the same expression",
     ("docs/SPARK.md", "jobs = (spark.readStream.format(\"disque\")"):
-        "a fragment (no sink); tests/spark/test_cluster.py runs these options from one seed "
-        "against three nodes (test_stream_from_the_cluster_to_the_cluster_survives_a_killed_node)",
+        "fragments (no sink); tests/spark/test_cluster.py runs the cluster one's options from "
+        "one seed against three nodes (test_stream_from_the_cluster_to_the_cluster_survives_"
+        "a_killed_node), tests/spark/test_staging_stores.py the s3a:// staging and the "
+        "staging.endpoint_override option against moto_server",
     ("docs/SPARK.md", '{"batch": 12, "jobsFetched"'):
         "sample progress; tests/spark/test_cluster.py checks the per-node fields",
     ("docs/SPARK_SINK.md", "import spark_connector"): HERE,
     ("docs/SPARK_SINK.md", "disque sink: could not add jobs"):
         "sample error messages; tests/spark/test_sink.py and test_unreachable.py check them",
+    ("docs/SPARK_SINK.md", "disque data source: option 'nodes' lists no node"):
+        "a sample error; tests/spark/test_sink.py "
+        "(test_unreachable_node_is_a_clear_error_on_the_driver) checks it",
     ("docs/SPARK_SINK.md", "<key> LF <original body>"): "a format, not a command",
     ("docs/SPARK_SINK.md", "key, _, body = job.body.partition"):
         "a fragment of the reader's own consumer (its job, client and Redis); "
@@ -440,3 +447,23 @@ def test_spark_snippets(spark, server, tmp_path: Path) -> None:
         assert c.qlen("orders") == 2  # the README's batch write
         assert c.qlen("docs-emails") == 2  # SPARK_SINK.md's batch write
 
+
+
+def test_spark_complete_example_runs_quietly(server, tmp_path: Path) -> None:
+    """SPARK.md's complete script, as a user runs it: its own process, its own Spark."""
+    pytest.importorskip("pyspark", reason="needs the 'spark' extra")
+    script = tmp_path / "copy_orders.py"
+    script.write_text(block("docs/SPARK.md", '"""Copy the jobs of queue').text)
+    env = {**os.environ, "DISQUE_NODES": f"127.0.0.1:{server.port}",
+           "PYSPARK_PYTHON": sys.executable}
+    result = subprocess.run([sys.executable, str(script), str(tmp_path / "work")],
+                            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.strip().splitlines()[-1] == "100 jobs copied, 100 acknowledged"
+    # Following the docs costs no warning from Spark about the connector
+    # (a replaced data source, a task too large) nor from the connector.
+    noisy = [line for line in result.stderr.splitlines()
+             if re.search(r"WARN (DataSourceManager|TaskSetManager)|spark_connector", line)]
+    assert not noisy, "\n".join(noisy)
+    with Client(f"127.0.0.1:{server.port}") as client:
+        assert client.qlen("orders") == 0

@@ -18,10 +18,6 @@ files in this repository (nothing is imported or run):
   leads to a file of the repository and, with ``#anchor``, to one of its
   headings; no doc, docstring or comment cites the project's working notes,
   which are not part of the repository.
-
-What does not hold yet is listed in ``KNOWN_*`` below with an xfail test
-that flips to a failure (strict) the day it holds, so the list is kept
-short; anything new beyond those lists fails at once.
 """
 
 from __future__ import annotations
@@ -42,11 +38,6 @@ PACKAGE = "disque"
 NOT_SOURCE = {".git", "build", "dist", ".venv", "node_modules", ".mypy_cache", ".ruff_cache",
               "__pycache__"}
 
-# What still fails.
-#: file -> the private module it imports.
-KNOWN_PRIVATE_IMPORTS = {
-    "spark_connector/writer.py": "disque.client._wire",
-}
 
 
 def source_files(suffix: str) -> Iterator[Path]:
@@ -227,19 +218,9 @@ def private_imports() -> dict[str, list[str]]:
     return found
 
 
-def test_no_new_private_import_across_packages() -> None:
+def test_no_private_import_across_packages() -> None:
     found = private_imports()
-    new = {f: ms for f, ms in found.items()
-           if f not in KNOWN_PRIVATE_IMPORTS
-           or any(not m.startswith(KNOWN_PRIVATE_IMPORTS[f]) for m in ms)}
-    assert not new, f"private modules of other packages imported: {new}"
-
-
-@pytest.mark.parametrize("path", [
-    pytest.param(path, marks=pytest.mark.xfail(strict=True, reason=f"{path} imports {module}"))
-    for path, module in sorted(KNOWN_PRIVATE_IMPORTS.items())])
-def test_known_private_import_is_gone(path: str) -> None:
-    assert path not in private_imports()
+    assert not found, f"private modules of other packages imported: {found}"
 
 
 # --------------------------------------------------------------------------

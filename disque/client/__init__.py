@@ -36,7 +36,7 @@ from ..exceptions import (
 )
 from ._base import DEFAULTS
 from ._cluster import parse_address, parse_addresses
-from ._wire import Hello, Job, NodeInfo
+from ._wire import MAX_BULK_BODIES, Hello, Job, NodeInfo, PipelineReplies, is_unknown_command
 from .sync import Client
 
 if TYPE_CHECKING:
@@ -44,7 +44,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Client", "AsyncClient", "Job", "Hello", "NodeInfo", "DEFAULTS",
-    "parse_address", "parse_addresses",
+    "parse_address", "parse_addresses", "PipelineReplies", "MAX_BULK_BODIES",
+    "is_unknown_command",
     "DisqueError", "ConnectionFailed", "ProtocolError", "ResponseError", "NoJob", "BadId",
     "NoRepl", "Paused", "Leaving", "MaxLen", "TooLate", "OutOfMemory", "Acked", "Loading",
     "Misconf", "AuthError", "NoAuth", "IdmpConflict", "IdmpBusy",

@@ -1,15 +1,22 @@
-"""Settings and node bookkeeping common to :class:`Client` and :class:`AsyncClient`."""
+"""Settings, node bookkeeping and constants common to :class:`Client` and :class:`AsyncClient`."""
 
 from __future__ import annotations
 
+import itertools
 import random
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
+import redis.exceptions
+
+from ..exceptions import DisqueError, ProtocolError, ResponseError
 from ._cluster import Address, Affinity, JobRouter, NodeTable, format_address, parse_addresses
 from ._wire import Job, NodeInfo
 
-__all__ = ["ClientBase", "DEFAULTS"]
+__all__ = [
+    "ClientBase", "DEFAULTS", "NETWORK_ERRORS", "CONNECT_ERRORS", "SWITCH_ERRORS",
+    "LINK_ERRORS", "ROUTED_BY_JOB_ID", "PIPELINE_COMMANDS", "chunks",
+]
 
 #: Documented defaults (see the Client docstring and docs/CLIENT.md).
 DEFAULTS: dict[str, Any] = {
@@ -23,6 +30,34 @@ DEFAULTS: dict[str, Any] = {
     "affinity_threshold": 0.6,
     "batch_size": 1000,
 }
+
+#: Errors that mean "this connection is gone": retry elsewhere.
+NETWORK_ERRORS: tuple[type[BaseException], ...] = (
+    redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError,
+)
+#: Errors of one connect attempt that make the client try the next node.
+CONNECT_ERRORS: tuple[type[BaseException], ...] = (
+    *NETWORK_ERRORS, ResponseError, ProtocolError, redis.exceptions.RedisError)
+#: Errors that make a switch of node (affinity, routing) give up and stay put.
+SWITCH_ERRORS: tuple[type[BaseException], ...] = (
+    *NETWORK_ERRORS, DisqueError, redis.exceptions.RedisError)
+#: Errors on an open connection that make it unusable.
+LINK_ERRORS: tuple[type[BaseException], ...] = (*NETWORK_ERRORS, redis.exceptions.RedisError)
+#: Multi-ID commands sent to the node named in each job ID (SHOW and WORKING
+#: are routed too); ENQUEUE, DEQUEUE and DELJOB act on the connected node only,
+#: as their documentation says, so they stay there.
+ROUTED_BY_JOB_ID = frozenset({"ACKJOB", "FASTACK", "NACK"})
+#: Commands per round trip in ack_many & co (each carries up to batch_size IDs).
+PIPELINE_COMMANDS = 32
+
+
+def chunks(items: Iterable[Any], size: int) -> Iterator[list[Any]]:
+    """Lists of at most ``size`` items, lazily (works on generators)."""
+    if size < 1:
+        raise ValueError("batch_size must be >= 1")
+    iterator = iter(items)
+    while chunk := list(itertools.islice(iterator, size)):
+        yield chunk
 
 
 class ClientBase:

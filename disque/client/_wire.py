@@ -22,12 +22,13 @@ from typing import Any, NamedTuple
 import redis.asyncio.connection as _async_connection
 import redis.connection as _sync_connection
 
-from ..exceptions import DisqueError, Leaving, ProtocolError, error_from_reply
+from ..exceptions import ConnectionFailed, DisqueError, Leaving, ProtocolError, error_from_reply
 
 __all__ = [
     "Arg", "Job", "NodeInfo", "Hello", "Request", "encode_arg", "text",
     "SYNC_PARSER", "ASYNC_PARSER", "connection_options", "raise_if_error",
-    "parse_info", "parse_hello", "DEFAULT_PORT",
+    "parse_info", "parse_hello", "DEFAULT_PORT", "MAX_BULK_BODIES", "PipelineReplies",
+    "is_unknown_command",
 ]
 
 DEFAULT_PORT = 7711
@@ -454,6 +455,28 @@ def add_job_builder(queue: Arg, **options: Any) -> Callable[[Arg], Request]:
 
 #: Bodies per ADDJOBS (the node's own limit, disque.commands.bulk.MAX_BODIES).
 MAX_BULK_BODIES = 10_000
+
+
+@dataclass(frozen=True, slots=True)
+class PipelineReplies:
+    """What one pipeline sent with ``send_pipeline`` got back.
+
+    ``replies`` are the raw replies read, in order (error replies as
+    :class:`DisqueError` values, nothing parsed); ``sent`` is how many
+    requests went out (0: no node could be reached, nothing was sent);
+    ``error`` is what cut the rest off (None: every request was answered).
+    A request without a reply may or may not have run on the node.
+    """
+
+    replies: list[Any]
+    sent: int
+    error: ConnectionFailed | None = None
+    #: The node the pipeline went to (None when nothing was sent).
+    node_id: str | None = None
+
+    @property
+    def unanswered(self) -> int:
+        return self.sent - len(self.replies)
 
 
 def add_jobs_builder(queue: Arg, **options: Any) -> Callable[[Sequence[Arg]], Request] | None:

@@ -1,10 +1,11 @@
-"""The asyncio Disque client: the same API as :class:`Client`, awaitable."""
+# The one hand-written copy of the client: disque/client/sync.py is generated
+# from this file by scripts/unasync.py (run `python scripts/unasync.py` after
+# each change here; tests/client/test_generated.py fails until you do).
+"""The asyncio Disque client."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import math
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from typing import Any, Literal, overload
@@ -17,22 +18,25 @@ from ..exceptions import (
     ConnectionFailed,
     DisqueError,
     Leaving,
+    NoAuth,
     NoJob,
     ProtocolError,
 )
 from . import _wire as w
-from ._base import DEFAULTS, ClientBase
-from ._cluster import Address, format_address
-from ._wire import NOJOB_UNKNOWN, Arg, Hello, Job, Request
-from .sync import (
+from ._base import (
     CONNECT_ERRORS,
+    DEFAULTS,
     LINK_ERRORS,
     NETWORK_ERRORS,
     PIPELINE_COMMANDS,
     ROUTED_BY_JOB_ID,
     SWITCH_ERRORS,
+    ClientBase,
     chunks,
 )
+from ._cluster import Address, format_address
+from ._io import AsyncLock, aclose_connection, aread_reply, asleep
+from ._wire import NOJOB_UNKNOWN, Arg, Hello, Job, Request
 
 __all__ = ["AsyncClient"]
 
@@ -40,20 +44,87 @@ log = logging.getLogger("disque.client")
 
 
 class AsyncClient(ClientBase):
-    """An asyncio, cluster-aware Disque client built on ``redis.asyncio``.
+    """A cluster-aware asyncio Disque client built on redis-py.
 
-    Same parameters, behaviour and methods as :class:`disque.Client` (see
-    its docstring), with ``await``: ``await client.add_job("q", b"x")``,
-    ``async for name in client.qscan()``, ``async with AsyncClient(...)``.
-    Commands from concurrent tasks are serialized on the one connection;
-    give each consumer task its own client so blocking GETJOBs do not wait
-    for one another.
+    Use it as a context manager and call its methods:
+    ``async with AsyncClient(...) as client:``,
+    ``await client.add_job("q", b"x")``, ``async for name in client.qscan():``.
+
+    The client holds one connection, to one node at a time.  It connects
+    lazily (first command, or :meth:`connect`): it tries the given
+    addresses in random order until one answers, authenticates, runs
+    ``HELLO`` and remembers the node table.  When a node answers
+    ``-LEAVING`` or the connection drops, it moves to another node (lower
+    HELLO priority first; the failed one last) and re-sends the command, at
+    most ``max_retries`` times.  Re-sending after a dropped connection may
+    run a command twice (an ADDJOB may add a second copy): Disque is an
+    at-least-once system anyway; set ``max_retries=0`` to never re-send.
+
+    Parameters (defaults in :data:`disque.client.DEFAULTS`):
+
+    addresses
+        ``"host:port"``, a comma separated list, or an iterable of
+        ``"host:port"`` / ``(host, port)``.  Default ``127.0.0.1:7711``.
+    password
+        Sent with ``AUTH`` on every new connection (``requirepass``).
+    socket_timeout
+        Seconds to wait for a reply (30).  Blocking commands (GETJOB with a
+        timeout, synchronous ADDJOB) get their own timeout added on top, and
+        wait forever when the command itself may block forever.  ``None``
+        disables it.
+    connect_timeout
+        Seconds to wait for a TCP connection to one node (2).
+    max_retries
+        How many times one command is re-sent after a dropped connection or
+        ``-LEAVING`` (3).
+    reconnect_timeout
+        Seconds one search for a node goes on (10): rounds over every known
+        node, with a pause between rounds of ``retry_backoff`` seconds
+        (0.05) doubling up to ``retry_backoff_max`` (1.0), the last round
+        at this deadline.  At least one round is always made; 0 means
+        exactly one.  Then ConnectionFailed.
+    randomize
+        Try nodes of equal priority in random order (True, as the spec
+        says); False keeps the order given, for a preferred local node.
+    route_by_job_id
+        Send ACKJOB, FASTACK, NACK, WORKING and SHOW to the node named in
+        each job ID (its creator, which holds a copy), over a second
+        connection; the connected node when that one is unknown, failing
+        or unreachable (True; see docs/CLIENT.md).
+    affinity, affinity_window, affinity_threshold
+        Consumer affinity (off): after ``affinity_window`` (200) received
+        jobs, if one node created at least ``affinity_threshold`` (0.6) of
+        them and HELLO lists it as usable, move to it.
+    client_name
+        ``CLIENT SETNAME`` on every connection (shows in CLIENT LIST).
+    tls, tls_ca_file, tls_cert_file, tls_key_file, tls_check_hostname, tls_verify
+        TLS to the nodes' ``tls-port`` (an extension, docs/EXTENSIONS.md):
+        ``tls_ca_file`` verifies the node's certificate (the system's CAs
+        when None), ``tls_cert_file``/``tls_key_file`` are the client's
+        certificate for ``tls-auth-clients yes``; the node's name must match
+        its certificate unless ``tls_check_hostname=False``;
+        ``tls_verify=False`` accepts any certificate (tests only).  Giving a file
+        turns TLS on.  Over TLS only the given addresses are dialled (HELLO
+        lists plain ports): list every node's TLS address.
+    connection_kwargs
+        Extra keyword arguments for ``redis.asyncio.Connection`` (advanced).
+    rng
+        The ``random.Random`` used to shuffle nodes (seed it to replay an order).
+
+    A client is safe to share between tasks (commands are serialized on its
+    connection); give each consumer task its own client so blocking GETJOBs
+    do not queue behind one another.
     """
+
+    #: Keep a connection whose HELLO got -NOAUTH when no password was given
+    #: (the CLI, like redis-cli: the node then answers each command itself,
+    #: PING with PONG).  A program wants the error at connect instead.
+    _hello_optional = False
 
     def _init_connection_state(self) -> None:
         self._conn: redis.asyncio.Connection | None = None
         self._hello: Hello | None = None
-        self._lock = asyncio.Lock()
+        self._lock = AsyncLock()
         #: node ID -> connection for commands about the jobs it created.
         self._routes: dict[str, redis.asyncio.Connection] = {}
 
@@ -72,7 +143,7 @@ class AsyncClient(ClientBase):
             conn, self._conn = self._conn, None
             self._address = self._node_id = None
             if conn is not None:
-                await _disconnect(conn, wait=self.tls)
+                await aclose_connection(conn, wait=self.tls)
             for node_id in list(self._routes):
                 await self._close_route(node_id)
 
@@ -113,9 +184,10 @@ class AsyncClient(ClientBase):
             if remaining <= 0:
                 raise ConnectionFailed("no Disque node reachable: "
                                        + self._describe_errors(errors), errors)
-            await asyncio.sleep(min(next(delays), remaining))
+            await asleep(min(next(delays), remaining))
 
     async def _open(self, address: Address) -> tuple[redis.asyncio.Connection, Hello]:
+        """A new connection to ``address``, authenticated, with its HELLO."""
         options = {**w.connection_options(asynchronous=True), **self._tls_options,
                    **self.connection_kwargs}
         connection_class = (redis.asyncio.SSLConnection if self.tls
@@ -130,39 +202,41 @@ class AsyncClient(ClientBase):
                 await self._roundtrip(conn, w.request("AUTH", self.password))
             if self.client_name:
                 await self._roundtrip(conn, w.request("CLIENT", "SETNAME", self.client_name))
-            hello = w.parse_hello(await self._roundtrip(conn, w.hello()))
+            try:
+                hello = w.parse_hello(await self._roundtrip(conn, w.hello()))
+            except NoAuth:
+                if self.password is not None or not self._hello_optional:
+                    raise
+                hello = w.NO_HELLO
         except BaseException:
-            await _disconnect(conn)
+            await aclose_connection(conn)
             raise
         return conn, hello
 
     async def _adopt(self, address: Address, conn: redis.asyncio.Connection,
                      hello: Hello) -> None:
         old = self._conn
-        self._table.learn(address, hello)
-        self._conn, self._address, self._node_id, self._hello = conn, address, hello.node_id, hello
+        if hello is not w.NO_HELLO:
+            self._table.learn(address, hello)
+        self._conn, self._address, self._hello = conn, address, hello
+        self._node_id = hello.node_id or None
         self._avoid = None
         if old is not None and old is not conn:
-            await _disconnect(old)
+            await aclose_connection(old)
         log.debug("connected to %s (node %s)", format_address(address), hello.node_id)
 
     async def _drop(self) -> None:
+        """Forget the current connection; the next connect tries it last."""
         conn, self._conn = self._conn, None
         if self._address is not None:
             self._avoid = self._address
         self._address = self._node_id = None
         if conn is not None:
-            await _disconnect(conn)
+            await aclose_connection(conn)
 
     async def _read(self, conn: redis.asyncio.Connection, wait: float | None) -> Any:
-        timeout = self._read_timeout(wait)
-        if timeout is None:
-            return await conn.read_response(timeout=math.inf)
-        try:
-            async with asyncio.timeout(timeout):
-                return await conn.read_response(timeout=math.inf)
-        except TimeoutError as exc:
-            raise redis.exceptions.TimeoutError("Timeout reading from socket") from exc
+        """One reply, to a command the node may hold ``wait`` seconds on purpose."""
+        return await aread_reply(conn, self._read_timeout(wait))
 
     async def _roundtrip(self, conn: redis.asyncio.Connection, req: Request) -> Any:
         await conn.send_command(*req.args)
@@ -171,10 +245,12 @@ class AsyncClient(ClientBase):
     # ------------------------------------------------------------ execution
 
     async def _execute(self, req: Request) -> Any:
+        """Run one request (see :meth:`_execute_locked`)."""
         async with self._lock:
             return await self._execute_locked(req)
 
     async def _execute_locked(self, req: Request) -> Any:
+        """Run one request, moving to another node on LEAVING or a lost link."""
         attempt = 0
         while True:
             conn = await self._connection()
@@ -187,7 +263,7 @@ class AsyncClient(ClientBase):
                 if attempt >= self.max_retries:
                     raise
             except DisqueError:
-                raise
+                raise  # an error reply: the connection is fine
             except NETWORK_ERRORS as exc:
                 await self._drop()
                 if attempt >= self.max_retries:
@@ -197,7 +273,7 @@ class AsyncClient(ClientBase):
                 await self._drop()
                 raise ProtocolError(str(exc)) from exc
             except BaseException:
-                await self._drop()  # cancelled mid-read: a reply is pending
+                await self._drop()  # interrupted mid-read: a reply is pending
                 raise
             else:
                 return req.parse(reply)
@@ -206,7 +282,13 @@ class AsyncClient(ClientBase):
                      req.args[0].decode(errors="replace"), attempt)
 
     async def _execute_many(self, reqs: list[Request]) -> list[Any]:
-        """Pipelined requests; see :meth:`Client._execute_many`."""
+        """Pipeline requests; one result or DisqueError per request, in order.
+
+        Requests answered ``-LEAVING`` are re-sent on another node; after a
+        dropped connection the requests not answered yet are re-sent (those
+        answered before the drop keep their answer: an ADDJOB that got its
+        ID is not sent twice).
+        """
         results: list[Any] = [None] * len(reqs)
         pending = list(range(len(reqs)))
         attempt = 0
@@ -244,7 +326,8 @@ class AsyncClient(ClientBase):
     # ------------------------------------------------- routing by job ID
 
     async def _route_connection(self, node_id: str) -> redis.asyncio.Connection | None:
-        """See :meth:`Client._route_connection` (call with the lock held)."""
+        """The connection to ``node_id`` for commands about its jobs, or None
+        (call with the lock held)."""
         conn = self._routes.get(node_id)
         if conn is not None:
             return conn
@@ -259,7 +342,7 @@ class AsyncClient(ClientBase):
             await self._route_failed(node_id)
             return None
         if hello.node_id != node_id:  # another node answers there now
-            await _disconnect(conn)
+            await aclose_connection(conn)
             await self._route_failed(node_id)
             return None
         self._table.learn(address, hello)
@@ -269,7 +352,7 @@ class AsyncClient(ClientBase):
     async def _close_route(self, node_id: str) -> None:
         conn = self._routes.pop(node_id, None)
         if conn is not None:
-            await _disconnect(conn, wait=self.tls)
+            await aclose_connection(conn, wait=self.tls)
 
     async def _route_failed(self, node_id: str) -> None:
         await self._close_route(node_id)
@@ -277,7 +360,9 @@ class AsyncClient(ClientBase):
             self._router.failed(node_id)
 
     async def _execute_routed(self, node_id: str | None, req: Request) -> Any:
-        """See :meth:`Client._execute_routed`."""
+        """Run ``req`` on ``node_id``; on the connected node when that is
+        None, unreachable, leaving, or the link breaks (then the command is
+        re-sent there: ACKJOB and friends are safe to repeat)."""
         if node_id is not None:
             async with self._lock:
                 conn = await self._route_connection(node_id)
@@ -300,7 +385,11 @@ class AsyncClient(ClientBase):
 
     async def _execute_many_routed(self, node_id: str | None,
                                    reqs: list[Request]) -> list[Any]:
-        """See :meth:`Client._execute_many_routed`."""
+        """Pipelined :meth:`_execute_routed`: one result or error per request.
+
+        What the job's node did not answer (link lost, or ``-LEAVING``) is
+        sent to the connected node.
+        """
         if node_id is None:
             return await self._execute_many(reqs)
         results: list[Any] = [None] * len(reqs)
@@ -330,8 +419,60 @@ class AsyncClient(ClientBase):
                 results[i] = result
         return results
 
+    async def send_pipeline(self, build: Callable[[str | None], tuple[bytes, int]], *,
+                            wait: float | None = 0.0) -> w.PipelineReplies:
+        """Send one pipeline of commands encoded by the caller, once; read its replies.
+
+        For callers that build RESP themselves and keep their own retry
+        policy (the Spark sink).  ``build(node_id)`` is called once
+        connected, since what to send may depend on the node: it returns
+        the encoded commands and how many replies they ask for.  Nothing is
+        re-sent: when the connection drops, the replies read so far come
+        back with the error, and the connection is dropped (the next call
+        connects again, that node last).  ``wait`` is how long the node may
+        hold a reply on purpose (a synchronous ADDJOB's timeout), on top of
+        the socket timeout.  See :class:`PipelineReplies`.
+        """
+        async with self._lock:
+            try:
+                conn = await self._connection()
+            except ConnectionFailed as exc:
+                return w.PipelineReplies([], 0, exc)
+            address, node_id = self.address or "?", self.node_id
+            payload, count = build(node_id)
+            replies: list[Any] = []
+            try:
+                await conn.send_packed_command([payload])
+                for _ in range(count):
+                    replies.append(await self._read(conn, wait))
+            except NETWORK_ERRORS as exc:
+                await self._drop()
+                return w.PipelineReplies(replies, count, ConnectionFailed(
+                    f"connection to {address} lost after {len(replies)} of {count} "
+                    f"replies: {exc}", {address: exc}), node_id)
+            except BaseException:
+                await self._drop()  # replies pending: the connection is unusable
+                raise
+        return w.PipelineReplies(replies, count, None, node_id)
+
+    async def drop_node(self, *, leaving: bool = False) -> None:
+        """Close the connection; the next command connects again, to this node last.
+
+        ``leaving=True`` also marks the node as leaving in the node table,
+        as a ``-LEAVING`` reply does (for a caller that read that reply
+        itself, e.g. in :meth:`send_pipeline`'s replies).
+        """
+        async with self._lock:
+            if leaving:
+                self._table.mark_leaving(self._node_id)
+            await self._drop()
+
     async def execute_command(self, *args: Arg) -> Any:
-        """Send any command and return the raw reply (errors raise)."""
+        """Send any command; the raw reply (bytes, int, None, lists) comes back.
+
+        Error replies raise the matching :mod:`disque.exceptions` class.
+        Use it for commands without a method (CONFIG REWRITE, DEBUG ...).
+        """
         if not args:
             raise ValueError("execute_command needs a command name")
         return await self._execute(w.request(*args))
@@ -345,7 +486,19 @@ class AsyncClient(ClientBase):
                       backoff: int | None = None, max_deliveries: int | None = None,
                       dead_letter: Arg | None = None, idmp: Arg | None = None,
                       idmp_window: int | None = None) -> str:
-        """ADDJOB; see :meth:`Client.add_job`."""
+        """ADDJOB: queue ``body`` and return the job ID.
+
+        ``timeout_ms`` is how long the node may wait for replication (0 =
+        forever, as in Disque); ``delay``, ``retry`` and ``ttl`` are seconds;
+        ``async_`` replicates in the background and answers at once.
+        Extensions of this server (docs/EXTENSIONS.md): ``backoff`` caps an
+        exponential re-queue delay (seconds), ``max_deliveries`` moves the
+        job to ``dead_letter`` (default ``<queue>:dead``) after that many
+        deliveries; ``idmp`` is an idempotency key: a retry with the same
+        key in the same queue within ``idmp_window`` seconds (default 300)
+        returns the first job's ID instead of adding a job, and the same key
+        with another body raises ``IdmpConflict``.
+        """
         return await self._execute(w.add_job(queue, body, timeout_ms, replicate, delay, retry,
                                              ttl, maxlen, async_, backoff, max_deliveries,
                                              dead_letter, idmp, idmp_window))
@@ -363,7 +516,17 @@ class AsyncClient(ClientBase):
     async def add_jobs(self, queue: Arg, bodies: Iterable[Arg], *,
                        return_exceptions: bool = False,
                        batch_size: int = DEFAULTS["batch_size"], **options: Any) -> list[Any]:
-        """ADDJOBS, or pipelined ADDJOBs; see :meth:`Client.add_jobs`."""
+        """Add many jobs to ``queue``: one ADDJOBS per ``batch_size`` bodies
+        (at most 10,000) where the node has this bulk extension, pipelined
+        ADDJOBs (``batch_size`` per round trip) on an original node.
+
+        ``options`` are those of :meth:`add_job` (with ``idmp``, which names
+        one job, pipelined ADDJOBs are always used).  Returns the job IDs in
+        order.  On an error reply, without ``return_exceptions`` the first
+        error is raised once the batch containing it was sent (jobs of that
+        batch may have been added; later batches are not sent); with it,
+        the error takes that job's place in the list.
+        """
         out: list[Any] = []
         build = w.add_job_builder(queue, **options)
         bulk = w.add_jobs_builder(queue, **options)
@@ -394,7 +557,14 @@ class AsyncClient(ClientBase):
     async def get_jobs(self, *queues: Arg, count: int = 1, timeout_ms: int | None = None,
                        nohang: bool = False, with_counters: bool = False,
                        with_lease: bool = False) -> list[Job]:
-        """GETJOB; see :meth:`Client.get_jobs`."""
+        """GETJOB: up to ``count`` jobs from the first queues that have some.
+
+        Blocks until a job arrives, or ``timeout_ms`` (``None``/0 = forever)
+        passes (then ``[]``); ``nohang`` never blocks.  ``with_counters``
+        fills :attr:`Job.nacks` and :attr:`Job.additional_deliveries`;
+        ``with_lease`` (``WITHLEASE``, this server's extension: an original
+        node answers ``-ERR syntax error``) :attr:`Job.requeue_within_ms`.
+        """
         jobs: list[Job] = await self._execute(w.get_jobs(queues, count, timeout_ms, nohang,
                                                          with_counters, with_lease))
         target = self._affinity_target(jobs)
@@ -404,12 +574,13 @@ class AsyncClient(ClientBase):
 
     async def get_job(self, *queues: Arg, timeout_ms: int | None = None, nohang: bool = False,
                       with_counters: bool = False, with_lease: bool = False) -> Job | None:
-        """One job, or None; see :meth:`Client.get_job`."""
+        """One job (see :meth:`get_jobs`), or None on timeout / NOHANG."""
         jobs = await self.get_jobs(*queues, timeout_ms=timeout_ms, nohang=nohang,
                                    with_counters=with_counters, with_lease=with_lease)
         return jobs[0] if jobs else None
 
     async def _switch_to(self, node_id: str) -> None:
+        """Affinity: move to ``node_id`` if it answers; stay put otherwise."""
         address = self._table.address_of(node_id)
         if address is None:
             return
@@ -435,27 +606,29 @@ class AsyncClient(ClientBase):
         return total
 
     async def ack(self, *job_ids: Arg) -> int:
-        """ACKJOB; see :meth:`Client.ack`."""
+        """ACKJOB: acknowledge jobs; returns how many were known and newly acked."""
         return await self._ids("ACKJOB", job_ids)
 
     async def fastack(self, *job_ids: Arg) -> int:
-        """FASTACK; see :meth:`Client.fastack`."""
+        """FASTACK: best-effort delete everywhere; returns jobs known and deleted."""
         return await self._ids("FASTACK", job_ids)
 
     async def nack(self, *job_ids: Arg, delay: int | None = None) -> int:
-        """NACK; see :meth:`Client.nack`."""
+        """NACK: put jobs back in the queue, counting a failed attempt: now,
+        after the job's BACKOFF, or ``delay`` seconds from now (``NACK ...
+        DELAY``, an extension of this server)."""
         return await self._ids("NACK", job_ids, w.nack_tail(delay))
 
     async def enqueue(self, *job_ids: Arg) -> int:
-        """ENQUEUE; see :meth:`Client.enqueue`."""
+        """ENQUEUE: queue jobs that are not queued; returns how many were."""
         return await self._ids("ENQUEUE", job_ids)
 
     async def dequeue(self, *job_ids: Arg) -> int:
-        """DEQUEUE; see :meth:`Client.dequeue`."""
+        """DEQUEUE: take queued jobs out of their queue; returns how many."""
         return await self._ids("DEQUEUE", job_ids)
 
     async def del_job(self, *job_ids: Arg) -> int:
-        """DELJOB; see :meth:`Client.del_job`."""
+        """DELJOB: delete jobs from this node only; returns how many existed."""
         return await self._ids("DELJOB", job_ids)
 
     async def _ids_many(self, name: str, job_ids: Iterable[Arg], batch_size: int) -> int:
@@ -472,36 +645,55 @@ class AsyncClient(ClientBase):
 
     async def ack_many(self, job_ids: Iterable[Arg], *,
                        batch_size: int = DEFAULTS["batch_size"]) -> int:
-        """Batched ACKJOB; see :meth:`Client.ack_many`."""
+        """ACKJOB for any number of IDs: ``batch_size`` IDs per command, pipelined.
+
+        Returns the sum of the replies.  A BADID error rejects only the
+        command holding the bad ID; it is raised after its pipeline ran.
+        """
         return await self._ids_many("ACKJOB", job_ids, batch_size)
 
     async def fastack_many(self, job_ids: Iterable[Arg], *,
                            batch_size: int = DEFAULTS["batch_size"]) -> int:
-        """Batched FASTACK; see :meth:`Client.fastack_many`."""
+        """FASTACK for any number of IDs, like :meth:`ack_many`."""
         return await self._ids_many("FASTACK", job_ids, batch_size)
 
     async def wait_job(self, job_id: Arg, timeout_ms: int = 0) -> bool:
-        """WAITJOB (extension); see :meth:`Client.wait_job`."""
+        """WAITJOB (extension): wait until the job is acknowledged.
+
+        True once acked (also if it was acked before the call), False when
+        ``timeout_ms`` passes first (0 waits forever); ``NoJob`` if the node
+        does not know the job or it went away without an ACK (expired,
+        deleted).  Asked of the job's creator, which holds a copy and learns
+        of an ACK made anywhere in the cluster.
+        """
         node = self._route_one(job_id)
         try:
             return await self._execute_routed(node, w.wait_job(job_id, timeout_ms))
         except NoJob as err:
             if node is None or not str(err).startswith(NOJOB_UNKNOWN):
                 raise
+            # Its creator has no copy (replicated externally): ask ours.
             return await self._execute(w.wait_job(job_id, timeout_ms))
 
     async def working(self, job_id: Arg) -> int:
-        """WORKING; see :meth:`Client.working`."""
+        """WORKING: postpone redelivery; returns the seconds it was postponed by."""
         node = self._route_one(job_id)
         try:
             return await self._execute_routed(node, w.working(job_id))
         except NoJob:
             if node is None:
                 raise
+            # Its creator has no copy (replicated externally): ask ours.
             return await self._execute(w.working(job_id))
 
     async def working_many(self, job_ids: Iterable[Arg]) -> list[int | DisqueError]:
-        """Pipelined WORKING, errors in place; see :meth:`Client.working_many`."""
+        """WORKING for each ID: per ID the seconds or the error.
+
+        One WORKINGS per thousand IDs (this server's extension), pipelined
+        WORKINGs on a node without it (the original). Errors (``NoJob``,
+        ``TooLate``, ``Acked`` ...) are returned in place, not raised, so
+        one lost job does not hide the others' answers.
+        """
         out: list[int | DisqueError] = []
         for batch in chunks(job_ids, PIPELINE_COMMANDS * 32):
             results: list[Any] = [None] * len(batch)
@@ -527,7 +719,11 @@ class AsyncClient(ClientBase):
         return await self._execute_many_routed(node, w.working_requests(ids))
 
     async def show(self, job_id: Arg) -> dict[str, Any] | None:
-        """SHOW; see :meth:`Client.show`."""
+        """SHOW: the job's fields as a dict (``body`` stays bytes), or None.
+
+        Asked of the job's creator first; of the connected node when the
+        creator has no copy (replicated externally, or already deleted).
+        """
         node = self._route_one(job_id)
         shown = await self._execute_routed(node, w.show(job_id))
         if shown is None and node is not None:
@@ -537,22 +733,32 @@ class AsyncClient(ClientBase):
     # -------------------------------------------------------------- queues
 
     async def qlen(self, queue: Arg) -> int:
-        """QLEN; see :meth:`Client.qlen`."""
+        """QLEN: jobs queued in this node's queue."""
         return await self._execute(w.qlen(queue))
 
     async def qstat(self, queue: Arg) -> dict[str, Any] | None:
-        """QSTAT; see :meth:`Client.qstat`."""
+        """QSTAT: the queue's statistics as a dict, or None if it does not exist."""
         return await self._execute(w.qstat(queue))
 
     async def qpeek(self, queue: Arg, count: int) -> list[Job]:
-        """QPEEK; see :meth:`Client.qpeek`."""
+        """QPEEK: the ``count`` oldest jobs (newest first if ``count`` < 0)."""
         return await self._execute(w.qpeek(queue, count))
 
     async def pause(self, queue: Arg, *options: str, bcast: bool = False) -> str:
-        """PAUSE; see :meth:`Client.pause`."""
+        """PAUSE queue in|out|all|none|state: returns the resulting state.
+
+        Without options it only reads the state; ``bcast`` sends the same
+        PAUSE to every reachable node.
+        """
         return await self._execute(w.pause(queue, options, bcast))
 
     async def _scan(self, make: Callable[[int], Request]) -> AsyncIterator[Any]:
+        """Follow a QSCAN/JSCAN cursor to 0.
+
+        The cursor only means something on the node that issued it: if the
+        client moved to another node in between, the scan restarts there
+        (SCAN semantics already allow duplicates).
+        """
         cursor, node = 0, None
         while True:
             async with self._lock:
@@ -572,20 +778,32 @@ class AsyncClient(ClientBase):
     def qscan(self, *, count: int | None = None, busyloop: bool = False,
               minlen: int | None = None, maxlen: int | None = None,
               importrate: int | None = None) -> AsyncIterator[str]:
-        """``async for name in client.qscan(...)``; see :meth:`Client.qscan`."""
+        """Iterate queue names with QSCAN (all pages; options as in Disque)."""
         return self._scan(lambda c: w.qscan_page(c, count, busyloop, minlen, maxlen, importrate))
+
+    @overload
+    def jscan(self, *, count: int | None = ..., busyloop: bool = ..., queue: Arg | None = ...,
+              states: Iterable[str] = ..., reply: Literal["id"] = ...) -> AsyncIterator[str]: ...
+
+    @overload
+    def jscan(self, *, count: int | None = ..., busyloop: bool = ..., queue: Arg | None = ...,
+              states: Iterable[str] = ...,
+              reply: Literal["all"]) -> AsyncIterator[dict[str, Any]]: ...
 
     def jscan(self, *, count: int | None = None, busyloop: bool = False,
               queue: Arg | None = None, states: Iterable[str] = (),
               reply: str = "id") -> AsyncIterator[Any]:
-        """``async for job in client.jscan(...)``; see :meth:`Client.jscan`."""
+        """Iterate jobs with JSCAN: IDs, or SHOW-like dicts with ``reply="all"``.
+
+        ``states`` filters by job state (``queued``, ``active``, ...; OR-ed).
+        """
         states = tuple(states)
         return self._scan(lambda c: w.jscan_page(c, count, busyloop, queue, states, reply))
 
     # -------------------------------------------------------------- server
 
     async def hello(self) -> Hello:
-        """HELLO; see :meth:`Client.hello`."""
+        """HELLO: the node table (also refreshes the client's copy)."""
         async with self._lock:
             hello: Hello = await self._execute_locked(w.hello())
             if self._address is not None:
@@ -594,27 +812,27 @@ class AsyncClient(ClientBase):
             return hello
 
     async def ping(self, message: Arg | None = None) -> bytes:
-        """PING; see :meth:`Client.ping`."""
+        """PING: ``b"PONG"``, or ``message`` echoed."""
         return await self._execute(w.ping(message))
 
     async def info(self, section: str | None = None) -> dict[str, dict[str, Any]]:
-        """INFO; see :meth:`Client.info`."""
+        """INFO as ``{"server": {"tcp_port": 7711, ...}, "jobs": {...}, ...}``."""
         return await self._execute(w.info(section))
 
     async def cluster_meet(self, host: str, port: int) -> None:
-        """CLUSTER MEET; see :meth:`Client.cluster_meet`."""
+        """CLUSTER MEET: ask the node to join the cluster of ``host:port``."""
         await self._execute(w.cluster_meet(host, port))
 
     async def cluster_leaving(self, leaving: bool | None = None) -> bool:
-        """CLUSTER LEAVING; see :meth:`Client.cluster_leaving`."""
+        """CLUSTER LEAVING [yes|no]: set, or read, the node's leaving state."""
         return await self._execute(w.cluster_leaving(leaving))
 
     async def cluster_myid(self) -> str:
-        """CLUSTER MYID."""
+        """CLUSTER MYID: this node's ID."""
         return await self._execute(w.cluster_myid())
 
     async def cluster_nodes(self) -> list[dict[str, Any]]:
-        """CLUSTER NODES; see :meth:`Client.cluster_nodes`."""
+        """CLUSTER NODES, one dict per node (id, host, port, flags, ...)."""
         return await self._execute(w.cluster_nodes())
 
     async def cluster_info(self) -> dict[str, Any]:
@@ -622,26 +840,17 @@ class AsyncClient(ClientBase):
         return await self._execute(w.cluster_info())
 
     async def cluster_forget(self, node_id: str) -> None:
-        """CLUSTER FORGET."""
+        """CLUSTER FORGET: drop a node from this node's table."""
         await self._execute(w.cluster_forget(node_id))
 
     async def cluster_reset(self, hard: bool = False) -> None:
-        """CLUSTER RESET [HARD]."""
+        """CLUSTER RESET [HARD]: forget all peers and drop all jobs of this node."""
         await self._execute(w.cluster_reset(hard))
 
     async def config_get(self, pattern: str) -> dict[str, str]:
-        """CONFIG GET."""
+        """CONFIG GET pattern."""
         return await self._execute(w.config_get(pattern))
 
     async def config_set(self, name: str, value: Arg) -> None:
-        """CONFIG SET."""
+        """CONFIG SET name value."""
         await self._execute(w.config_set(name, value))
-
-
-async def _disconnect(conn: redis.asyncio.Connection, wait: bool = False) -> None:
-    """Close ``conn``; ``wait`` for the transport to be closed (TLS: its
-    shutdown runs on after close(), and a loop ending first leaks the socket)."""
-    try:
-        await conn.disconnect(nowait=not wait)
-    except Exception:  # closing a broken connection: nothing more to do
-        pass

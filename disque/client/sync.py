@@ -1,10 +1,12 @@
+# Generated from disque/client/aio.py by scripts/unasync.py: do not edit.
+# Edit aio.py and run `python scripts/unasync.py` (tests/client/test_generated.py
+# fails while this file is not current).
+# ruff: noqa: UP028 - aio.py's async generator cannot `yield from`: its loop stays
 """The synchronous Disque client."""
 
 from __future__ import annotations
 
-import itertools
 import logging
-import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, Literal, overload
@@ -20,48 +22,34 @@ from ..exceptions import (
     NoAuth,
     NoJob,
     ProtocolError,
-    ResponseError,
 )
 from . import _wire as w
-from ._base import DEFAULTS, ClientBase
+from ._base import (
+    CONNECT_ERRORS,
+    DEFAULTS,
+    LINK_ERRORS,
+    NETWORK_ERRORS,
+    PIPELINE_COMMANDS,
+    ROUTED_BY_JOB_ID,
+    SWITCH_ERRORS,
+    ClientBase,
+    chunks,
+)
 from ._cluster import Address, format_address
+from ._io import Lock, close_connection, read_reply, sleep
 from ._wire import NOJOB_UNKNOWN, Arg, Hello, Job, Request
 
 __all__ = ["Client"]
 
 log = logging.getLogger("disque.client")
 
-#: Errors that mean "this connection is gone": retry elsewhere.
-NETWORK_ERRORS: tuple[type[BaseException], ...] = (
-    redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError,
-)
-#: Errors of one connect attempt that make the client try the next node.
-CONNECT_ERRORS: tuple[type[BaseException], ...] = (
-    *NETWORK_ERRORS, ResponseError, ProtocolError, redis.exceptions.RedisError)
-#: Errors that make a switch of node (affinity, routing) give up and stay put.
-SWITCH_ERRORS: tuple[type[BaseException], ...] = (
-    *NETWORK_ERRORS, DisqueError, redis.exceptions.RedisError)
-#: Errors on an open connection that make it unusable.
-LINK_ERRORS: tuple[type[BaseException], ...] = (*NETWORK_ERRORS, redis.exceptions.RedisError)
-#: Multi-ID commands sent to the node named in each job ID (SHOW and WORKING
-#: are routed too); ENQUEUE, DEQUEUE and DELJOB act on the connected node only,
-#: as their documentation says, so they stay there.
-ROUTED_BY_JOB_ID = frozenset({"ACKJOB", "FASTACK", "NACK"})
-#: Commands per round trip in ack_many & co (each carries up to batch_size IDs).
-PIPELINE_COMMANDS = 32
-
-
-def chunks(items: Iterable[Any], size: int) -> Iterator[list[Any]]:
-    """Lists of at most ``size`` items, lazily (works on generators)."""
-    if size < 1:
-        raise ValueError("batch_size must be >= 1")
-    iterator = iter(items)
-    while chunk := list(itertools.islice(iterator, size)):
-        yield chunk
-
 
 class Client(ClientBase):
-    """A synchronous, cluster-aware Disque client built on redis-py.
+    """A cluster-aware synchronous Disque client built on redis-py.
+
+    Use it as a context manager and call its methods:
+    ``with Client(...) as client:``,
+    ``client.add_job("q", b"x")``, ``for name in client.qscan():``.
 
     The client holds one connection, to one node at a time.  It connects
     lazily (first command, or :meth:`connect`): it tries the given
@@ -124,9 +112,9 @@ class Client(ClientBase):
     rng
         The ``random.Random`` used to shuffle nodes (seed it to replay an order).
 
-    A Client is thread-safe (commands are serialized on its connection);
-    give each consumer thread its own Client so blocking GETJOBs do not
-    queue behind one another.
+    A client is safe to share between threads (commands are serialized on its
+    connection); give each consumer thread its own client so blocking GETJOBs
+    do not queue behind one another.
     """
 
     #: Keep a connection whose HELLO got -NOAUTH when no password was given
@@ -137,7 +125,7 @@ class Client(ClientBase):
     def _init_connection_state(self) -> None:
         self._conn: redis.Connection | None = None
         self._hello: Hello | None = None
-        self._lock = threading.RLock()
+        self._lock = Lock()
         #: node ID -> connection for commands about the jobs it created.
         self._routes: dict[str, redis.Connection] = {}
 
@@ -156,7 +144,7 @@ class Client(ClientBase):
             conn, self._conn = self._conn, None
             self._address = self._node_id = None
             if conn is not None:
-                conn.disconnect()
+                close_connection(conn, wait=self.tls)
             for node_id in list(self._routes):
                 self._close_route(node_id)
 
@@ -197,13 +185,14 @@ class Client(ClientBase):
             if remaining <= 0:
                 raise ConnectionFailed("no Disque node reachable: "
                                        + self._describe_errors(errors), errors)
-            time.sleep(min(next(delays), remaining))
+            sleep(min(next(delays), remaining))
 
     def _open(self, address: Address) -> tuple[redis.Connection, Hello]:
         """A new connection to ``address``, authenticated, with its HELLO."""
         options = {**w.connection_options(asynchronous=False), **self._tls_options,
                    **self.connection_kwargs}
-        connection_class = redis.SSLConnection if self.tls else redis.Connection
+        connection_class = (redis.SSLConnection if self.tls
+                            else redis.Connection)
         conn = connection_class(host=address[0], port=address[1],
                                 socket_timeout=self.socket_timeout,
                                 socket_connect_timeout=self.connect_timeout,
@@ -221,11 +210,12 @@ class Client(ClientBase):
                     raise
                 hello = w.NO_HELLO
         except BaseException:
-            conn.disconnect()
+            close_connection(conn)
             raise
         return conn, hello
 
-    def _adopt(self, address: Address, conn: redis.Connection, hello: Hello) -> None:
+    def _adopt(self, address: Address, conn: redis.Connection,
+               hello: Hello) -> None:
         old = self._conn
         if hello is not w.NO_HELLO:
             self._table.learn(address, hello)
@@ -233,7 +223,7 @@ class Client(ClientBase):
         self._node_id = hello.node_id or None
         self._avoid = None
         if old is not None and old is not conn:
-            old.disconnect()
+            close_connection(old)
         log.debug("connected to %s (node %s)", format_address(address), hello.node_id)
 
     def _drop(self) -> None:
@@ -243,49 +233,54 @@ class Client(ClientBase):
             self._avoid = self._address
         self._address = self._node_id = None
         if conn is not None:
-            try:
-                conn.disconnect()
-            except Exception:  # already broken: nothing more to do
-                pass
+            close_connection(conn)
+
+    def _read(self, conn: redis.Connection, wait: float | None) -> Any:
+        """One reply, to a command the node may hold ``wait`` seconds on purpose."""
+        return read_reply(conn, self._read_timeout(wait))
 
     def _roundtrip(self, conn: redis.Connection, req: Request) -> Any:
         conn.send_command(*req.args)
-        return w.raise_if_error(conn.read_response(timeout=self._read_timeout(req.wait)))
+        return w.raise_if_error(self._read(conn, req.wait))
 
     # ------------------------------------------------------------ execution
 
     def _execute(self, req: Request) -> Any:
-        """Run one request, moving to another node on LEAVING or a lost link."""
+        """Run one request (see :meth:`_execute_locked`)."""
         with self._lock:
-            attempt = 0
-            while True:
-                conn = self._connection()
-                address = self.address or "?"
-                try:
-                    reply = self._roundtrip(conn, req)
-                except Leaving:
-                    self._table.mark_leaving(self._node_id)
-                    self._drop()
-                    if attempt >= self.max_retries:
-                        raise
-                except DisqueError:
-                    raise  # an error reply: the connection is fine
-                except NETWORK_ERRORS as exc:
-                    self._drop()
-                    if attempt >= self.max_retries:
-                        raise ConnectionFailed(f"connection to {address} lost: {exc}",
-                                               {address: exc}) from exc
-                except redis.exceptions.InvalidResponse as exc:
-                    self._drop()
-                    raise ProtocolError(str(exc)) from exc
-                except BaseException:
-                    self._drop()  # e.g. KeyboardInterrupt mid-read: reply pending
+            return self._execute_locked(req)
+
+    def _execute_locked(self, req: Request) -> Any:
+        """Run one request, moving to another node on LEAVING or a lost link."""
+        attempt = 0
+        while True:
+            conn = self._connection()
+            address = self.address or "?"
+            try:
+                reply = self._roundtrip(conn, req)
+            except Leaving:
+                self._table.mark_leaving(self._node_id)
+                self._drop()
+                if attempt >= self.max_retries:
                     raise
-                else:
-                    return req.parse(reply)
-                attempt += 1
-                log.info("retrying %s on another node (attempt %d)",
-                         req.args[0].decode(errors="replace"), attempt)
+            except DisqueError:
+                raise  # an error reply: the connection is fine
+            except NETWORK_ERRORS as exc:
+                self._drop()
+                if attempt >= self.max_retries:
+                    raise ConnectionFailed(f"connection to {address} lost: {exc}",
+                                           {address: exc}) from exc
+            except redis.exceptions.InvalidResponse as exc:
+                self._drop()
+                raise ProtocolError(str(exc)) from exc
+            except BaseException:
+                self._drop()  # interrupted mid-read: a reply is pending
+                raise
+            else:
+                return req.parse(reply)
+            attempt += 1
+            log.info("retrying %s on another node (attempt %d)",
+                     req.args[0].decode(errors="replace"), attempt)
 
     def _execute_many(self, reqs: list[Request]) -> list[Any]:
         """Pipeline requests; one result or DisqueError per request, in order.
@@ -304,9 +299,10 @@ class Client(ClientBase):
                 address = self.address or "?"
                 replies: list[Any] = []
                 try:
-                    conn.send_packed_command([w.pack_commands([reqs[i].args for i in pending])])
+                    conn.send_packed_command(
+                        [w.pack_commands([reqs[i].args for i in pending])])
                     for i in pending:
-                        replies.append(conn.read_response(timeout=self._read_timeout(reqs[i].wait)))
+                        replies.append(self._read(conn, reqs[i].wait))
                 except NETWORK_ERRORS as exc:
                     self._drop()
                     pending = w.unanswered(reqs, pending, replies, results)
@@ -331,7 +327,8 @@ class Client(ClientBase):
     # ------------------------------------------------- routing by job ID
 
     def _route_connection(self, node_id: str) -> redis.Connection | None:
-        """The connection to ``node_id`` for commands about its jobs, or None."""
+        """The connection to ``node_id`` for commands about its jobs, or None
+        (call with the lock held)."""
         conn = self._routes.get(node_id)
         if conn is not None:
             return conn
@@ -346,7 +343,7 @@ class Client(ClientBase):
             self._route_failed(node_id)
             return None
         if hello.node_id != node_id:  # another node answers there now
-            conn.disconnect()
+            close_connection(conn)
             self._route_failed(node_id)
             return None
         self._table.learn(address, hello)
@@ -356,10 +353,7 @@ class Client(ClientBase):
     def _close_route(self, node_id: str) -> None:
         conn = self._routes.pop(node_id, None)
         if conn is not None:
-            try:
-                conn.disconnect()
-            except Exception:  # already broken: nothing more to do
-                pass
+            close_connection(conn, wait=self.tls)
 
     def _route_failed(self, node_id: str) -> None:
         self._close_route(node_id)
@@ -390,7 +384,8 @@ class Client(ClientBase):
                         raise
         return self._execute(req)
 
-    def _execute_many_routed(self, node_id: str | None, reqs: list[Request]) -> list[Any]:
+    def _execute_many_routed(self, node_id: str | None,
+                             reqs: list[Request]) -> list[Any]:
         """Pipelined :meth:`_execute_routed`: one result or error per request.
 
         What the job's node did not answer (link lost, or ``-LEAVING``) is
@@ -407,7 +402,7 @@ class Client(ClientBase):
                 try:
                     conn.send_packed_command([w.pack_commands([r.args for r in reqs])])
                     for r in reqs:
-                        replies.append(conn.read_response(timeout=self._read_timeout(r.wait)))
+                        replies.append(self._read(conn, r.wait))
                 except LINK_ERRORS as exc:
                     log.info("job routing: lost %s (%s); using the connected node",
                              node_id[:8], exc)
@@ -419,11 +414,59 @@ class Client(ClientBase):
                 if again and len(replies) == len(reqs):  # all answered: some -LEAVING
                     self._table.mark_leaving(node_id)
                     self._route_failed(node_id)
-            if again:
-                for i, result in zip(again, self._execute_many([reqs[i] for i in again]),
-                                     strict=True):
-                    results[i] = result
+        if again:  # not answered there: the connected node (outside the lock)
+            for i, result in zip(again, self._execute_many([reqs[i] for i in again]),
+                                 strict=True):
+                results[i] = result
         return results
+
+    def send_pipeline(self, build: Callable[[str | None], tuple[bytes, int]], *,
+                      wait: float | None = 0.0) -> w.PipelineReplies:
+        """Send one pipeline of commands encoded by the caller, once; read its replies.
+
+        For callers that build RESP themselves and keep their own retry
+        policy (the Spark sink).  ``build(node_id)`` is called once
+        connected, since what to send may depend on the node: it returns
+        the encoded commands and how many replies they ask for.  Nothing is
+        re-sent: when the connection drops, the replies read so far come
+        back with the error, and the connection is dropped (the next call
+        connects again, that node last).  ``wait`` is how long the node may
+        hold a reply on purpose (a synchronous ADDJOB's timeout), on top of
+        the socket timeout.  See :class:`PipelineReplies`.
+        """
+        with self._lock:
+            try:
+                conn = self._connection()
+            except ConnectionFailed as exc:
+                return w.PipelineReplies([], 0, exc)
+            address, node_id = self.address or "?", self.node_id
+            payload, count = build(node_id)
+            replies: list[Any] = []
+            try:
+                conn.send_packed_command([payload])
+                for _ in range(count):
+                    replies.append(self._read(conn, wait))
+            except NETWORK_ERRORS as exc:
+                self._drop()
+                return w.PipelineReplies(replies, count, ConnectionFailed(
+                    f"connection to {address} lost after {len(replies)} of {count} "
+                    f"replies: {exc}", {address: exc}), node_id)
+            except BaseException:
+                self._drop()  # replies pending: the connection is unusable
+                raise
+        return w.PipelineReplies(replies, count, None, node_id)
+
+    def drop_node(self, *, leaving: bool = False) -> None:
+        """Close the connection; the next command connects again, to this node last.
+
+        ``leaving=True`` also marks the node as leaving in the node table,
+        as a ``-LEAVING`` reply does (for a caller that read that reply
+        itself, e.g. in :meth:`send_pipeline`'s replies).
+        """
+        with self._lock:
+            if leaving:
+                self._table.mark_leaving(self._node_id)
+            self._drop()
 
     def execute_command(self, *args: Arg) -> Any:
         """Send any command; the raw reply (bytes, int, None, lists) comes back.
@@ -439,10 +482,11 @@ class Client(ClientBase):
 
     def add_job(self, queue: Arg, body: Arg, *, timeout_ms: int = 0,
                 replicate: int | None = None, delay: int | None = None,
-                retry: int | None = None, ttl: int | None = None, maxlen: int | None = None,
-                async_: bool = False, backoff: int | None = None,
-                max_deliveries: int | None = None, dead_letter: Arg | None = None,
-                idmp: Arg | None = None, idmp_window: int | None = None) -> str:
+                retry: int | None = None, ttl: int | None = None,
+                maxlen: int | None = None, async_: bool = False,
+                backoff: int | None = None, max_deliveries: int | None = None,
+                dead_letter: Arg | None = None, idmp: Arg | None = None,
+                idmp_window: int | None = None) -> str:
         """ADDJOB: queue ``body`` and return the job ID.
 
         ``timeout_ms`` is how long the node may wait for replication (0 =
@@ -456,9 +500,9 @@ class Client(ClientBase):
         returns the first job's ID instead of adding a job, and the same key
         with another body raises ``IdmpConflict``.
         """
-        return self._execute(w.add_job(queue, body, timeout_ms, replicate, delay, retry, ttl,
-                                       maxlen, async_, backoff, max_deliveries, dead_letter,
-                                       idmp, idmp_window))
+        return self._execute(w.add_job(queue, body, timeout_ms, replicate, delay, retry,
+                                       ttl, maxlen, async_, backoff, max_deliveries,
+                                       dead_letter, idmp, idmp_window))
 
     @overload
     def add_jobs(self, queue: Arg, bodies: Iterable[Arg], *,
@@ -470,7 +514,8 @@ class Client(ClientBase):
                  return_exceptions: Literal[True], batch_size: int = ...,
                  **options: Any) -> list[str | DisqueError]: ...
 
-    def add_jobs(self, queue: Arg, bodies: Iterable[Arg], *, return_exceptions: bool = False,
+    def add_jobs(self, queue: Arg, bodies: Iterable[Arg], *,
+                 return_exceptions: bool = False,
                  batch_size: int = DEFAULTS["batch_size"], **options: Any) -> list[Any]:
         """Add many jobs to ``queue``: one ADDJOBS per ``batch_size`` bodies
         (at most 10,000) where the node has this bulk extension, pipelined
@@ -496,7 +541,8 @@ class Client(ClientBase):
                         raise result
         return out
 
-    def _add_chunk(self, chunk: list[Arg], bulk: Callable[[Sequence[Arg]], w.Request] | None,
+    def _add_chunk(self, chunk: list[Arg],
+                   bulk: Callable[[Sequence[Arg]], w.Request] | None,
                    build: Callable[[Arg], w.Request]) -> list[Any]:
         """One ADDJOBS for ``chunk`` where the node has it, else pipelined ADDJOBs."""
         if bulk is not None and self._node_id not in self._no_bulk_add:
@@ -548,14 +594,17 @@ class Client(ClientBase):
             log.info("affinity: moving to %s (node %s)", format_address(address), node_id)
             self._adopt(address, conn, hello)
 
-    def _ids(self, name: str, job_ids: tuple[Arg, ...], tail: tuple[Arg, ...] = ()) -> int:
+    def _ids(self, name: str, job_ids: tuple[Arg, ...],
+             tail: tuple[Arg, ...] = ()) -> int:
         if not job_ids:
             return 0
         if name not in ROUTED_BY_JOB_ID:
             return self._execute(w.job_ids_command(name, job_ids, tail))
-        return sum(self._execute_routed(node, w.job_ids_command(name, [job_ids[i] for i in at],
-                                                                tail))
-                   for node, at in self._route(job_ids).items())
+        total = 0
+        for node, at in self._route(job_ids).items():
+            total += self._execute_routed(
+                node, w.job_ids_command(name, [job_ids[i] for i in at], tail))
+        return total
 
     def ack(self, *job_ids: Arg) -> int:
         """ACKJOB: acknowledge jobs; returns how many were known and newly acked."""
@@ -704,7 +753,7 @@ class Client(ClientBase):
         """
         return self._execute(w.pause(queue, options, bcast))
 
-    def _scan(self, make: Any) -> Iterator[Any]:
+    def _scan(self, make: Callable[[int], Request]) -> Iterator[Any]:
         """Follow a QSCAN/JSCAN cursor to 0.
 
         The cursor only means something on the node that issued it: if the
@@ -718,11 +767,12 @@ class Client(ClientBase):
                     cursor = 0
                 self._connection()
                 node = self._node_id
-                cursor, items = self._execute(make(cursor))
+                cursor, items = self._execute_locked(make(cursor))
                 if self._node_id != node:
                     cursor, node = 0, self._node_id
                     continue
-            yield from items
+            for item in items:
+                yield item
             if cursor == 0:
                 return
 
@@ -756,7 +806,7 @@ class Client(ClientBase):
     def hello(self) -> Hello:
         """HELLO: the node table (also refreshes the client's copy)."""
         with self._lock:
-            hello: Hello = self._execute(w.hello())
+            hello: Hello = self._execute_locked(w.hello())
             if self._address is not None:
                 self._table.learn(self._address, hello)
                 self._hello = hello

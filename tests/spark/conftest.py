@@ -34,3 +34,26 @@ def original(tmp_path) -> Iterator[ReferenceProcess]:
     node = ReferenceProcess(tmp_path / "original").start()
     yield node
     node.kill()
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory) -> Iterator:
+    """One moto_server (a real S3-compatible server) for the session's staging tests."""
+    pytest.importorskip("moto", reason="the S3 staging tests need moto[server] (the dev extra)")
+    from tests.support.s3 import moto_server
+
+    with moto_server(tmp_path_factory.mktemp("moto") / "moto.log") as server:
+        yield server
+
+
+@pytest.fixture
+def s3(s3_server, monkeypatch):
+    """``s3_server`` seen through the standard environment, and a fresh bucket."""
+    import uuid
+
+    for name, value in s3_server.env.items():
+        monkeypatch.setenv(name, value)
+    name = f"test-{uuid.uuid4().hex}"
+    s3_server.bucket(name)
+    s3_server.bucket_name = name
+    return s3_server

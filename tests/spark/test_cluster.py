@@ -19,12 +19,12 @@ import pytest
 from pyspark.sql.types import StringType, StructField, StructType
 
 from disque.client import Client
-from disque.client._wire import pack_commands
+from spark_connector.executor_read import fetch_or_replay
 from spark_connector.options import SourceConfig
-from spark_connector.pipeline import exchange
-from spark_connector.reader import DisqueStreamReader, FetchPartition, fetch_or_replay
+from spark_connector.partitions import FetchPartition
 from spark_connector.schema import source_schema
 from spark_connector.sink_options import SinkConfig
+from spark_connector.stream_reader import DisqueStreamReader
 from spark_connector.writer import PartitionWriter
 from tests.support.cluster import TEST_NODE_TIMEOUT_MS, join, wait_joined
 from tests.support.process import DisqueProcess, wait_for
@@ -124,7 +124,7 @@ def test_source_acks_and_keeps_reading_after_a_node_is_killed(cluster, tmp_path:
     produced = add_on_each(cluster, "events", 30, "k", retry=1)
     reader = reader_for(cluster[0], tmp_path / "staging", maxJobsPerTrigger="1000")
     try:
-        assert reader.latestOffset({"batch": 0}, reader.getDefaultReadLimit()) == {"batch": 1}
+        assert reader.latestOffset({"batch": 0}, reader.getDefaultReadLimit())["batch"] == 1
         first = read_all(reader, 0, 1)
         assert sorted(first) == sorted(produced)
         cluster[2].kill()  # staged, leased, not acknowledged yet
@@ -142,7 +142,7 @@ def test_source_acks_and_keeps_reading_after_a_node_is_killed(cluster, tmp_path:
         def read_on() -> bool:
             nonlocal last
             if reader.latestOffset({"batch": last},
-                                   reader.getDefaultReadLimit()) == {"batch": last + 1}:
+                                   reader.getDefaultReadLimit())["batch"] == last + 1:
                 second.extend(read_all(reader, last, last + 1))
                 last += 1
             return set(more) <= set(second)
@@ -180,6 +180,21 @@ def test_executor_task_of_a_dead_node_fetches_from_another(cluster, tmp_path: Pa
         assert table.schema.metadata[b"disque.node"] == addr(cluster[0]).encode()
     finally:
         reader.stop()
+
+
+def test_batch_read_finds_every_node_from_one_seed(spark, cluster) -> None:
+    produced = add_on_each(cluster, "scan", 10, "b")
+
+    def read(**options: str) -> list[str]:
+        reader = spark.read.format("disque").option("nodes", addr(cluster[0]))
+        for name, value in {"queues": "scan", **options}.items():
+            reader = reader.option(name, value)
+        return sorted(r.id for r in reader.load().select("id").collect())
+
+    assert read(discoverNodes="false") == sorted(produced[:10])  # the seed's queue only
+    assert read() == sorted(produced)                            # peeked on every node
+    assert read(drain="true") == sorted(produced)
+    assert not [n for n in cluster if on(n).qlen("scan")]
 
 
 # --------------------------------------------------------------------------
@@ -235,23 +250,6 @@ def test_sink_moves_to_another_node_when_its_node_is_killed(cluster) -> None:
              timeout=30, interval=0.2, message=lambda: f"{len(set(seen))} of 200 jobs")
     # Each job once: no pipeline was cut mid-way, so nothing was re-sent.
     assert sorted(seen) == sorted(expected)
-
-
-def test_a_dropped_pipeline_keeps_the_replies_already_read(server) -> None:
-    # QUIT makes the node answer what came before it, then close the link:
-    # a pipeline of ADDJOBS, QUIT, ADDJOBS cut after its second reply.
-    client = Client(addr(server))
-    payload = pack_commands([(b"ADDJOBS", b"cut", b"0", b"BODIES", b"j0", b"j1", b"j2"),
-                             (b"QUIT",),
-                             (b"ADDJOBS", b"cut", b"0", b"BODIES", b"j3", b"j4")])
-    replies, asked, lost = exchange(client, lambda _node: (payload, 3), 0.0)
-    assert lost is not None and "after 2 of 3 replies" in str(lost) and asked == 3
-    assert len(replies[0]) == 3 and all(r.startswith(b"D-") for r in replies[0])
-    # The link was dropped: the next exchange connects again.
-    again, _, lost = exchange(client, lambda _node: (payload[payload.index(b"*6"):], 1), 0.0)
-    assert lost is None and len(again[0]) == 2
-    assert sorted(j.body for j in client.get_jobs("cut", count=10, nohang=True)) == [
-        f"j{i}".encode() for i in range(5)]
 
 
 # --------------------------------------------------------------------------

@@ -22,16 +22,13 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows, Read
 
 from disque.client import Client
 from spark_connector.batch_reader import DisqueBatchReader
-from spark_connector.fetch import fetch_table
+from spark_connector.executor_read import fetch_or_replay, publish_fetched
+from spark_connector.fetch import fetch_jobs, fetch_table
 from spark_connector.options import SourceConfig
-from spark_connector.reader import (
-    DisqueStreamReader,
-    FetchPartition,
-    fetch_or_replay,
-    publish_fetched,
-)
+from spark_connector.partitions import FetchPartition
 from spark_connector.schema import source_schema
 from spark_connector.staging import StagingArea
+from spark_connector.stream_reader import DisqueStreamReader
 from tests.support.process import wait_for
 
 
@@ -67,7 +64,7 @@ def test_batch_is_staged_before_its_offset_and_acked_only_after_commit(
     reader = make_reader(server, tmp_path / "staging")
     start = reader.initialOffset()
     end = reader.latestOffset(start, ReadMaxRows(10))
-    assert end == {"batch": 1}
+    assert end["batch"] == 1
     assert StagingArea(tmp_path / "staging").batches() == [1]
     got = rows(reader, 0, 1)
     assert [r["id"] for r in got] == ids[:10]
@@ -76,7 +73,7 @@ def test_batch_is_staged_before_its_offset_and_acked_only_after_commit(
     assert got[0]["node"] == ids[0][2:10]
     assert client.qlen("q") == 15 and registered(client) == 25  # leased, not acked
     # The next batch is planned only after batch 1 committed: ACK happens there.
-    assert reader.latestOffset(end, ReadMaxRows(10)) == {"batch": 2}
+    assert reader.latestOffset(end, ReadMaxRows(10))["batch"] == 2
     assert registered(client) == 15
     assert StagingArea(tmp_path / "staging").batches() == [2]
     reader.commit({"batch": 2})
@@ -88,7 +85,7 @@ def test_batch_is_staged_before_its_offset_and_acked_only_after_commit(
 
 def test_no_new_offset_when_the_queue_is_empty(server, client: Client, tmp_path: Path) -> None:
     reader = make_reader(server, tmp_path / "s")
-    assert reader.latestOffset({"batch": 0}, ReadMaxRows(10)) == {"batch": 0}
+    assert reader.latestOffset({"batch": 0}, ReadMaxRows(10))["batch"] == 0
     assert StagingArea(tmp_path / "s").batches() == []
     reader.stop()
 
@@ -102,7 +99,7 @@ def test_idle_fetch_blocks_boundedly_and_wakes_on_a_new_job(server, client: Clie
     timer = threading.Timer(0.3, lambda: Client(f"127.0.0.1:{server.port}").add_job("q", "x"))
     timer.start()
     began = time.monotonic()
-    assert reader.latestOffset({"batch": 0}, ReadMaxRows(10)) == {"batch": 1}
+    assert reader.latestOffset({"batch": 0}, ReadMaxRows(10))["batch"] == 1
     assert time.monotonic() - began < 4  # woke on the job, did not wait the full 5 s
     timer.join()
     reader.stop()
@@ -145,14 +142,14 @@ def test_half_written_batch_directory_is_promoted_or_dropped(server, client: Cli
     reader = make_reader(server, tmp_path / "s")
     end = reader.latestOffset({"batch": 0}, ReadMaxRows(5))
     reader.driver.keeper.stop()
-    staging = StagingArea(tmp_path / "s")
-    (staging.batch_dir(1) / "plan.json").unlink()  # crash between part and plan
-    staging.batch_dir(7).mkdir()                    # crash before anything was named
-    (staging.batch_dir(7) / ".tmp-x").write_bytes(b"partial")
+    (tmp_path / "s" / "batch-000000000001" / "plan.json").unlink()  # between part and plan
+    seventh = tmp_path / "s" / "batch-000000000007"  # a crash before anything was named
+    seventh.mkdir()
+    (seventh / ".tmp-x").write_bytes(b"partial")
     second = make_reader(server, tmp_path / "s")
     assert second.latestOffset({"batch": 0}, ReadMaxRows(5)) == end
     assert [r["body"] for r in rows(second, 0, 1)] == [f"b{i}".encode() for i in range(5)]
-    assert not staging.batch_dir(7).exists()
+    assert not seventh.exists()
     second.stop()
 
 
@@ -211,16 +208,16 @@ def test_min_jobs_waits_for_enough_jobs_or_the_max_delay(server, client: Client,
                          maxTriggerDelay="1h")
     limit = reader.getDefaultReadLimit()
     assert limit == ReadMinRows(5)
-    assert reader.latestOffset({"batch": 0}, limit) == {"batch": 0}
+    assert reader.latestOffset({"batch": 0}, limit)["batch"] == 0
     assert client.qlen("q") == 3  # nothing taken while waiting
     for i in range(2):
         client.add_job("q", f"more{i}")
-    assert reader.latestOffset({"batch": 0}, limit) == {"batch": 1}
+    assert reader.latestOffset({"batch": 0}, limit)["batch"] == 1
     reader.stop()
     client.add_job("q", "lonely")
     short = make_reader(server, tmp_path / "s2", minJobsPerTrigger="5",
                         maxTriggerDelay="200ms")
-    wait_for(lambda: short.latestOffset({"batch": 0}, limit) == {"batch": 1}, timeout=10)
+    wait_for(lambda: short.latestOffset({"batch": 0}, limit)["batch"] == 1, timeout=10)
     short.stop()
 
 
@@ -251,12 +248,12 @@ def test_available_now_ends_with_an_empty_batch_that_reports_the_final_ack(
     reader = make_reader(server, tmp_path / "s")
     reader.prepareForTriggerAvailableNow()
     first = reader.latestOffset({"batch": 0}, ReadMaxRows(10))
-    assert first == {"batch": 1} and len(rows(reader, 0, 1)) == 4
+    assert first["batch"] == 1 and len(rows(reader, 0, 1)) == 4
     assert reader.reportLatestOffset()["jobsLeased"] == 4
     # Spark reports no progress for a trigger without new data: the call
     # that acknowledges the last batch returns an empty one instead.
     closing = reader.latestOffset(first, ReadMaxRows(10))
-    assert closing == {"batch": 2} and rows(reader, 1, 2) == []
+    assert closing["batch"] == 2 and rows(reader, 1, 2) == []
     assert registered(client) == 0
     metrics = reader.reportLatestOffset()
     assert (metrics["jobsAcked"], metrics["jobsLeased"], metrics["batchesStaged"]) == (4, 0, 1)
@@ -341,7 +338,7 @@ def test_executor_mode_plans_then_tasks_fetch_and_replay(server, client: Client,
     # The driver's lease keeper finds the published parts while the batch runs.
     wait_for(lambda: reader.driver.keeper.held().get(1) == 30, timeout=10)
     next_end = reader.latestOffset(end, ReadMaxRows(30))
-    assert next_end == {"batch": 2} and registered(client) == 10
+    assert next_end["batch"] == 2 and registered(client) == 10
     reader.stop()
 
 
@@ -451,22 +448,22 @@ def test_fetch_ahead_stages_the_next_batch_and_acks_in_the_background(
     ids = client.add_jobs("q", [f"b{i}" for i in range(35)])
     reader = ahead_reader(server, tmp_path / "s")
     staging = StagingArea(tmp_path / "s")
-    assert reader.latestOffset({"batch": 0}, ReadMaxRows(10)) == {"batch": 1}
+    assert reader.latestOffset({"batch": 0}, ReadMaxRows(10))["batch"] == 1
     assert [r["id"] for r in rows(reader, 0, 1)] == ids[:10]
-    assert reader.latestOffset({"batch": 1}, ReadMaxRows(10)) == {"batch": 2}
+    assert reader.latestOffset({"batch": 1}, ReadMaxRows(10))["batch"] == 2
     # Batch 2 was full: batch 3 is fetched, staged and leased meanwhile, and
     # batch 1 (committed) is acknowledged; batch 2 is not (Spark runs it).
     wait_for(lambda: staging.batches() == [2, 3] and registered(client) == 25, timeout=10)
     assert reader.driver.keeper.held() == {2: 10, 3: 10}
     assert client.qlen("q") == 5
     assert [r["id"] for r in rows(reader, 1, 2)] == ids[10:20]
-    assert reader.latestOffset({"batch": 2}, ReadMaxRows(10)) == {"batch": 3}
+    assert reader.latestOffset({"batch": 2}, ReadMaxRows(10))["batch"] == 3
     assert [r["id"] for r in rows(reader, 2, 3)] == ids[20:30]
     # Batch 3 was full too: batch 4 is staged ahead with what is left (5).
-    assert reader.latestOffset({"batch": 3}, ReadMaxRows(10)) == {"batch": 4}
+    assert reader.latestOffset({"batch": 3}, ReadMaxRows(10))["batch"] == 4
     assert [r["id"] for r in rows(reader, 3, 4)] == ids[30:]
     # Not full: nothing is fetched ahead, and the last call waits for the ACKs.
-    assert reader.latestOffset({"batch": 4}, ReadMaxRows(10)) == {"batch": 4}
+    assert reader.latestOffset({"batch": 4}, ReadMaxRows(10))["batch"] == 4
     assert registered(client) == 0 and staging.batches() == []
     assert reader.reportLatestOffset()["jobsAcked"] == 35
     reader.stop()
@@ -482,7 +479,7 @@ def test_a_batch_staged_ahead_survives_a_crash_and_is_reused(
     staged = rows(first, 2, 3)
     first.driver.keeper.stop()  # crash: Spark never saw batch 3
     second = ahead_reader(server, tmp_path / "s")
-    assert second.latestOffset(end, ReadMaxRows(10)) == {"batch": 3}
+    assert second.latestOffset(end, ReadMaxRows(10))["batch"] == 3
     assert rows(second, 2, 3) == staged
     assert client.qlen("q") == 10  # nothing more was fetched for batch 3
     second.stop()
@@ -495,10 +492,10 @@ def test_fetch_ahead_waits_when_a_batch_outlives_half_its_lease(
     client.add_jobs("q", [f"b{i}" for i in range(30)], retry=2)
     reader = make_reader(server, tmp_path / "s", fetchAhead="true")
     end = reader.latestOffset({"batch": 0}, ReadMaxRows(10))
-    reader.driver._last_latest_at -= 1.0  # a trigger that took 1 s
+    reader.driver.ahead._last_trigger_at -= 1.0  # a trigger that took 1 s
     end = reader.latestOffset(end, ReadMaxRows(10))
-    assert end == {"batch": 2}
-    reader.driver._wait_background()
+    assert end["batch"] == 2
+    reader.driver.ahead.wait()
     assert StagingArea(tmp_path / "s").batches() == [2]  # not staged ahead
     assert client.qlen("q") == 10 and registered(client) == 20  # batch 1 acknowledged
     reader.stop()
@@ -604,8 +601,67 @@ def test_fetch_ahead_goes_by_the_nodes_lease_without_min_job_retry(
     client.add_jobs("q", [f"b{i}" for i in range(30)])
     reader = make_reader(server, tmp_path / "s", fetchAhead="true")
     end = reader.latestOffset({"batch": 0}, ReadMaxRows(10))
-    reader.driver._last_latest_at -= 1.0  # a trigger that took 1 s
-    assert reader.latestOffset(end, ReadMaxRows(10)) == {"batch": 2}
+    reader.driver.ahead._last_trigger_at -= 1.0  # a trigger that took 1 s
+    assert reader.latestOffset(end, ReadMaxRows(10))["batch"] == 2
     wait_for(lambda: StagingArea(tmp_path / "s").batches() == [2, 3], timeout=10)
     assert client.qlen("q") == 0
     reader.stop()
+
+
+class _WaitsForRequeue(Client):
+    """A client that, after its first GETJOB, waits until the node has
+    queued again the job it delivered (its RETRY ran out): the next GETJOB
+    of the same fetch then delivers that job a second time."""
+
+    def execute_command(self, *args):
+        reply = super().execute_command(*args)
+        if args[0] == "GETJOB" and not getattr(self, "waited", False):
+            self.waited = True
+            wait_for(lambda: self.qlen("dup") == 2, timeout=10,
+                     message="the node to queue the delivered job again")
+        return reply
+
+
+def test_a_job_delivered_twice_in_one_fetch_is_one_row(server, client: Client) -> None:
+    first, second = (client.add_job("dup", body, retry=1) for body in ("a", "b"))
+    with _WaitsForRequeue(f"127.0.0.1:{server.port}") as slow:
+        fetched = fetch_jobs(slow, ["dup"], 2, batch_size=1, lease=True)
+    # Rounds: a, a again (left out), b: the limit counts distinct jobs.
+    assert fetched.table.column("id").to_pylist() == [first, second]
+
+
+def test_a_job_of_a_running_batch_is_not_staged_again(server, client: Client,
+                                                      tmp_path: Path) -> None:
+    ids = [client.add_job("q", f"j{i}", retry=1) for i in range(3)]
+    reader = make_reader(server, tmp_path / "staging", fetchAhead="true")
+    try:
+        reader.latestOffset({"batch": 0}, ReadMaxRows(2))
+        # The node queues the batch's jobs again (no heartbeat yet): what a
+        # batch staged ahead of this one would fetch.
+        client.enqueue(*ids[:2])
+        seen = reader.driver._held_ids()
+        assert seen == {i.encode() for i in ids[:2]}
+        fetched = fetch_jobs(client, ["q"], None, batch_size=10, seen=seen)
+        assert fetched.table.column("id").to_pylist() == [ids[2]]
+    finally:
+        reader.stop()
+
+
+def test_driver_mode_tasks_carry_compressed_slices_of_bounded_size(
+        server, client: Client, tmp_path: Path) -> None:
+    # 3 MB of bodies that do not compress: more than one task must carry them.
+    import os
+
+    from spark_connector.partitions import MAX_PAYLOAD_BYTES
+
+    bodies = [os.urandom(3000) for _ in range(1000)]
+    client.add_jobs("q", bodies)
+    reader = make_reader(server, tmp_path / "staging")
+    try:
+        reader.latestOffset({"batch": 0}, ReadMaxRows(5000))
+        parts = reader.partitions({"batch": 0}, {"batch": 1})
+        assert len(parts) > 3
+        assert all(len(p.arrow_ipc) <= MAX_PAYLOAD_BYTES for p in parts)
+        assert [r["body"] for r in rows(reader, 0, 1)] == bodies
+    finally:
+        reader.stop()

@@ -70,3 +70,4 @@ def test_reconnect_timeout_option() -> None:
     assert sink.connection.reconnect_timeout_s == 0.25
     with pytest.raises(OptionError, match="option 'reconnectTimeout' must be a duration"):
         SourceConfig.from_options({"queues": "q", "reconnectTimeout": "soon"}, streaming=False)
+

@@ -1,324 +1,64 @@
-"""The streaming and batch readers of the ``disque`` data source.
+"""The stream reader's driver side: offsets, staging, recovery, leases and ACKs.
 
-Delivery contract (docs/SPARK.md explains it for users):
-
-* An offset is ``{"batch": n}``, a batch sequence number.  Before offset n is
-  returned, the jobs of batch n are durably staged under ``stagingPath``
-  (see :mod:`.staging`), so a restarted query replays exactly that batch.
-* Jobs are acknowledged only for batches Spark has committed: at the start
-  of ``latestOffset(start)`` (Spark calls it only once the batch ending at
-  ``start`` is in the commit log; it is the only hook that runs after the
-  last batch of an availableNow run) and again, idempotently, in
-  ``commit(end)``.  That last call of an availableNow run returns one empty
-  batch, so that the run's final progress report shows the final ACK.
-* Staged jobs that are not acknowledged yet are kept leased with WORKING
-  heartbeats (:mod:`.leases`).
-* ``fetchAhead`` (driver fetch mode, off by default): while Spark runs batch
-  n, one background thread acknowledges batch n-1 (committed) and then
-  fetches and stages batch n+1, so the next ``latestOffset`` returns at
-  once.  The rules above hold unchanged: batch n+1 is staged (and leased)
-  before its offset is returned, exactly as a batch staged just before a
-  crash, which a restarted query reuses.  It is done only when batch n was
-  full (a backlog), so a trickling queue still gets batches as large as
-  they can be.  No GETJOB is ever sent before the ACKs of the committed
-  batches are done: the node may have queued their jobs again (see
-  ``_fetch_ahead``), and would deliver them twice.
-
-Where the methods run (pyspark 4.3): ``initialOffset``, ``latestOffset``,
-``partitions`` and ``commit`` in one long-lived Python process on the
-driver; ``read`` on executors, on a *different* reader object, with only
-what travels in the :class:`InputPartition`.  So everything driver-side
-lives in :class:`_DriverSide`, created on first use and never pickled, and
-``read`` is a pure function of its partition.
+Spark calls ``initialOffset``, ``latestOffset``, ``partitions`` and
+``commit`` in one long-lived Python process on the driver; this object
+lives there, is created on first use and never pickled.  The delivery
+contract it keeps is in :mod:`.stream_reader`.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-import shutil
-import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pyarrow as pa
-from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
+from pyspark.sql.datasource import InputPartition
 from pyspark.sql.streaming.datasource import (
     ReadAllAvailable,
     ReadLimit,
     ReadMaxRows,
     ReadMinRows,
-    SupportsTriggerAvailableNow,
 )
 
 from disque.exceptions import ConnectionFailed, DisqueError
 
+from .ahead import FetchAhead
+from .executor_read import LEASE_UNTIL, SERVED_BY, seconds_left
 from .fetch import Fetched, empty_table, fetch_jobs
-from .leases import LeaseKeeper
-from .options import ConnectionConfig, SourceConfig
-from .schema import to_rows
-from .staging import StagingArea, publish_part, read_table
+from .leases import COPY_SKEW_S, LeaseKeeper
+from .logs import log_to_stderr
+from .options import DEFAULT_MAX_JOBS_PER_TRIGGER, OptionError, SourceConfig
+from .partitions import FetchPartition, staged_partitions
+from .staging import StagingArea
 from .topology import NodeSet, check_reachable
 
-if TYPE_CHECKING:
-    from pyspark.sql.types import StructType
+__all__ = ["DriverSide"]
 
-    from disque.client import Client
-
-__all__ = ["DisqueStreamReader", "DEFAULT_MAX_JOBS_PER_TRIGGER", "StagedPartition",
-           "FetchPartition", "fetch_or_replay", "publish_fetched", "record_batches"]
-
-log = logging.getLogger("spark_connector.reader")
-
-#: Part-file metadata key: the node an executor task fetched the part from.
-SERVED_BY = "disque.node"
-#: Part-file metadata key: when the part's first job is due again (Unix
-#: time in ms, "never" for RETRY 0 only), as the node said (WITHLEASE).
-#: Wall-clock, not monotonic: executors may run on other machines.
-LEASE_UNTIL = "disque.lease_until_ms"
-
-#: fetchAhead: a batch staged ahead is acknowledged about this many
-#: triggers after it was fetched (returned at the next one, acknowledged
-#: at the one after, plus the ACK itself).
-AHEAD_TRIGGERS = 2.5
-
-#: A node's WITHLEASE answer is its own copy's requeue time; another node
-#: holding a copy may queue it up to this much earlier (it sends WILLQUEUE
-#: 500 ms ahead, and each node adds up to 500 ms of jitter).
-COPY_SKEW_S = 1.0
-
-#: Without maxJobsPerTrigger a batch holds at most this many jobs: every job
-#: of a batch sits in the driver's memory while it is staged.
-DEFAULT_MAX_JOBS_PER_TRIGGER = 100_000
+log = logging.getLogger("spark_connector.driver")
 
 
-# ---------------------------------------------------------------------------
-# Partitions (what travels to executors)
-# ---------------------------------------------------------------------------
-
-@dataclass
-class StagedPartition(InputPartition):
-    """Driver fetch mode: the rows themselves, as Arrow IPC bytes.
-
-    Shipping the rows inside the partition means executors need no access
-    to ``stagingPath``: it only has to be durable for the driver.
-    """
-
-    seq: int
-    arrow_ipc: bytes
-
-
-@dataclass
-class FetchPartition(InputPartition):
-    """Executor fetch mode: fetch from one node into one staged part file.
-
-    ``fallbacks`` are the batch's other nodes, tried in order when ``node``
-    does not answer: any node serves any queue (federation), and a task
-    that waits for a dead node holds the whole batch up.
-    """
-
-    seq: int
-    staging_path: str
-    file: str
-    node: str
-    queues: tuple[str, ...]
-    count: int
-    connection: ConnectionConfig
-    batch_size: int
-    fallbacks: tuple[str, ...] = ()
-
-
-def _ipc_bytes(table: pa.Table) -> bytes:
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, table.schema) as writer:
-        writer.write_table(table)
-    return sink.getvalue().to_pybytes()
-
-
-def record_batches(staged: pa.Table, schema: StructType) -> Iterator[pa.RecordBatch]:
-    if staged.num_rows:
-        yield from to_rows(staged, schema).combine_chunks().to_batches()
-
-
-# ---------------------------------------------------------------------------
-# Streaming reader
-# ---------------------------------------------------------------------------
-
-class DisqueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
-    """``spark.readStream.format("disque")``: at-least-once, replayable batches."""
-
-    def __init__(self, config: SourceConfig, schema: StructType) -> None:
-        assert config.staging_path is not None
-        self.config = config
-        self.schema = schema
-        self._driver: _DriverSide | None = None
-
-    def __getstate__(self) -> dict[str, Any]:
-        # Executors get a pickled copy: the driver's clients, threads and
-        # caches must not travel (and cannot be pickled).
-        state = self.__dict__.copy()
-        state["_driver"] = None
-        return state
-
-    @property
-    def driver(self) -> _DriverSide:
-        if self._driver is None:
-            self._driver = _DriverSide(self.config)
-        return self._driver
-
-    # --------------------------------------------------------- driver side
-
-    def initialOffset(self) -> dict:
-        return {"batch": 0}
-
-    def getDefaultReadLimit(self) -> ReadLimit:
-        if self.config.min_jobs_per_trigger is not None:
-            return ReadMinRows(self.config.min_jobs_per_trigger)
-        return ReadMaxRows(self.config.max_jobs_per_trigger or DEFAULT_MAX_JOBS_PER_TRIGGER)
-
-    def prepareForTriggerAvailableNow(self) -> None:
-        self.driver.prepare_available_now()
-
-    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
-        return {"batch": self.driver.latest(int(start["batch"]), limit)}
-
-    def reportLatestOffset(self) -> dict | None:
-        # Shown as sources[0].latestOffset in query progress: the only place
-        # the Python API lets a source report per-query metrics.
-        return self.driver.metrics()
-
-    def partitions(self, start: dict, end: dict) -> list[InputPartition]:
-        return self.driver.partitions(int(start["batch"]), int(end["batch"]))
-
-    def commit(self, end: dict) -> None:
-        self.driver.commit(int(end["batch"]))
-
-    def stop(self) -> None:
-        if self._driver is not None:
-            self._driver.close()
-            self._driver = None
-
-    # ------------------------------------------------------- executor side
-
-    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        if isinstance(partition, StagedPartition):
-            staged = pa.ipc.open_stream(partition.arrow_ipc).read_all()
-        elif isinstance(partition, FetchPartition):
-            staged = fetch_or_replay(partition)
-        else:
-            raise TypeError(f"unexpected partition {partition!r}")
-        return record_batches(staged, self.schema)
-
-
-def fetch_or_replay(part: FetchPartition) -> pa.Table:
-    """Executor fetch mode: the part file if it exists, else fetch and publish it.
-
-    Two attempts of the same task (a retry, a speculative copy, a replay
-    after a driver crash) may both fetch; :func:`publish_part` lets exactly
-    one create the file, and the loser puts what it fetched back in the
-    queue (ENQUEUE: it never reached Spark, so it is not a failed attempt).
-    """
-    path = StagingArea(part.staging_path).part_path(part.seq, part.file)
-    if path.exists():
-        return read_table(path)
-    client = part.connection.client(node=part.node, client_name="spark-disque-fetch",
-                                    fallbacks=part.fallbacks)
-    try:
-        metadata: dict[str, str] = {}
-        try:
-            fetched = fetch_jobs(client, part.queues, part.count, batch_size=part.batch_size,
-                                 lease=True)
-            table = fetched.table
-            if fetched.lease_until is not None:
-                metadata[LEASE_UNTIL] = _wall_clock_ms(fetched.lease_until)
-        except ConnectionFailed as exc:
-            # No node answers: this part of the batch is empty, for good
-            # (a replay must return the same rows), rather than failing the
-            # whole query; the jobs wait on their node for the next batch.
-            log.warning("batch %d %s: %s unreachable, part left empty: %s",
-                        part.seq, part.file, part.node, exc)
-            table = empty_table()
-        # Which node served the part (the planned one, or a fallback): the
-        # driver's per-node progress counts it there.
-        metadata[SERVED_BY] = client.address or part.node
-        table = table.replace_schema_metadata(metadata)
-        return publish_fetched(part, client, table)
-    finally:
-        client.close()
-
-
-def _wall_clock_ms(monotonic_at: float) -> str:
-    """A time.monotonic() instant as Unix ms (``never`` for ``inf``)."""
-    if math.isinf(monotonic_at):
-        return "never"
-    return str(int((time.time() + monotonic_at - time.monotonic()) * 1000))
-
-
-def _seconds_left(lease_until_ms: bytes | None) -> float | None:
-    """Seconds until a part's LEASE_UNTIL (None: not given, ``inf``: never)."""
-    if lease_until_ms is None:
-        return None
-    if lease_until_ms == b"never":
-        return math.inf
-    try:
-        return int(lease_until_ms) / 1000 - time.time()
-    except ValueError:
-        return None
-
-
-def publish_fetched(part: FetchPartition, client: Client, table: pa.Table) -> pa.Table:
-    """Publish what this attempt fetched, or give it back if another attempt won."""
-    path = StagingArea(part.staging_path).part_path(part.seq, part.file)
-    if publish_part(path, table):
-        return table
-    ids = table.column("id").to_pylist()
-    if ids:
-        client.enqueue(*ids)
-        log.info("batch %d %s: another attempt won, re-queued %d jobs",
-                 part.seq, part.file, len(ids))
-    return read_table(path)
-
-
-class _StderrHandler(logging.StreamHandler):
-    """Writes to whatever ``sys.stderr`` is at the time (it may be replaced)."""
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.stream = sys.stderr
-        super().emit(record)
-
-
-def _log_to_stderr(level: str) -> None:
-    """Show the source's log lines in the driver's console (``logLevel`` option).
-
-    The driver-side methods run in a Python worker that Spark starts, whose
-    stderr ends up in the driver's output; nobody configures logging there,
-    so the connector does, once, unless the application already did.
-    """
-    logger = logging.getLogger("spark_connector")
-    logger.setLevel(level.upper())
-    if not logger.handlers:
-        handler = _StderrHandler()
-        handler.setFormatter(logging.Formatter(
-            "%(asctime)s %(levelname)s %(name)s: %(message)s"))
-        logger.addHandler(handler)
-
-
-class _DriverSide:
+class DriverSide:
     """State and connections of the streaming reader on the driver."""
 
     def __init__(self, config: SourceConfig) -> None:
         assert config.staging_path is not None
         self.config = config
-        _log_to_stderr(config.log_level)
+        log_to_stderr(config.log_level)
         # Before anything else (staging, leases): a wrong address fails the
         # query before its first batch, with an error naming the option.
         check_reachable(config)
-        self.staging = StagingArea(config.staging_path)
+        # The same for the staging store: an unknown scheme, a store that
+        # cannot be reached, missing credentials.
+        self.staging = StagingArea.open(config.staging_path, dict(config.staging_options))
         self.staging.ensure()
+        if config.fetch_mode == "executor" and not self.staging.store.exclusive:
+            raise OptionError(
+                "fetchMode", f"executor needs a first-writer-wins create on stagingPath, "
+                f"which the connector has for paths (local, NFS) and S3, not for "
+                f"{self.staging.root}; use fetchMode=driver there")
         #: The cluster's nodes (seeds plus HELLO), one pinned client each.
         self.nodes = NodeSet(config.connection)
         self._next_blocking = 0
@@ -356,32 +96,26 @@ class _DriverSide:
         self._per_node_lock = threading.Lock()
         self.last_staged = 0
         #: fetchAhead: the thread that acknowledges committed batches and
-        #: stages the next one while Spark runs a batch.  One thread, so
-        #: tasks run one at a time in the order they were submitted and
-        #: never race each other; Spark's calls wait for them where needed.
-        self._background: ThreadPoolExecutor | None = None
-        self._pending: list[Future[Any]] = []
-        self._ahead: Future[bool] | None = None
+        #: stages the next one while Spark runs a batch.
+        self.ahead = FetchAhead()
         #: Jobs acknowledged since latest() last looked (by either thread).
         self._acked_unseen = 0
         #: Driver fetch mode: the ACK of a committed batch runs in the
         #: background while this thread fetches the next one (executor
         #: mode plans from QLEN and refunds budget on ACK: kept in order).
         self._overlap = config.fetch_ahead and config.fetch_mode == "driver"
-        #: Seconds between the last two latest() calls: one trigger.
-        self._trigger_s: float | None = None
-        self._last_latest_at: float | None = None
+        self._first_latest = True
         self._recover()
 
     # ------------------------------------------------------------ recovery
 
     def _recover(self) -> None:
         """Pick up batches a previous run staged: lease them again, first thing."""
-        for directory in self.staging.abandoned_dirs():
+        for seq in self.staging.abandoned():
             # Staged in driver mode, crashed before plan.json: promote it.
             # Without a part nothing was staged: only temporary files are left.
-            if not self.staging.promote_driver_part(int(directory.name.split("-")[1])):
-                shutil.rmtree(directory, ignore_errors=True)
+            if not self.staging.promote_driver_part(seq):
+                self.staging.remove(seq)
         batches = self.staging.batches()
         for seq in batches:
             self._hold(seq)
@@ -393,6 +127,34 @@ class _DriverSide:
             except DisqueError as exc:
                 log.warning("could not renew leases of recovered batches yet: %s", exc)
             self.keeper.start()
+
+    def _check_committed(self, start: int, jobs: int | None) -> None:
+        """A restarted query: was its last committed batch acknowledged?
+
+        Spark committed batch ``start``; its jobs are acknowledged at this
+        trigger, from its staging.  When that staging is gone and
+        ``acked.json`` does not name it either, the staging was lost (or
+        ``stagingPath`` changed): the jobs can no longer be acknowledged and
+        come back after their RETRY.  Say so, loudly.
+        """
+        if start <= 0 or self.staging.has_batch(start):
+            return
+        acked = self.staging.acked_through()
+        if acked is not None and acked >= start:
+            return
+        count = "its" if jobs is None else f"its {jobs}"
+        log.warning(
+            "batch %d was committed by Spark but is not staged under %s (staging lost, or "
+            "stagingPath changed): %s jobs cannot be acknowledged and will be delivered "
+            "again after their RETRY", start, self.staging.root, count)
+
+    def batch_jobs(self, seq: int) -> int:
+        """Jobs staged (driver mode) or planned (executor mode) for batch ``seq``."""
+        table = self.tables.get(seq)
+        if table is not None:
+            return int(table.num_rows)
+        planned = self.planned.get(seq)
+        return planned if planned is not None else self.staging.plan(seq).jobs
 
     def _hold(self, seq: int) -> None:
         plan = self.staging.plan(seq)
@@ -411,7 +173,7 @@ class _DriverSide:
         """
         with self._parts_lock:
             seen = self.seen_parts.setdefault(seq, set())
-            if not self.staging.batch_dir(seq).exists():
+            if not self.staging.has_batch(seq):
                 return  # acknowledged and removed meanwhile
             for name, table in self.staging.read_parts(seq, skip=seen):
                 seen.add(name)
@@ -419,7 +181,7 @@ class _DriverSide:
                 served = metadata.get(SERVED_BY.encode())
                 if served:
                     self._count_node(served.decode(), "fetched", table.num_rows)
-                left = None if recovering else _seconds_left(metadata.get(LEASE_UNTIL.encode()))
+                left = None if recovering else seconds_left(metadata.get(LEASE_UNTIL.encode()))
                 # Without a lease: the task fetched these a while ago (up to a
                 # lease tick plus its own run time), heartbeat at once.
                 first = 0.0 if left is None else max((left - COPY_SKEW_S) / 2, 0.0)
@@ -433,16 +195,21 @@ class _DriverSide:
         self.available_now_budget = self._queue_length()
         log.info("availableNow: will read at most %d jobs", self.available_now_budget)
 
-    def latest(self, start: int, limit: ReadLimit) -> int:
-        now = time.monotonic()
-        if self._last_latest_at is not None:
-            self._trigger_s = now - self._last_latest_at
-        self._last_latest_at = now
+    def latest(self, start: int, limit: ReadLimit, start_jobs: int | None = None) -> int:
+        """The offset that ends the next batch (``start``: no new batch).
+
+        ``start_jobs``: how many jobs Spark's offset log says batch
+        ``start`` held (None: not recorded).
+        """
+        self.ahead.trigger()
+        if self._first_latest:
+            self._first_latest = False
+            self._check_committed(start, start_jobs)
         if self._overlap:
             # Committed: acknowledged in the background (after the batch
             # being staged ahead, if any) while Spark runs the next batch.
-            self._in_background(self.ack_through, start)
-            self._wait_ahead()
+            self.ahead.submit(self.ack_through, start)
+            self.ahead.wait_staged()
         else:
             self.ack_through(start)
         staged_after = [s for s in self.staging.batches() if s > start]
@@ -484,31 +251,6 @@ class _DriverSide:
 
     # ---------------------------------------------------------- fetch ahead
 
-    def _in_background(self, task: Callable[..., Any], *args: Any) -> Future[Any]:
-        if self._background is None:
-            self._background = ThreadPoolExecutor(1, thread_name_prefix="disque-source")
-        future = self._background.submit(task, *args)
-        self._pending.append(future)
-        self._reap()
-        return future
-
-    def _reap(self) -> None:
-        """Forget finished background tasks; one that failed fails the caller."""
-        done = [f for f in self._pending if f.done()]
-        self._pending = [f for f in self._pending if not f.done()]
-        for future in done:
-            future.result()
-
-    def _wait_background(self) -> None:
-        for future in list(self._pending):
-            future.result()
-        self._reap()
-
-    def _wait_ahead(self) -> None:
-        ahead, self._ahead = self._ahead, None
-        if ahead is not None:
-            ahead.result()
-
     def _stage_ahead(self, seq: int, limit: ReadLimit) -> None:
         """Fetch and stage batch ``seq + 1`` in the background, when it pays.
 
@@ -518,14 +260,9 @@ class _DriverSide:
         design) or without a batch size (``Trigger.Once`` reads everything).
         And only when the batch will be acknowledged before its first
         WORKING is due (judged by the last fetch's leases, or minJobRetry
-        before any node told them): a batch staged ahead lives about two triggers
-        longer, and a heartbeat costs the node about what fetching the job
-        did (~4 us each, even sent as WORKINGS), more than starting the
-        fetch early saves on a machine whose cores are busy.
+        before any node told them, :meth:`.FetchAhead.pays`).
         """
-        if not self._overlap or self._trigger_s is None:
-            return
-        if AHEAD_TRIGGERS * self._trigger_s >= self._last_lease_s / 2:
+        if not self._overlap or not self.ahead.pays(self._last_lease_s):
             return
         max_jobs, min_jobs = self._limits(limit)
         table = self.tables.get(seq)
@@ -533,7 +270,7 @@ class _DriverSide:
             return
         if table.num_rows < max_jobs:
             return
-        self._ahead = self._in_background(self._fetch_ahead, seq + 1, max_jobs)
+        self.ahead.stage(self._fetch_ahead, seq + 1, max_jobs)
 
     def _fetch_ahead(self, seq: int, max_jobs: int) -> bool:
         """Background thread: stage batch ``seq`` now; ``latest`` returns it later.
@@ -564,7 +301,7 @@ class _DriverSide:
 
     def _take_acked(self) -> int:
         """Jobs acknowledged since the last call, once every pending ACK is done."""
-        self._wait_background()
+        self.ahead.wait()
         acked, self._acked_unseen = self._acked_unseen, 0
         return acked
 
@@ -579,11 +316,14 @@ class _DriverSide:
         the next call acknowledges nothing and the run ends.
         """
         seq = start + 1
+        self._stage_empty(seq)
+        self.last_staged = seq
+        return seq
+
+    def _stage_empty(self, seq: int) -> None:
         table = empty_table()
         self.staging.stage_driver_batch(seq, table)
         self.tables[seq] = table
-        self.last_staged = seq
-        return seq
 
     def _limits(self, limit: ReadLimit) -> tuple[int | None, int | None]:
         if isinstance(limit, ReadAllAvailable):
@@ -646,8 +386,11 @@ class _DriverSide:
         remaining = max_jobs
         live = self.nodes.live()
         reached = []
+        # One job, one row: not twice in this batch (two GETJOBs, or two
+        # nodes), nor again while a batch that holds it runs (fetchAhead).
+        seen = self._held_ids()
         for address in live:  # a quick NOHANG pass over every node first
-            fetched = self._fetch_from(address, remaining, 0)
+            fetched = self._fetch_from(address, remaining, 0, seen)
             if fetched is None:
                 continue
             table = fetched.table
@@ -666,7 +409,7 @@ class _DriverSide:
             # idle query costs one blocked GETJOB per fetchTimeoutMs.
             address = reached[self._next_blocking % len(reached)]
             self._next_blocking += 1
-            fetched = self._fetch_from(address, max_jobs, config.fetch_timeout_ms)
+            fetched = self._fetch_from(address, max_jobs, config.fetch_timeout_ms, seen)
             if fetched is not None:
                 tables.append(fetched.table)
                 lease_until = min(lease_until, self._lease_until(fetched, fetch_started))
@@ -694,13 +437,21 @@ class _DriverSide:
             return fetch_started + self.config.min_job_retry_ms / 1000
         return fetched.lease_until - COPY_SKEW_S
 
-    def _fetch_from(self, address: str, limit: int | None, block_ms: int) -> Fetched | None:
+    def _held_ids(self) -> set[bytes]:
+        """IDs of the jobs of every batch staged and not acknowledged yet."""
+        held: set[bytes] = set()
+        for table in list(self.tables.values()):
+            held.update(table.column("id").cast(pa.binary()).to_pylist())
+        return held
+
+    def _fetch_from(self, address: str, limit: int | None, block_ms: int,
+                    seen: set[bytes]) -> Fetched | None:
         """Driver mode: GETJOB on one node; None if it does not answer."""
         client = self.nodes.client(address)
         try:
             fetched = fetch_jobs(client, self.config.queues, limit,
                                  batch_size=self.config.fetch_batch_size, block_ms=block_ms,
-                                 lease=address not in self._no_lease)
+                                 lease=address not in self._no_lease, seen=seen)
         except (ConnectionFailed, DisqueError) as exc:
             log.warning("fetch from %s failed, other nodes still read: %s", address, exc)
             self.nodes.mark_down(address)
@@ -736,7 +487,7 @@ class _DriverSide:
                  seq, fetched, redelivered, ",".join(self.config.queues),
                  self.counters["queueLength"])
 
-    def _plan_executor_batch(self, seq: int, max_jobs: int | None) -> bool:
+    def _plan_executor_batch(self, seq: int, max_jobs: int | None, *, block: bool = True) -> bool:
         """Executor mode: split the work over nodes by their queue lengths."""
         config = self.config
         per_node = self._queue_lengths()
@@ -746,7 +497,7 @@ class _DriverSide:
         if total == 0:
             if self.available_now_budget is not None:
                 self.available_now_budget = 0  # nothing left: finish the run
-            elif config.fetch_timeout_ms > 0:
+            elif block and config.fetch_timeout_ms > 0:
                 self.idle.wait(config.fetch_timeout_ms / 1000)  # bounded idle wait
             return False
         wanted = total if max_jobs is None else min(total, max_jobs)
@@ -781,14 +532,12 @@ class _DriverSide:
 
     # ----------------------------------------------------------- partitions
 
-    def partitions(self, start: int, end: int) -> list[InputPartition]:
+    def partitions(self, start: int, end: int,
+                   end_jobs: int | None = None) -> list[InputPartition]:
         out: list[InputPartition] = []
         for seq in range(start + 1, end + 1):
-            if not self.staging.batch_dir(seq).exists():
-                raise RuntimeError(
-                    f"disque source: batch {seq} is in Spark's offset log but not staged "
-                    f"under {self.staging.root}; was stagingPath changed or cleaned? "
-                    "Each query needs its own stagingPath, kept as long as its checkpoint.")
+            if not self.staging.has_batch(seq):
+                self._lost(seq, end_jobs if seq == end else None)
             plan = self.staging.plan(seq)
             if plan.mode == "driver":
                 out.extend(self._staged_partitions(seq))
@@ -796,22 +545,44 @@ class _DriverSide:
                 out.extend(self._fetch_partitions(seq, plan.parts))
         return out
 
+    def _lost(self, seq: int, jobs: int | None) -> None:
+        """Batch ``seq`` is in Spark's offset log but not staged: fail, or
+        stage a new batch ``seq`` (``onLostStaging=refetch``).
+
+        Its jobs are leased to nobody now: they come back after their RETRY
+        (to this query or another consumer), and a sink that already wrote
+        the lost batch gets them again.  Spark's checkpoint is never edited.
+        """
+        count = "its" if jobs is None else f"its {jobs}"
+        where = (f"batch {seq} is in Spark's offset log but not staged under "
+                 f"{self.staging.root} (staging lost, or stagingPath changed)")
+        if self.config.on_lost_staging != "refetch":
+            raise RuntimeError(
+                f"disque source: {where}. Restart the query with the option "
+                f"onLostStaging=refetch to stage a new batch {seq} in its place ({count} jobs "
+                "are delivered again after their RETRY); each query needs its own "
+                "stagingPath, kept as long as its checkpoint")
+        log.warning("%s: staging a new batch %d in its place (onLostStaging=refetch); %s jobs "
+                    "are delivered again after their RETRY", where, seq, count)
+        limit = jobs or self.config.max_jobs_per_trigger or DEFAULT_MAX_JOBS_PER_TRIGGER
+        fetch = (self._fetch_and_stage if self.config.fetch_mode == "driver"
+                 else self._plan_executor_batch)
+        if not fetch(seq, limit, block=False):
+            self._stage_empty(seq)
     def _staged_partitions(self, seq: int) -> list[InputPartition]:
         table = self.tables.get(seq)
         if table is None:
             table = self.tables[seq] = self.staging.read_batch(seq)
-        rows = table.num_rows
-        splits = max(1, min(rows, max(self.config.num_partitions,
-                                      math.ceil(rows / self.config.jobs_per_partition))))
-        step = math.ceil(rows / splits) if rows else 0
-        return [StagedPartition(seq, _ipc_bytes(table.slice(offset, step)))
-                for offset in range(0, rows, step or 1)] if rows else []
+        return list(staged_partitions(seq, table, at_least=self.config.num_partitions,
+                                      rows_per_partition=self.config.jobs_per_partition))
 
     def _fetch_partitions(self, seq: int, parts: list[dict]) -> list[InputPartition]:
         config = self.config
-        return [FetchPartition(seq, str(self.staging.root), p["file"], p["node"],
+        assert config.staging_path is not None
+        return [FetchPartition(seq, config.staging_path, p["file"], p["node"],
                                tuple(p["queues"]), int(p["count"]), config.connection,
-                               config.fetch_batch_size, tuple(p.get("fallbacks", ())))
+                               config.fetch_batch_size, tuple(p.get("fallbacks", ())),
+                               config.staging_options)
                 for p in parts]
 
     # ------------------------------------------------------------------ ACK
@@ -859,6 +630,7 @@ class _DriverSide:
             self.counters["jobsAcked"] += len(ids)
             self._acked_unseen += len(ids)
             acked += len(ids)
+            self.staging.record_acked(seq)
             log.info("batch %d: acknowledged %d jobs", seq, len(ids))
         return acked
 
@@ -878,16 +650,12 @@ class _DriverSide:
     def commit(self, end: int) -> None:
         """Spark committed ``end`` (it usually told ``latest`` already)."""
         if self._overlap:
-            self._in_background(self.ack_through, end)
+            self.ahead.submit(self.ack_through, end)
         else:
             self.ack_through(end)
 
     def close(self) -> None:
-        if self._background is not None:
-            # Let a running ACK or fetch finish: a batch staged ahead stays
-            # staged and leased for the next run, like one staged before a crash.
-            self._background.shutdown(wait=True)
-            self._background = None
+        self.ahead.close()
         self.keeper.stop()
         self.nodes.close()
         for client in [self.acker, self._heartbeat_client]:
