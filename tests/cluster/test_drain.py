@@ -118,6 +118,19 @@ def test_blocked_consumers_get_leaving_and_writes_go_elsewhere(make_cluster) -> 
     assert qlen(b, "after") == 1
 
 
+def test_a_queue_paused_for_output_stays(make_cluster) -> None:
+    a, b = make_cluster(2, "--appendonly", "yes")
+    ra = a.client()
+    ids = [ra.execute_command("ADDJOB", "held", f"j{i}", 0, "REPLICATE", 1, "RETRY", 300)
+           for i in range(20)]
+    assert ra.execute_command("PAUSE", "held", "out") is not None
+    status, _ = terminate(a)
+    assert status == 0
+    assert qlen(b, "held") == 0  # the pause says its jobs must not leave
+    a.start(port=a.port)
+    assert all(a.client().execute_command("SHOW", job_id) is not None for job_id in ids)
+
+
 def test_an_operators_leaving_survives_the_restart(make_cluster) -> None:
     a, _ = make_cluster(2)
     assert a.client().execute_command("CLUSTER", "LEAVING", "yes") == b"OK"

@@ -41,6 +41,24 @@ def test_the_node_image_has_no_build_tools(podman: Podman, node_image: str) -> N
     assert result.stdout.strip() == "clean", result.stdout
 
 
+def test_runs_as_the_statefulset_runs_it(podman: Podman, node_image: str) -> None:
+    """deploy/kubernetes/statefulset.yaml: read-only root file system, /tmp a
+    tmpfs, the data on a volume; ready, then drained by SIGTERM, exit 0."""
+    name = podman.name("container", "disque-test-ro")
+    volume = podman.name("volume", "disque-test-ro")
+    podman("run", "-d", "--name", name, "--read-only", "--tmpfs", "/tmp", "-v",
+           f"{volume}:/data", "-e", "DISQUE_APPENDONLY=yes", node_image)
+    wait_for(lambda: podman("exec", name, "disque-entrypoint", "ready",
+                            check=False).returncode == 0,
+             timeout=60, interval=0.2, message="the node to be ready")
+    podman("stop", "-t", "30", name)
+    assert inspect(podman, name)["State"]["ExitCode"] == 0
+    assert "Drain: drained in" in podman("logs", name).stdout
+    podman("rm", name)
+    assert "appendonly.aof" in podman("run", "--rm", "-v", f"{volume}:/data", node_image,
+                                      "ls", "/data").stdout
+
+
 @dataclass
 class NodeContainer:
     name: str
