@@ -66,7 +66,7 @@ def test_the_wheel_carries_the_packages_and_the_commands(tmp_path: Path) -> None
     assert {"disque/server.py", "disque/drain.py", "spark_connector/__init__.py",
             "pyspark_disque.py"} <= names
     for script in ("disque-server = disque.server:main", "disque = disque.cli:main",
-                   "disque-check-aof = disque.aof_check:main"):
+                   "disque-check-aof = disque.aof.check:main"):
         assert script in entry_points
     # Not a top-level 'jobs' package in site-packages: the README says where
     # the examples are for a wheel install (the sdist, the repository).
