@@ -33,6 +33,7 @@ __all__ = ["ClusterState"]
 
 log = logging.getLogger("disque.cluster")
 
+
 class ClusterState:
     """The node table, with ``myself`` always in it, and the sends the job
     state machine uses.  Membership rules (handshakes, gossip, failure
