@@ -74,6 +74,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.redis_tools import machine_cpu_ticks, process_cpu_s
+from benchmarks.spark_standalone import Placement, add_arguments, placement
 from disque.client import Client
 from tests.support.process import DisqueProcess, wait_for
 
@@ -187,12 +188,17 @@ def loadavg() -> str:
 # Spark
 # ---------------------------------------------------------------------------
 
+#: Where runs happen (``--standalone``, ``--staging``): set by main().
+PLACEMENT = Placement(master="local[2]")
+
+
 def spark_session(master: str):
     from spark_connector.session import local_session
 
     return local_session("disque-source-benchmark", master, {
         "spark.sql.streaming.numRecentProgressUpdates": "10000",
         "spark.driver.memory": "2g",
+        **PLACEMENT.conf,
     })
 
 
@@ -236,7 +242,7 @@ def drain_with_spark(spark, node: DisqueProcess, client: Client, root: Path, que
     options = dict(options)
     source_format = options.pop("format", "disque")
     opts = {"nodes": f"127.0.0.1:{node.port}", "queues": queue,
-            "stagingPath": str(root / f"staging-{queue}"), **options}
+            "stagingPath": PLACEMENT.staging(root, queue), **options}
     reader = spark.readStream.format(source_format)
     for key, value in opts.items():
         reader = reader.option(key, value)
@@ -404,7 +410,7 @@ def driver_path(port: int, root: Path, queue: str, options: dict[str, str],
     from spark_connector.stream_reader import DisqueStreamReader
 
     opts = {"nodes": f"127.0.0.1:{port}", "queues": queue,
-            "stagingPath": str(root / f"staging-{queue}"), **options}
+            "stagingPath": PLACEMENT.staging(root, queue), **options}
     config = SourceConfig.from_options(opts, streaming=True)
     timer = StepTimer()
     timer.wrap(driver_mod, "fetch_jobs", "  fetch (GETJOB loop + Arrow table)")
@@ -665,7 +671,15 @@ def main() -> None:
                         help="rounds of every --config then the fetch + ACK ceiling (each "
                              "config's median run is reported, and its per-round ratio to "
                              "the ceiling); --cluster: rounds per target")
+    add_arguments(parser)
     args = parser.parse_args()
+    global PLACEMENT
+    with placement(args) as PLACEMENT:
+        args.master = PLACEMENT.master
+        run(args)
+
+
+def run(args: argparse.Namespace) -> None:
     if args.cluster:
         cluster_main(args)
         return
@@ -682,6 +696,7 @@ def main() -> None:
         "revision": source_revision(), "cpus": os.cpu_count(), "load_before": loadavg(),
         "jobs": args.jobs,
         "body_bytes": args.body_bytes, "master": args.master, "smoke": args.smoke,
+        "standalone": args.standalone, "staging": args.staging,
         "rate": [], "disque": [], "ceilings": [], "round_ceilings": [],
         "rounds": args.rounds}
     root = Path(tempfile.mkdtemp(prefix="spark-source-bench-"))
