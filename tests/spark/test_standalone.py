@@ -12,7 +12,10 @@ tests/spark/cluster_app.py from a directory outside the checkout.
 
 from __future__ import annotations
 
+import os
+import shutil
 import subprocess
+import sys
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -244,3 +247,57 @@ def test_a_node_killed_mid_batch_loses_nothing(standalone, shipped, server_facto
         kill_group(app)
     ids = sink_ids(workdir)
     assert set(ids) == set(produced)  # none lost
+
+
+def packed_environment(workdir: Path) -> Path:
+    """A venv-pack archive of a venv with the package installed from its wheel.
+
+    What a user builds for ``spark.archives``: a regular (non-editable)
+    install, which venv-pack accepts, plus what executors need beside it
+    (pyarrow, pandas, numpy); pyspark itself comes from Spark.
+    """
+    source = workdir / "source"
+    shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(
+        ".git", "build", "dist", "*.egg-info", "__pycache__", "*.so", ".venv", ".*_cache"))
+    # The node's compiled core is of no use to executors: a pure wheel builds in seconds.
+    pip = [sys.executable, "-m", "pip", "--quiet", "--disable-pip-version-check"]
+    subprocess.run([*pip, "wheel", "--no-deps", "-w", str(workdir / "wheels"), str(source)],
+                   check=True, timeout=600, env={**os.environ, "DISQUE_INTERPRETED": "1"})
+    (wheel,) = (workdir / "wheels").glob("disque_py-*.whl")
+    env_dir = workdir / "env"
+    subprocess.run([sys.executable, "-m", "venv", str(env_dir)], check=True, timeout=300)
+    subprocess.run([str(env_dir / "bin" / "python"), *pip[1:], "install", str(wheel),
+                    "pyarrow", "pandas", "numpy"], check=True, timeout=900)
+    archive = workdir / "environment.tar.gz"
+    venv_pack = shutil.which("venv-pack", path=str(Path(sys.executable).parent))
+    assert venv_pack, "venv-pack is not installed: pip install -e '.[dev]'"
+    subprocess.run([venv_pack, "-p", str(env_dir), "-o", str(archive), "--compress-level", "1"],
+                   check=True, timeout=600, capture_output=True)
+    return archive
+
+
+def test_a_packed_environment_in_spark_archives(standalone, server, drivers) -> None:
+    workdir = drivers / "archives"
+    workdir.mkdir()
+    archive = packed_environment(workdir)
+    before = tasks_finished(standalone.workers[1])
+    log = workdir / "app.log"
+    # Spark runs a Python data source's tasks with the driver's Python path
+    # (PYSPARK_DRIVER_PYTHON, else PYSPARK_PYTHON), so in client mode the
+    # driver runs ./environment/bin/python too: the archive unpacked in its
+    # working directory, as executors unpack it in theirs.
+    cwd = workdir / "cwd"
+    (cwd / "environment").mkdir(parents=True)
+    subprocess.run(["tar", "-xzf", str(archive), "-C", str(cwd / "environment")], check=True,
+                   timeout=300)
+    proc = submit(standalone, APP, ["sink", f"127.0.0.1:{server.port}", "packed", "1000",
+                                    "--partitions", "6"],
+                  cwd=cwd, log=log, env={"PYSPARK_PYTHON": "./environment/bin/python"},
+                  conf={"spark.archives": f"{archive}#environment"})
+    try:
+        assert proc.wait(timeout=600) == 0, log.read_text(errors="replace")[-4000:]
+    finally:
+        kill_group(proc)
+    with Client(f"127.0.0.1:{server.port}") as client:
+        assert bodies_in(client, "packed") == Counter(f"row-{i}" for i in range(1000))
+    assert tasks_finished(standalone.workers[1]) > before, "the hidden worker ran no task"
