@@ -55,6 +55,8 @@ def placement(args: argparse.Namespace) -> Iterator[Placement]:
         if args.standalone:
             from tests.support.spark_cluster import driver_conf, standalone_cluster
 
+            # Loopback only, the driver too (else Spark binds it to the host's address).
+            os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
             root = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="spark-sa-")))
             cluster = stack.enter_context(standalone_cluster(root))
             where.conf = driver_conf(cluster)
