@@ -3,6 +3,7 @@
 Throughput (default)::
 
     python -m benchmarks.spark_sink [--rows 1000000] [--partitions 2] [--master local[2]]
+    python -m benchmarks.spark_sink --standalone    # on a standalone cluster (spark_standalone.py)
 
 starts one real node and a local Spark session, builds one DataFrame of
 ``--rows`` small rows (``body = "job-<id>"``), writes it to the ``noop``

@@ -4,6 +4,7 @@ Throughput (default)::
 
     python3 -m benchmarks.spark_source [--jobs 200000] [--body-bytes 100] [--json PATH]
     python3 -m benchmarks.spark_source --smoke            # a few thousand jobs, < 60 s
+    python3 -m benchmarks.spark_source --standalone [--staging s3]   # see spark_standalone.py
 
 starts one real node (``appendonly no``) and one local Spark session
 (``local[2]``) and, in the same run:

@@ -111,6 +111,23 @@ def batches_done(workdir: Path) -> int:
     return int(progress.read_text()) + 1 if progress.exists() else 0
 
 
+def start_stream_until_staged(standalone: SparkStandalone, shipped: Path, workdir: Path,
+                              args: list[str], env: dict[str, str], batches: int,
+                              batch_delay: float) -> subprocess.Popen:
+    """Start a slow streaming app; return it once ``batches`` are done and one is staged."""
+    app = submit(standalone, APP, [*args, "--batch-delay", str(batch_delay)],
+                 cwd=workdir / "first", log=workdir / "first.log", py_files=shipped, env=env)
+    staging = args[args.index("--staging") + 1]
+    try:
+        wait_for(lambda: batches_done(workdir) >= batches and StagingArea(staging).batches(),
+                 timeout=240, interval=0.1,
+                 message=lambda: (workdir / "first.log").read_text(errors="replace")[-3000:])
+    except BaseException:
+        kill_group(app)
+        raise
+    return app
+
+
 def test_the_sink_writes_from_both_workers(standalone, shipped, server, drivers) -> None:
     before = tasks_finished(standalone.workers[1])
     run(standalone, shipped, drivers / "sink", "sink", f"127.0.0.1:{server.port}", "orders",
@@ -156,14 +173,9 @@ def test_a_driver_killed_mid_batch_restarts_elsewhere_from_s3(standalone, shippe
     produced = client.add_jobs("events", [f"job-{i}" for i in range(1500)])
     args = ["stream", f"127.0.0.1:{server.port}", "events", str(workdir), "--staging", staging,
             "--max-jobs", "200"]
-    first = submit(standalone, APP, [*args, "--batch-delay", "1.5"], cwd=workdir / "first",
-                   log=workdir / "first.log", py_files=shipped, env=s3.env)
-    try:
-        wait_for(lambda: batches_done(workdir) >= 2 and StagingArea(staging).batches(),
-                 timeout=240, interval=0.2,
-                 message=lambda: (workdir / "first.log").read_text(errors="replace")[-3000:])
-    finally:
-        kill_group(first)
+    first = start_stream_until_staged(standalone, shipped, workdir, args, s3.env, batches=2,
+                                      batch_delay=1.5)
+    kill_group(first)
     staged = StagingArea(staging).batches()
     assert staged, "the kill should leave a staged, unacknowledged batch"
     in_sink = set(sink_ids(workdir))
@@ -230,12 +242,9 @@ def test_a_node_killed_mid_batch_loses_nothing(standalone, shipped, server_facto
     staging = f"s3://{s3.bucket_name}/staging/node-kill"
     seeds = ",".join(f"127.0.0.1:{n.port}" for n in nodes)
     args = ["stream", seeds, "events", str(workdir), "--staging", staging, "--max-jobs", "150"]
-    app = submit(standalone, APP, [*args, "--batch-delay", "1.0"], cwd=workdir / "first",
-                 log=workdir / "first.log", py_files=shipped, env=s3.env)
+    app = start_stream_until_staged(standalone, shipped, workdir, args, s3.env, batches=1,
+                                    batch_delay=1.0)
     try:
-        wait_for(lambda: batches_done(workdir) >= 1 and StagingArea(staging).batches(),
-                 timeout=240, interval=0.1,
-                 message=lambda: (workdir / "first.log").read_text(errors="replace")[-3000:])
         nodes[1].kill()  # mid-batch: jobs of both nodes staged, not acknowledged
         # The query goes on with the node left (copies of the dead node's
         # jobs are queued again there after their RETRY).
