@@ -12,8 +12,10 @@ tests/spark/cluster_app.py from a directory outside the checkout.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from collections import Counter
@@ -209,18 +211,22 @@ def test_an_executor_killed_mid_task_writes_each_row_once(standalone, shipped, s
                   cwd=workdir / "cwd", log=workdir / "app.log", py_files=shipped)
     try:
         worker = standalone.workers[0]
-        # Writing: some jobs are queued, and the worker runs an executor.
-        wait_for(lambda: client.qlen("orders") > 0 and worker.executor_pids(), timeout=240,
-                 interval=0.05, message=lambda: (workdir / "app.log").read_text()[-3000:])
+        # The worker runs an executor (before any task), then the write starts.
+        wait_for(worker.executor_pids, timeout=240, interval=0.1,
+                 message=lambda: (workdir / "app.log").read_text()[-3000:])
+        wait_for(lambda: client.qlen("orders") > 0, timeout=240, interval=0.01,
+                 message=lambda: (workdir / "app.log").read_text()[-3000:])
         queued_at_kill = client.qlen("orders")
         for pid in worker.executor_pids():
-            subprocess.run(["kill", "-KILL", str(pid)], check=False)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
         assert proc.wait(timeout=300) == 0, (workdir / "app.log").read_text()[-4000:]
     finally:
         kill_group(proc)
     assert queued_at_kill < rows, "the write ended before the kill"
     log = (workdir / "app.log").read_text(errors="replace")
     assert "written" in log
+    assert "Lost executor" in log  # Spark saw the kill and ran the lost tasks again
     bodies = bodies_in(client, "orders")
     client.close()
     # The killed tasks ran again; IDMP (dedup keys) added what they had sent once.

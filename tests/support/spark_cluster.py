@@ -65,12 +65,18 @@ class Worker:
         self.hidden = tuple(hidden)
 
     def executor_pids(self) -> list[int]:
-        """The executor JVMs this worker runs now (its child processes)."""
-        try:
-            children = Path(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children").read_text()
-        except OSError:
-            return []
-        return [int(pid) for pid in children.split()]
+        """The executor JVMs this worker runs now: its child processes.
+
+        Each thread lists its own children (``/proc/PID/task/TID/children``),
+        and the worker starts executors from a thread of their own.
+        """
+        pids: list[int] = []
+        for task in Path(f"/proc/{self.proc.pid}/task").glob("*"):
+            try:
+                pids += [int(pid) for pid in (task / "children").read_text().split()]
+            except OSError:  # the thread ended meanwhile
+                continue
+        return pids
 
 
 class SparkStandalone:
