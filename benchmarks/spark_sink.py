@@ -3,6 +3,7 @@
 Throughput (default)::
 
     python -m benchmarks.spark_sink [--rows 1000000] [--partitions 2] [--master local[2]]
+    python -m benchmarks.spark_sink --standalone    # on a standalone cluster (spark_standalone.py)
 
 starts one real node and a local Spark session, builds one DataFrame of
 ``--rows`` small rows (``body = "job-<id>"``), writes it to the ``noop``
@@ -49,6 +50,7 @@ import hiredis
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.aof_throughput import RawClient, encode
+from benchmarks.spark_standalone import Placement, add_arguments, placement
 from tests.support.process import DisqueProcess, wait_for
 
 SINK_CLIENT = re.compile(r"name=spark-disque-sink-p(\d+)-(\d+) ")
@@ -94,10 +96,15 @@ def null_node(listener: socket.socket) -> None:
         threading.Thread(target=serve, args=(conn,), daemon=True).start()
 
 
+#: Where runs happen (``--standalone``): set by main().
+PLACEMENT = Placement(master="local[2]")
+
+
 def spark_session(master: str):
     from spark_connector.session import local_session
 
-    return local_session("disque-sink-benchmark", master, {"spark.driver.memory": "2g"})
+    return local_session("disque-sink-benchmark", master,
+                         {"spark.driver.memory": "2g", **PLACEMENT.conf})
 
 
 def timed(action) -> float:
@@ -329,7 +336,15 @@ def main() -> None:
                              "(benchmarks/spark_cluster.py; --rows default 60000)")
     parser.add_argument("--rounds", type=int, default=3,
                         help="rounds (sink, ADDJOBS and ADDJOB ceilings; --cluster: per target)")
+    add_arguments(parser, staging=False)
     args = parser.parse_args()
+    global PLACEMENT
+    with placement(args) as PLACEMENT:
+        args.master = PLACEMENT.master
+        run(args)
+
+
+def run(args: argparse.Namespace) -> None:
     if args.cluster:
         from benchmarks.spark_cluster import compare_sink
 

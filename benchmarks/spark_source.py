@@ -4,6 +4,7 @@ Throughput (default)::
 
     python3 -m benchmarks.spark_source [--jobs 200000] [--body-bytes 100] [--json PATH]
     python3 -m benchmarks.spark_source --smoke            # a few thousand jobs, < 60 s
+    python3 -m benchmarks.spark_source --standalone [--staging s3]   # see spark_standalone.py
 
 starts one real node (``appendonly no``) and one local Spark session
 (``local[2]``) and, in the same run:
@@ -74,6 +75,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.redis_tools import machine_cpu_ticks, process_cpu_s
+from benchmarks.spark_standalone import Placement, add_arguments, placement
 from disque.client import Client
 from tests.support.process import DisqueProcess, wait_for
 
@@ -187,12 +189,17 @@ def loadavg() -> str:
 # Spark
 # ---------------------------------------------------------------------------
 
+#: Where runs happen (``--standalone``, ``--staging``): set by main().
+PLACEMENT = Placement(master="local[2]")
+
+
 def spark_session(master: str):
     from spark_connector.session import local_session
 
     return local_session("disque-source-benchmark", master, {
         "spark.sql.streaming.numRecentProgressUpdates": "10000",
         "spark.driver.memory": "2g",
+        **PLACEMENT.conf,
     })
 
 
@@ -236,7 +243,7 @@ def drain_with_spark(spark, node: DisqueProcess, client: Client, root: Path, que
     options = dict(options)
     source_format = options.pop("format", "disque")
     opts = {"nodes": f"127.0.0.1:{node.port}", "queues": queue,
-            "stagingPath": str(root / f"staging-{queue}"), **options}
+            "stagingPath": PLACEMENT.staging(root, queue), **options}
     reader = spark.readStream.format(source_format)
     for key, value in opts.items():
         reader = reader.option(key, value)
@@ -404,7 +411,7 @@ def driver_path(port: int, root: Path, queue: str, options: dict[str, str],
     from spark_connector.stream_reader import DisqueStreamReader
 
     opts = {"nodes": f"127.0.0.1:{port}", "queues": queue,
-            "stagingPath": str(root / f"staging-{queue}"), **options}
+            "stagingPath": PLACEMENT.staging(root, queue), **options}
     config = SourceConfig.from_options(opts, streaming=True)
     timer = StepTimer()
     timer.wrap(driver_mod, "fetch_jobs", "  fetch (GETJOB loop + Arrow table)")
@@ -665,7 +672,15 @@ def main() -> None:
                         help="rounds of every --config then the fetch + ACK ceiling (each "
                              "config's median run is reported, and its per-round ratio to "
                              "the ceiling); --cluster: rounds per target")
+    add_arguments(parser)
     args = parser.parse_args()
+    global PLACEMENT
+    with placement(args) as PLACEMENT:
+        args.master = PLACEMENT.master
+        run(args)
+
+
+def run(args: argparse.Namespace) -> None:
     if args.cluster:
         cluster_main(args)
         return
@@ -682,6 +697,7 @@ def main() -> None:
         "revision": source_revision(), "cpus": os.cpu_count(), "load_before": loadavg(),
         "jobs": args.jobs,
         "body_bytes": args.body_bytes, "master": args.master, "smoke": args.smoke,
+        "standalone": args.standalone, "staging": args.staging,
         "rate": [], "disque": [], "ceilings": [], "round_ceilings": [],
         "rounds": args.rounds}
     root = Path(tempfile.mkdtemp(prefix="spark-source-bench-"))

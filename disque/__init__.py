@@ -4,8 +4,9 @@ from . import _native
 
 __version__ = "1.0.0"
 
-# Compiled core or source: decided before any core module is imported.
-_native.activate()
+# Compiled core or source: decided when the first core module is imported,
+# so the client alone (the CLI, Spark's executors) never looks at the core.
+_native.activate_before_core()
 
 __all__ = [
     "__version__",

@@ -2,8 +2,10 @@
 
 The node's hot modules (:data:`COMPILED_MODULES`) are compiled with mypyc
 when the package is built where a C compiler exists (``setup.py``); the
-same ``.py`` files ship beside the compiled ones.  This module, imported
-first by ``disque/__init__.py``, decides which of the two runs:
+same ``.py`` files ship beside the compiled ones.  This module decides
+which of the two runs, when the first of them is imported (a finder that
+``disque/__init__.py`` places on ``sys.meta_path``), so processes that only
+use the client (the CLI, Spark's executors) never look at the core:
 
 * no compiled module found: the source (``interpreted``);
 * ``DISQUE_INTERPRETED=1`` in the environment: the source, on request;
@@ -36,7 +38,7 @@ from pathlib import Path
 from types import ModuleType
 
 __all__ = ["COMPILED_MODULES", "ENV_VAR", "HASHES_FILE", "MODE", "REASON", "activate",
-           "describe"]
+           "activate_before_core", "describe"]
 
 #: The modules mypyc compiles: the node's per-command path.  The build
 #: (setup.py) reads this tuple from this file.
@@ -147,15 +149,48 @@ class _SourceFirst(importlib.abc.MetaPathFinder):
         return importlib.util.spec_from_file_location(fullname, source_path(fullname))
 
 
+class _ActivateFirst(importlib.abc.MetaPathFinder):
+    """Runs :func:`activate` when the first compiled module is looked up.
+
+    It finds nothing itself unless :func:`activate` chose the source: then
+    it answers as :class:`_SourceFirst` for that first module, which was
+    already being looked up when the choice was made.
+    """
+
+    def find_spec(self, fullname: str, path: Sequence[str] | None = None,
+                  target: ModuleType | None = None) -> importlib.machinery.ModuleSpec | None:
+        if fullname not in COMPILED_MODULES:
+            return None
+        activate()
+        if MODE == "interpreted" and REASON:
+            return _SourceFirst().find_spec(fullname, path, target)
+        return None
+
+
+def activate_before_core() -> None:
+    """Defer :func:`activate` to the first import of a compiled module.
+
+    Importing ``disque`` for its client (``disque.client``,
+    ``spark_connector``) then never reads the build's record nor hashes the
+    core's sources, and never warns about a stale build it does not use.
+    """
+    if not any(isinstance(f, _ActivateFirst | _SourceFirst) for f in sys.meta_path):
+        sys.meta_path.insert(0, _ActivateFirst())
+
+
+_decided = False
+
+
 def _wanted_interpreted() -> bool:
     return os.environ.get(ENV_VAR, "").strip().lower() in ("1", "yes", "true", "on")
 
 
 def activate() -> str:
     """Choose compiled or interpreted (once, before any core module loads)."""
-    global MODE, REASON
-    if any(isinstance(f, _SourceFirst) for f in sys.meta_path):
+    global MODE, REASON, _decided
+    if _decided:
         return MODE
+    _decided = True
     compiled = [m for m in COMPILED_MODULES if _compiled_file(m) is not None]
     if not compiled:
         MODE = "interpreted"
@@ -186,6 +221,7 @@ def activate() -> str:
 def describe() -> str:
     """``compiled (mypyc)``, ``interpreted``, or ``interpreted (why)`` when a
     compiled build is there but does not run; for ``--version`` and INFO."""
+    activate()
     if MODE == "compiled":
         return "compiled (mypyc)"
     return f"interpreted ({REASON})" if REASON else "interpreted"

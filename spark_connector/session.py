@@ -30,6 +30,10 @@ def local_session(app_name: str, master: str = "local[2]",
     """
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    if master.startswith("local"):
+        # One machine: the driver listens on loopback, not on the address
+        # the host name resolves to (Spark's choice otherwise).
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     from pyspark.sql import SparkSession
 
     from . import register

@@ -92,6 +92,9 @@ BLOCKS: dict[tuple[str, str], str] = {
     ("README.md", "disque-server [/path/to/disque.conf]"):
         "a usage synopsis; tests/server/test_admin.py starts nodes with files and arguments",
     ("docs/BENCHMARKS.md", "python3 -m benchmarks.run SCENARIO"): "a usage synopsis",
+    ("docs/BENCHMARKS.md", "python -m benchmarks.spark_source --standalone"):
+        "benchmark commands (minutes each); tests/benchmarks/test_spark_standalone_smoke.py "
+        "runs both with --smoke / a few rows",
     ("docs/BENCHMARKS.md", "python3 -m benchmarks.run server --rounds 3"):
         "benchmarks of minutes each; tests/benchmarks/ run every scenario with --smoke",
     ("docs/BENCHMARKS.md", "DISQUE_REFERENCE_SERVER=/path/to/disque-server python3 -m "

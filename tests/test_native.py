@@ -21,7 +21,7 @@ from disque import _native
 from tests.support.process import DisqueProcess
 
 PACKAGE = Path(disque.__file__).resolve().parent
-COMPILED = _native.MODE == "compiled"
+COMPILED = _native.activate() == "compiled"
 needs_compiled = pytest.mark.skipif(
     not COMPILED, reason=f"this install runs {_native.describe()}: no compiled build to test")
 

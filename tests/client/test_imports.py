@@ -51,3 +51,20 @@ def test_an_unknown_name_is_still_an_attribute_error() -> None:
 
     with pytest.raises(AttributeError, match="NoSuchThing"):
         disque.client.NoSuchThing  # noqa: B018 - the lookup is the test
+
+
+def test_the_client_and_the_connector_never_look_at_the_core() -> None:
+    # Spark's executors import only these: no compiled module, no check of
+    # the build (which would hash the core's sources and could warn).
+    out = run_fresh("""
+import json, sys
+import disque.client
+import disque._native as native
+try:
+    import spark_connector, pyspark_disque
+except ImportError:  # without the 'spark' extra: the client alone
+    pass
+core = sorted(m for m in native.COMPILED_MODULES if m in sys.modules)
+print(json.dumps({"core": core, "decided": native._decided}))
+""")
+    assert out == {"core": [], "decided": False}
