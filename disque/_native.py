@@ -96,7 +96,9 @@ HASHES_FILE = "_compiled_sources.json"
 
 _PACKAGE_DIR = Path(__file__).resolve().parent
 
-#: "compiled" or "interpreted".  Set by :func:`activate`.
+#: "compiled" or "interpreted".  Set by :func:`activate`, which runs at the
+#: first import of a core module: code that may run before that (a tool, a
+#: test, the metrics exporter) reads ``activate()`` instead of this global.
 MODE = "interpreted"
 #: Why the compiled modules, although present, do not run ("" otherwise).
 REASON = ""

@@ -85,7 +85,7 @@ class NodeCollector(Collector):
         stats = state.stats
         info = GaugeMetricFamily("disque_info", "The node: version, ID, core",
                                  labels=["version", "node_id", "core"])
-        info.add_metric([__version__, state.cluster.myself_id, _native.MODE], 1)
+        info.add_metric([__version__, state.cluster.myself_id, _native.activate()], 1)
         yield info
         yield GaugeMetricFamily("disque_uptime_seconds", "Seconds since the node started",
                                 value=time.time() - state.started)

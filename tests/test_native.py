@@ -33,7 +33,7 @@ def _probe(env_extra: dict[str, str], path: Path | None = None) -> tuple[str, st
     if path is not None:
         env["PYTHONPATH"] = str(path)
     code = ("import disque, disque._native as n, disque.protocol as p; "
-            "print(n.MODE); print(p.__file__)")
+            "print(n.activate()); print(p.__file__)")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                             env=env, cwd=path or PACKAGE.parent, timeout=60)
     assert result.returncode == 0, result.stderr
