@@ -35,7 +35,8 @@ SUBSET = [
                     reason="the suite already runs interpreted: no compiled build installed")
 def test_the_interpreted_core_passes_the_subset() -> None:
     env = {**os.environ, _native.ENV_VAR: "1"}
-    probe = subprocess.run([sys.executable, "-c", "import disque._native as n; print(n.activate())"],
+    probe_code = "import disque._native as n; print(n.activate())"
+    probe = subprocess.run([sys.executable, "-c", probe_code],
                            cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
     assert probe.stdout.strip() == "interpreted", probe.stderr
     result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
