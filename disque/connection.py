@@ -92,20 +92,31 @@ class ReplyBatch:
 
     def flush(self) -> None:
         self._scheduled = False
-        connections, self._connections = self._connections, []
-        self.write(connections)
+        self.write(None)
 
-    def write(self, connections: list[ClientConnection]) -> None:
-        """Write what the AOF logged, then these connections' replies."""
+    def write(self, connections: list[ClientConnection] | None) -> None:
+        """Write what the AOF logged, then the queued connections' replies
+        (or only ``connections``'s)."""
         try:
             persistence = self._state.persistence
             if persistence is not None:
+                # May call drop(): the AOF could not log what they acknowledge.
                 persistence.before_reply()
         finally:
             # Even if the AOF failed (a bug: it handles its own I/O errors),
             # every queued connection is written, or it would wait forever.
+            if connections is None:
+                connections, self._connections = self._connections, []
             for connection in connections:
                 connection.send_output()
+
+    def drop(self) -> None:
+        """Close the queued connections without their replies: the AOF could
+        not write (or sync) records they may acknowledge.  Their clients see
+        a lost connection, as after a crash, and cannot take it for a yes."""
+        connections, self._connections = self._connections, []
+        for connection in connections:
+            connection.drop_output()
 
 
 class ReplySlot:
@@ -352,6 +363,13 @@ class ClientConnection(asyncio.Protocol):
             self._batch.add(self)
         self._out.append(data)
         self._out_bytes += len(data)
+
+    def drop_output(self) -> None:
+        """Discard the replies queued this turn and close (see ReplyBatch.drop)."""
+        self._out = []
+        self._out_bytes = 0
+        if self.transport is not None:
+            self.transport.abort()
 
     def send_output(self) -> None:
         """Write the queued replies (the before-reply hooks have run)."""

@@ -2,7 +2,8 @@
 
 * REPLJOB: store the copies (active, first requeue after DELAY + RETRY) and
   confirm them with GOTJOB, unless this node is above 75% memory, leaving,
-  or the queue is paused for input (the sender then picks another node);
+  its AOF cannot be written, or the queue is paused for input (the sender
+  then picks another node);
   a copy of a job whose ACK reached us lately is not taken in.
 * ENQUEUE: the creator asks this copy to queue the job (external
   replication, RETRY-0 jobs).
@@ -91,6 +92,9 @@ def receive_repljob(state: ServerState, sender: ClusterNode, msg: Message) -> No
     """Store the copies of a REPLJOB and confirm them with GOTJOB."""
     if state.memory.level() >= 1 or state.cluster.leaving:
         return  # the sender will pick another node
+    persistence = state.persistence
+    if persistence is not None and persistence.refuse_write() is not None:
+        return  # the AOF cannot log the copies: no GOTJOB for what is not written
     now = state.clock.now_ms()
     cluster = state.cluster
     # One header and one sender lookup for the GOTJOBs of all the copies.

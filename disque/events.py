@@ -54,7 +54,8 @@ class Persistence(Protocol):
         """Write (and with ``appendfsync always`` sync) what the turn logged."""
 
     def refuse_write(self) -> ReplyError | None:
-        """-MISCONF while the file cannot be written, else None."""
+        """-MISCONF while the file cannot take new records (a write command,
+        an ADDJOB whose copies arrived, a copy offered by REPLJOB), else None."""
 
     def after_command(self, reply: Any) -> Any:
         """The reply of a write command, once its records are written."""

@@ -310,7 +310,11 @@ def _replication_achieved(state: ServerState, blocked: ReplicationWait) -> None:
         _store_achieved(state, job, True)
     # NOREPLY to the nodes still unconfirmed is not needed: they will
     # answer GOTJOB, which is ignored for a job that is no longer waiting.
-    unblock(state, blocked, status_reply(job.id))
+    persistence = state.persistence
+    refused = persistence.refuse_write() if persistence is not None else None
+    # While the AOF cannot be written the job stays (queued, with its
+    # copies) but is not acknowledged: -MISCONF, as for a write command.
+    unblock(state, blocked, status_reply(job.id) if refused is None else refused)
 
 
 def acked_while_waiting(state: ServerState, job: Job) -> None:

@@ -130,6 +130,10 @@ class DisqueServer:
                          max_message=config.proto_max_bulk_len + BUS_MESSAGE_SLACK,
                          before_flush=[persistence.before_reply], auth=auth)
         state.bus = bus
+        # Output that may acknowledge records the AOF failed to write or sync
+        # is dropped with its connections rather than sent.
+        persistence.on_durability_lost(replies.drop)
+        persistence.on_durability_lost(bus.drop_output)
         register_job_messages(bus, state)
         await bus.start(config.bind, self.port)
         # Only now, listening on both ports: a node that cannot start leaves

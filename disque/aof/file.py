@@ -11,7 +11,15 @@ After every command flagged ``write`` the records are written (``write(2)``)
 before the command may answer; if that fails it answers ``-MISCONF`` and
 later write commands are refused until a write succeeds.  So a client is
 never told about a job (or an ACK) whose record is not at least in the
-kernel.  docs/PERSISTENCE.md describes the whole.
+kernel.  When a write fails for records made outside a command (a copy
+received by REPLJOB, an ADDJOB whose copies arrived), or an fsync fails under
+``always``, the output queued in that turn may acknowledge them: it is
+dropped with its connections and bus links (:meth:`AppendOnlyFile.on_durability_lost`),
+as if the node had crashed for those peers, and the node goes on serving
+reads.  After an fsync error the file cannot prove what it holds (the
+kernel may have dropped the pages it failed to write, and a second fsync
+would succeed): write commands are refused until a rewrite of the whole
+state has reached the disk.  docs/PERSISTENCE.md describes the whole.
 """
 
 from __future__ import annotations
@@ -22,6 +30,7 @@ import gc
 import logging
 import os
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final
 
 from ..idmp import DedupEntry
@@ -49,6 +58,9 @@ log = logging.getLogger("disque.aof")
 
 #: After a failed automatic rewrite, wait this long before trying again.
 REWRITE_RETRY_S: Final = 10.0
+#: After an fsync error, the rewrite that makes the file whole again is
+#: tried this often (write commands are refused meanwhile).
+RECOVERY_RETRY_S: Final = 2.0
 #: everysec: seconds between two background fsyncs.
 FSYNC_PERIOD_S: Final = 1.0
 
@@ -75,8 +87,16 @@ class AppendOnlyFile:
         self.size = 0
         self.base_size = 0
         self.write_error: str | None = None
+        #: An fsync failed: cleared only by a rewrite that reached the disk.
         self.fsync_error: str | None = None
+        self._bg_fsync_error: str | None = None   # set by the background thread
         self._last_error_log = 0.0
+        #: Records made outside the running write command were waiting
+        #: when it started (see :meth:`refuse_write`).
+        self._outside_records = False
+        #: Called when output queued this turn may acknowledge records that
+        #: could not be made durable (the reply batch, the cluster bus).
+        self._drop_output: list[Callable[[], None]] = []
         self._unsynced_since: float | None = None   # oldest write not fsynced yet
         self._last_fsync = time.monotonic()
         self.fsync_max_lag = 0.0
@@ -170,8 +190,13 @@ class AppendOnlyFile:
             rewrite.write(b"".join(self.pending[self._forwarded:]))
             self._forwarded = len(self.pending)
 
-    def write_pending(self) -> bool:
-        """Write the buffered records (no fsync); False if the write failed."""
+    def write_pending(self, own_records_only: bool = False) -> bool:
+        """Write the buffered records (no fsync); False if the write failed.
+
+        ``own_records_only``: the records are those of the write command
+        that is about to answer (it answers -MISCONF), so no output queued
+        before can depend on them.
+        """
         if self._acked:
             self._resolve_acks()
         if not self.pending:
@@ -188,7 +213,7 @@ class AppendOnlyFile:
         try:
             written = os.write(fd, data)
         except OSError as err:
-            self._write_failed(err.strerror or str(err))
+            self._write_failed(err.strerror or str(err), own_records_only)
             return False
         if written < len(data):
             # Short write (disk full): take the partial record back if we
@@ -205,7 +230,7 @@ class AppendOnlyFile:
                 self.pending = [data]
                 self.pending_bytes = len(data)
                 self._forwarded = 1
-            self._write_failed("short write (No space left on device?)")
+            self._write_failed("short write (No space left on device?)", own_records_only)
             return False
         self.size += written
         self._clear_pending()
@@ -221,30 +246,55 @@ class AppendOnlyFile:
         self.pending_bytes = 0
         self._forwarded = 0
 
-    def _write_failed(self, reason: str) -> None:
+    def _write_failed(self, reason: str, own_records_only: bool = False) -> None:
         now = time.monotonic()
-        if self.write_error is None or now - self._last_error_log > 10:
-            log.warning("Error writing to the AOF file: %s", reason)
+        first = self.write_error is None
+        if first or now - self._last_error_log > 10:
+            log.warning("Error writing to the AOF file: %s. Write commands are refused "
+                        "(-MISCONF) until a write succeeds; reads are served.", reason)
             self._last_error_log = now
         self.write_error = reason
+        if first and not own_records_only:
+            self._durability_lost()
+
+    def on_durability_lost(self, drop: Callable[[], None]) -> None:
+        """Register ``drop``: it discards the output queued but not sent yet
+        (closing its connections), called when records that output may
+        acknowledge could not be written or synced."""
+        self._drop_output.append(drop)
+
+    def _durability_lost(self) -> None:
+        for drop in self._drop_output:
+            drop()
 
     def fsync_now(self) -> None:
         """fdatasync in the event loop (appendfsync always, shutdown)."""
-        if self.fd is None or self._unsynced_since is None:
+        if self.fd is None or self._unsynced_since is None or self.fsync_error is not None:
+            # After an fsync error a second one would succeed without the
+            # lost pages: only the recovery rewrite proves anything again.
             return
         try:
             os.fdatasync(self.fd)
         except OSError as err:
+            self._fsync_failed(err.strerror or str(err))
             if self.config.appendfsync == "always":
                 # A reply must never leave before its record is on disk.
-                log.critical("Can't persist AOF for fsync error when the AOF fsync policy is "
-                             "'always': %s. Exiting...", err.strerror or err)
-                logging.shutdown()
-                os._exit(1)
-            self.fsync_error = err.strerror or str(err)
+                self._durability_lost()
             return
         self._fsync_done(self._unsynced_since)
         self._unsynced_since = None
+
+    def _fsync_failed(self, reason: str) -> None:
+        """The file may have lost records it was given: refuse writes until
+        a rewrite of the whole state (from memory) reaches the disk."""
+        if self.fsync_error is None:
+            log.warning("Can't persist the AOF: fsync error: %s. Write commands are refused "
+                        "(-MISCONF) until the append only file is rewritten (retried every "
+                        "%.0f s); reads are served.", reason, RECOVERY_RETRY_S)
+        self.fsync_error = reason
+        if self.rewrite is None:
+            self.rewrite_scheduled = True
+            self._rewrite_failed_at = 0.0   # try at once
 
     def _fsync_done(self, covering: float) -> None:
         now = time.monotonic()
@@ -254,13 +304,12 @@ class AppendOnlyFile:
             self.fsync_max_lag = lag
 
     def _bg_fsync(self, fd: int, covering: float) -> None:
-        # Runs in the background thread.
+        # Runs in the background thread: the cron sees the error.
         try:
             os.fdatasync(fd)
         except OSError as err:
-            self.fsync_error = err.strerror or str(err)
+            self._bg_fsync_error = err.strerror or str(err)
             return
-        self.fsync_error = None
         self._fsync_done(covering)
 
     def before_reply(self) -> None:
@@ -273,19 +322,22 @@ class AppendOnlyFile:
     def after_command(self, reply: Any) -> Any:
         """After a write command: its records must be written before it answers."""
         if ((self.pending or self._acked) and self.write_each_command
-                and not self.write_pending() and self.fd is not None):
+                and not self.write_pending(own_records_only=not self._outside_records)
+                and self.fd is not None):
             return ReplyError(f"MISCONF Errors writing to the AOF file: {self.write_error}")
         return reply
 
     def refuse_write(self) -> ReplyError | None:
-        """-MISCONF for write commands while the AOF cannot be written."""
-        if self.write_error is not None:
-            if self.fd is None or self.write_pending():
-                return None
-            return ReplyError(f"MISCONF Errors writing to the AOF file: {self.write_error}")
-        if self.fsync_error is not None and self.fd is not None:
+        """-MISCONF while the AOF cannot take new records (a write command,
+        an ADDJOB whose copies arrived, a copy offered by REPLJOB)."""
+        if self.fd is None:
+            return None
+        if self.fsync_error is not None:
             return ReplyError(f"MISCONF Errors writing to the AOF file: fsync: "
                               f"{self.fsync_error}")
+        if self.write_error is not None and not self.write_pending():
+            return ReplyError(f"MISCONF Errors writing to the AOF file: {self.write_error}")
+        self._outside_records = bool(self.pending or self._acked)
         return None
 
     # -- periodic work ----------------------------------------------------------
@@ -293,8 +345,11 @@ class AppendOnlyFile:
     def cron(self) -> None:
         if self.pending or self._acked:
             self.write_pending()
+        if self._bg_fsync_error is not None:
+            reason, self._bg_fsync_error = self._bg_fsync_error, None
+            self._fsync_failed(reason)
         now = time.monotonic()
-        if self.fd is not None and self._unsynced_since is not None:
+        if self.fd is not None and self._unsynced_since is not None and self.fsync_error is None:
             policy = self.config.appendfsync
             if policy == "always":
                 self.fsync_now()
@@ -305,11 +360,10 @@ class AppendOnlyFile:
                     covering = self._unsynced_since
                     self._unsynced_since = None
                     self.bio.submit(self._bg_fsync, self.fd, covering)
-        elif self.fsync_error is not None and self.fd is not None and not self.bio.busy:
-            self.bio.submit(self._bg_fsync, self.fd, now)   # retry a failed fsync
         if self.rewrite is None:
-            if self.rewrite_scheduled and now - self._rewrite_failed_at >= REWRITE_RETRY_S:
-                self.start_rewrite("scheduled")
+            retry = RECOVERY_RETRY_S if self.fsync_error is not None else REWRITE_RETRY_S
+            if self.rewrite_scheduled and now - self._rewrite_failed_at >= retry:
+                self.start_rewrite("after an fsync error" if self.fsync_error else "scheduled")
             elif self.status == ON and self._auto_rewrite_due(now):
                 log.info("Starting automatic rewriting of AOF on %d%% growth",
                          self._growth())
@@ -361,6 +415,7 @@ class AppendOnlyFile:
         self.status = OFF
         self.write_error = None
         self.fsync_error = None
+        self._bg_fsync_error = None
         self.rewrite_scheduled = False
         log.info("AOF turned off")
 
@@ -392,8 +447,10 @@ class AppendOnlyFile:
         self.rewrite = None
         self.last_bgrewrite_status = "err"
         self._rewrite_failed_at = time.monotonic()
-        if self.status == WAIT_REWRITE:
-            self.rewrite_scheduled = True   # keep trying to write the initial file
+        if self.status == WAIT_REWRITE or self.fsync_error is not None:
+            # Keep trying to write the initial file, or a whole file after an
+            # fsync error.
+            self.rewrite_scheduled = True
 
     def _rewrite_fsynced(self, rewrite: Rewrite) -> None:
         """The snapshot is on disk: switch files."""
@@ -432,6 +489,10 @@ class AppendOnlyFile:
             # Everything pending went to the new file.
             self._clear_pending()
             self.write_error = None
+            if self.fsync_error is not None:
+                log.warning("The append only file was rewritten after the fsync error (%s): "
+                            "write commands are accepted again", self.fsync_error)
+                self.fsync_error = None
             self.size = self.base_size = new_size
             self.path = rewrite.target
             if self.config.appendfsync == "always" or new_size == rewrite.synced_bytes:
@@ -625,7 +686,8 @@ class AppendOnlyFile:
             ("aof_last_bgrewrite_status", self.last_bgrewrite_status),
             ("aof_last_write_status",
              "err" if self.write_error or self.fsync_error else "ok"),
-            ("aof_last_write_error", self.write_error or self.fsync_error or ""),
+            ("aof_last_write_error", f"fsync: {self.fsync_error}" if self.fsync_error
+             else self.write_error or ""),
             ("aof_rewrites", self.rewrites),
             ("aof_last_rewrite_jobs", self.last_rewrite_jobs),
             ("aof_last_rewrite_max_step_ms", f"{self.last_rewrite_max_step * 1000:.2f}"),

@@ -346,18 +346,26 @@ class ClusterBus:
         start on the first jobs of a big pipelined burst while this node is
         still parsing the rest, instead of every node waiting in turn.
         """
-        links, self._dirty_links = self._dirty_links, []
         self._held = 0
         self._held_copies = 0
-        if links:
+        if self._dirty_links:
             try:
                 for hook in self.before_flush:
-                    hook()
+                    hook()   # may call drop_output()
             finally:  # a failing hook must not strand the links' output
+                links, self._dirty_links = self._dirty_links, []
                 for link in links:
                     link.flush()
                 if self.auth is not None:
                     self.auth.forget()
+
+    def drop_output(self) -> None:
+        """Close the links with output queued, unsent: the AOF could not
+        write (or sync) records it may acknowledge (a GOTJOB for a copy).
+        The peers see the link drop, as after a crash, and reconnect."""
+        links, self._dirty_links = self._dirty_links, []
+        for link in links:
+            link.close()
 
     # -- the cron ---------------------------------------------------------------
 

@@ -1,0 +1,180 @@
+"""Disks that fill up or fail, in a mount namespace of their own.
+
+A :class:`SmallDisk` is an ext4 filesystem on a loop device whose backing
+file lives on a tmpfs, all mounted inside a mount namespace that no other
+process on the machine sees:
+
+* **full**: :meth:`SmallDisk.fill` leaves (almost) no free block on the
+  ext4 filesystem, so a ``write(2)`` fails with ENOSPC;
+* **failing**: :meth:`SmallDisk.break_device` fills the tmpfs under the
+  image instead.  The filesystem still believes it has room, ``write(2)``
+  succeeds into the page cache, and the loop device fails the writeback:
+  ``fsync`` returns an I/O error (EIO, or ENOSPC passed up once), as a dying
+  disk does.  (Device-mapper's ``error``/``flakey`` targets would do this
+  too, where the kernel has device-mapper.)
+
+:meth:`SmallDisk.heal` removes the filler: the disk has room again.
+
+The namespace is either the caller's own (the fault harness runs in one,
+``unshare -n -m``) or held by a sleeping process (:class:`MountNamespace`,
+for tests): the mounts, and the loop device (attached with autoclear), go
+away with it.  Nothing is mounted anywhere else.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+__all__ = ["MountNamespace", "SmallDisk", "unavailable_reason"]
+
+
+def unavailable_reason() -> str | None:
+    """Why small disks cannot be made here (no tools, no privileges), or None."""
+    for tool in ("unshare", "nsenter", "mount", "mkfs.ext4", "losetup"):
+        if shutil.which(tool) is None:
+            return f"{tool!r} not found (util-linux, e2fsprogs)"
+    if not os.path.exists("/dev/loop-control"):
+        return "no loop devices (/dev/loop-control missing)"
+    probe = subprocess.run(["unshare", "-m", "--propagation", "private", "--",
+                            "mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", "/mnt"],
+                           capture_output=True, text=True, timeout=30)
+    if probe.returncode != 0:
+        return ("cannot mount in a private mount namespace (needs root or "
+                f"CAP_SYS_ADMIN): {probe.stderr.strip() or probe.returncode}")
+    return None
+
+
+class MountNamespace:
+    """A private mount namespace kept alive by a sleeping process.
+
+    Commands run in it with :meth:`run` (``nsenter``), programs are started
+    in it with :meth:`wrap`, and its files are reached from outside through
+    :meth:`path` (``/proc/PID/root``).  :meth:`close` ends the holder: the
+    namespace and its mounts go with it once the processes started in it
+    have exited.
+    """
+
+    def __init__(self) -> None:
+        self.holder = subprocess.Popen(
+            ["unshare", "-m", "--propagation", "private", "--", "sleep", "infinity"],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+            start_new_session=True)
+        own = os.readlink("/proc/self/ns/mnt")
+        # unshare has switched namespaces once the holder's link differs.
+        deadline = time.monotonic() + 10
+        while not self._entered(own):
+            if self.holder.poll() is not None or time.monotonic() > deadline:
+                self.close()
+                raise RuntimeError("unshare -m did not start a mount namespace")
+            time.sleep(0.01)
+
+    def _entered(self, own: str) -> bool:
+        try:
+            return os.readlink(f"/proc/{self.holder.pid}/ns/mnt") != own
+        except OSError:
+            return False
+
+    def wrap(self, argv: list[str]) -> list[str]:
+        """``argv`` run inside the namespace (the same process: nsenter execs it)."""
+        return ["nsenter", "-t", str(self.holder.pid), "-m", "--", *argv]
+
+    def run(self, *argv: str) -> str:
+        done = subprocess.run(self.wrap(list(argv)), capture_output=True, text=True,
+                              timeout=60)
+        if done.returncode != 0:
+            raise RuntimeError(f"{' '.join(argv)}: {done.stderr.strip() or done.returncode}")
+        return done.stdout
+
+    def path(self, inside: Path | str) -> Path:
+        """Where ``inside`` (an absolute path in the namespace) is seen from outside."""
+        return Path(f"/proc/{self.holder.pid}/root{Path(inside).resolve()}")
+
+    def close(self) -> None:
+        if self.holder.poll() is None:
+            self.holder.send_signal(signal.SIGKILL)
+        self.holder.wait()
+        if self.holder.stderr is not None:
+            self.holder.stderr.close()
+
+
+class SmallDisk:
+    """An ext4 filesystem of ``size`` bytes mounted at ``root/data``, inside
+    a namespace (``ns``; None: the caller's own, which must be private).
+
+    Its backing file sits on a tmpfs at ``root/backing`` with room for the
+    image plus ``spare`` bytes.
+    """
+
+    def __init__(self, root: Path, size: int = 32 << 20, spare: int = 64 << 20,
+                 ns: MountNamespace | None = None) -> None:
+        self.root = root.resolve()
+        self.ns = ns
+        self.data = self.root / "data"
+        self.backing = self.root / "backing"
+        self.size = size
+        for directory in (self.data, self.backing):
+            directory.mkdir(parents=True, exist_ok=True)
+        self._run("mount", "-t", "tmpfs", "-o", f"size={size + spare}", "tmpfs",
+                  str(self.backing))
+        image = self.backing / "disk.img"
+        self._run("truncate", "-s", str(size), str(image))
+        # No reserved blocks (the node runs as root and would use them), no
+        # lazy initialisation (it would write in the background later).
+        self._run("mkfs.ext4", "-q", "-F", "-m", "0", "-E",
+                  "lazy_itable_init=0,lazy_journal_init=0,nodiscard", str(image))
+        self._run("mount", "-o", "loop,errors=continue", str(image), str(self.data))
+
+    def _run(self, *argv: str) -> None:
+        if self.ns is not None:
+            self.ns.run(*argv)
+        else:
+            subprocess.run(argv, check=True, capture_output=True, timeout=60)
+
+    def _outside(self, path: Path) -> Path:
+        return self.ns.path(path) if self.ns is not None else path
+
+    def free_bytes(self, where: Path | None = None) -> int:
+        stat = os.statvfs(self._outside(where or self.data))
+        return stat.f_bavail * stat.f_frsize
+
+    def fill(self, leave: int = 0) -> int:
+        """Leave about ``leave`` bytes free on the filesystem; bytes taken."""
+        return self._fill(self.data / ".filler", leave)
+
+    def break_device(self) -> int:
+        """Leave no room under the image: its writeback fails (fsync: EIO)."""
+        return self._fill(self.backing / ".filler", 0)
+
+    def _fill(self, filler: Path, leave: int) -> int:
+        path = self._outside(filler)
+        chunk = b"\0" * (1 << 20)
+        taken = 0
+        with open(path, "ab") as fh:
+            while True:
+                want = min(len(chunk), self.free_bytes(filler.parent) - leave)
+                if want <= 0:
+                    break
+                try:
+                    fh.write(chunk[:want])
+                    fh.flush()
+                except OSError:
+                    break
+                taken += want
+            try:
+                os.fsync(fh.fileno())
+            except OSError:
+                pass
+        return taken
+
+    def heal(self) -> None:
+        """Room again, on the filesystem and under it."""
+        for filler in (self.data / ".filler", self.backing / ".filler"):
+            try:
+                os.unlink(self._outside(filler))
+            except FileNotFoundError:
+                pass

@@ -1,0 +1,172 @@
+"""A disk that fills up, or fails, under a node's AOF (``appendfsync always``).
+
+The node's directory is a small ext4 filesystem on a loop device, mounted in
+a mount namespace of its own (faults/disk.py): *full* leaves no free block
+(``write`` fails with ENOSPC), *failing* fills the tmpfs under the image so
+that the device fails its writes (``fsync`` gets an I/O error while
+``write`` still succeeds into the page cache).  The node must never
+acknowledge what it could not write: each ADDJOB or ACKJOB answers with
+success, -MISCONF, or not at all (a dropped connection); reads are served;
+writes resume by themselves once the disk has room; and after a SIGKILL
+every job whose ADDJOB answered an ID is still there.  Needs root (mount
+namespaces, loop devices): skipped with the reason otherwise.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+from faults.disk import MountNamespace, SmallDisk, unavailable_reason
+from tests.persistence.conftest import persistence, present, show
+from tests.support.cluster import join, wait_joined
+from tests.support.process import DisqueProcess, wait_for
+
+pytestmark = pytest.mark.slow
+
+_UNAVAILABLE = unavailable_reason()
+if _UNAVAILABLE is not None:
+    pytest.skip(f"disk faults need a private mount namespace and loop devices: "
+                f"{_UNAVAILABLE}", allow_module_level=True)
+
+
+@pytest.fixture
+def ns() -> Iterator[MountNamespace]:
+    namespace = MountNamespace()
+    yield namespace
+    namespace.close()
+
+
+@pytest.fixture
+def disk_node(tmp_path: Path, ns: MountNamespace) -> Iterator[tuple[DisqueProcess, SmallDisk]]:
+    """A node (AOF, appendfsync always) whose directory is a small disk."""
+    disk = SmallDisk(tmp_path / "disk", ns=ns)
+    node = DisqueProcess(tmp_path / "node", "--dir", str(disk.data), "--appendonly", "yes",
+                         "--appendfsync", "always",
+                         program=ns.wrap([sys.executable, "-m", "disque.server"]))
+    node.start()
+    yield node, disk
+    node.kill()
+
+
+def attempt(node: DisqueProcess, *command: object) -> object:
+    """One command on a fresh connection: its reply, the error, or None when
+    the connection was dropped unanswered."""
+    client = redis.Redis(host="127.0.0.1", port=node.port, protocol=2, socket_timeout=30)
+    try:
+        return client.execute_command(*command)
+    except redis.ResponseError as err:
+        return err
+    except redis.ConnectionError:
+        return None
+    finally:
+        client.close()
+
+
+def misconf(reply: object) -> bool:
+    return isinstance(reply, redis.ResponseError) and str(reply).startswith(
+        "MISCONF Errors writing to the AOF file")
+
+
+def restart_after_crash(node: DisqueProcess) -> redis.Redis:
+    node.kill()
+    node.start(port=node.port)
+    return node.client()
+
+
+def test_a_full_disk_is_never_acknowledged_and_resumes_by_itself(
+        tmp_path: Path, disk_node: tuple[DisqueProcess, SmallDisk]) -> None:
+    node, disk = disk_node
+    peer = DisqueProcess(tmp_path / "peer").start()
+    try:
+        join([node, peer])
+        wait_joined([node, peer])
+        r = node.client()
+        acknowledged = [r.execute_command("ADDJOB", "q", f"before{i}", 0, "REPLICATE", 2)
+                        for i in range(20)]
+        to_ack = acknowledged[:10]
+        disk.fill()
+        # Replicated (the ID is answered when the copy's GOTJOB arrives),
+        # local and ASYNC ADDJOBs, and ACKJOBs, on the full disk.
+        kinds = [("REPLICATE", 2), ("REPLICATE", 1), ("ASYNC",)]
+        # (Bodies of 4 KB: the file's last block has room for a few records.)
+        adds = [attempt(node, "ADDJOB", "q", f"full{i}".ljust(4096), 0, *kinds[i % 3])
+                for i in range(30)]
+        acks = [attempt(node, "ACKJOB", job_id) for job_id in to_ack]
+        assert any(misconf(reply) for reply in adds + acks), (adds, acks)
+        for reply in adds + acks:
+            assert misconf(reply) or reply is None or not isinstance(reply, Exception), reply
+        acknowledged += [reply for reply in adds if isinstance(reply, bytes)]
+        acked = [job_id for job_id, reply in zip(to_ack, acks, strict=True) if reply == 1]
+        # Reads are served, and INFO says why writes are not.
+        assert r.execute_command("QLEN", "q") >= 10
+        assert r.execute_command("SHOW", acknowledged[-1]) is not None
+        info = persistence(r)
+        assert info["aof_last_write_status"] == "err"
+        assert "space" in info["aof_last_write_error"].lower()
+        assert "Error writing to the AOF file" in node.log_text()
+
+        # A crash while the disk is full (room is made only afterwards, for
+        # the node to start): what was acknowledged had reached the file.
+        node.kill()
+        disk.heal()
+        r = node.start(port=node.port).client()
+        assert present(r, acknowledged) == set(acknowledged)
+        for job_id in acked:
+            fields = show(r, job_id)
+            assert fields is None or fields[b"state"] == b"acked", fields
+
+        # Full again, then room again: writes resume by themselves.
+        disk.fill()
+        replies = [attempt(node, "ADDJOB", "q", "refused".ljust(4096), 0) for _ in range(10)]
+        assert misconf(replies[-1]), replies
+        acknowledged += [reply for reply in replies if isinstance(reply, bytes)]
+        disk.heal()
+
+        def added() -> bytes | None:
+            reply = attempt(node, "ADDJOB", "q", "resumed", 0, "REPLICATE", 2)
+            return reply if isinstance(reply, bytes) else None
+
+        resumed = wait_for(added, timeout=10, interval=0.2,
+                           message="ADDJOB to succeed once the disk has room")
+        assert persistence(r)["aof_last_write_status"] == "ok"
+        r = restart_after_crash(node)
+        assert present(r, [*acknowledged, resumed]) == {*acknowledged, resumed}
+    finally:
+        peer.kill()
+
+
+def test_a_failing_device_is_never_acknowledged_and_resumes_after_a_rewrite(
+        disk_node: tuple[DisqueProcess, SmallDisk]) -> None:
+    node, disk = disk_node
+    r = node.client()
+    acknowledged = [r.execute_command("ADDJOB", "q", f"before{i}", 0) for i in range(20)]
+    disk.break_device()
+    # Bodies large enough that each record needs new blocks of the device.
+    body = b"x" * 65536
+    outcomes = [attempt(node, "ADDJOB", "q", body, 0) for _ in range(40)]
+    acknowledged_during = [reply for reply in outcomes if isinstance(reply, bytes)]
+    assert any(misconf(reply) for reply in outcomes), outcomes
+    assert all(misconf(reply) or reply is None or isinstance(reply, bytes)
+               for reply in outcomes), outcomes
+    info = persistence(r)
+    assert info["aof_last_write_status"] == "err"
+    assert info["aof_last_write_error"].startswith("fsync")
+    assert "fsync error" in node.log_text()
+    assert node.alive(), "the node must not exit on an fsync error"
+    assert r.execute_command("QLEN", "q") >= 20       # reads are served
+    # The device works again: the node rewrites the whole file from memory
+    # (a second fsync of the old one would claim success for lost pages),
+    # then accepts writes.
+    disk.heal()
+    wait_for(lambda: persistence(r)["aof_last_write_status"] == "ok", timeout=20,
+             interval=0.2, message="the recovery rewrite")
+    after = r.execute_command("ADDJOB", "q", "after", 0)
+    assert "rewritten after the fsync error" in node.log_text()
+    everything = [*acknowledged, *acknowledged_during, after]
+    r = restart_after_crash(node)
+    assert present(r, everything) == set(everything)
