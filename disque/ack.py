@@ -10,6 +10,7 @@ first attempt: every copy (this one) knows about the ACK.
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING
 
 from .clock import random_time_error
@@ -25,13 +26,18 @@ if TYPE_CHECKING:
     from .state import ServerState
 
 __all__ = ["acknowledge_job", "acked_elsewhere", "try_job_gc", "create_dummy_ack", "fast_ack",
-           "remember_collected", "gc_retry_delay_ms", "receive_deljob", "receive_gotack",
-           "receive_setack"]
+           "remember_collected", "gc_retry_delay_ms", "node_reachable_again", "receive_deljob",
+           "receive_gotack", "receive_setack"]
+
+log = logging.getLogger("disque.ack")
 
 #: gc_retry stops growing here (the original's cap).
 GC_RETRY_CAP = 10
 #: Longest pause between two GC attempts.
 GC_MAX_DELAY_MS = 180_000
+#: When a node the GC waits for is reachable again, the waiting jobs retry
+#: within this many ms (spread, not all in one turn).
+GC_RESUME_SPREAD_MS = 1000
 
 
 _NOBODY: frozenset[str] = frozenset()
@@ -105,6 +111,31 @@ def try_job_gc(state: ServerState, job: Job) -> None:
             cluster.send_setack(node_id, job, 0)
     job.qtime = state.clock.now_ms() + gc_retry_delay_ms(job.gc_retry)
     update_awake_time(state, job)
+
+
+def node_reachable_again(state: ServerState, node_id: str) -> None:
+    """A node flagged failing answers again: every acked job whose GC waits
+    for it (a copy there not confirmed yet; any node, for a dummy ACK) makes
+    its next attempt within :data:`GC_RESUME_SPREAD_MS`, with the backoff
+    reset, instead of at the end of a backoff that grew while the node was
+    away (up to 180 s, so acked copies lingered minutes after a partition
+    healed).  Acked jobs are all among the evictable ones."""
+    now = state.clock.now_ms()
+    moved = 0
+    for job in state.jobs.evictable_jobs():
+        if job.state != ACKED or node_id in job.confirmed:
+            continue
+        if job.delivered and node_id not in job.delivered:
+            continue
+        due = now + GC_RESUME_SPREAD_MS // 2 + random_time_error(GC_RESUME_SPREAD_MS)
+        if job.qtime > due:
+            job.gc_retry = 0
+            job.qtime = due
+            update_awake_time(state, job)
+            moved += 1
+    if moved:
+        log.info("Node %s is reachable again: %d acked jobs retry their GC now", node_id,
+                 moved)
 
 
 def create_dummy_ack(state: ServerState, job_id: bytes) -> Job | None:

@@ -5,7 +5,8 @@ finds the sender and calls the handler registered here for its type.  Each
 handler lives beside the rule it implements, under the spec's name:
 replication (REPLJOB, GOTJOB, ENQUEUE), re-queueing (QUEUED, WILLQUEUE,
 WORKING), ACK garbage collection (SETACK, GOTACK, DELJOB), queues (PAUSE),
-federation (NEEDJOBS, YOURJOBS).
+federation (NEEDJOBS, YOURJOBS); and the membership's node-return event
+(a node flagged failing answers again) to the ACK garbage collection.
 """
 
 from __future__ import annotations
@@ -50,3 +51,5 @@ def register_job_messages(bus: ClusterBus, state: ServerState) -> None:
         bus.handlers[msg_type] = partial(handler, state)
     for msg_type, handler in BATCH_HANDLERS.items():
         bus.batch_handlers[msg_type] = partial(handler, state)
+    # The node-return event: acked jobs waiting for that node retry their GC.
+    bus.membership.on_node_back = partial(ack.node_reachable_again, state)

@@ -187,6 +187,10 @@ class JobRegistry:
         if job in self._evictable:  # not pop(job, None): compiled, a Python-level call
             del self._evictable[job]
 
+    def evictable_jobs(self) -> list[Job]:
+        """The evictable jobs, oldest first (a copy: the caller may change them)."""
+        return list(self._evictable)
+
     def oldest_evictable(self) -> Job | None:
         return next(iter(self._evictable), None)
 

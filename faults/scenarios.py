@@ -240,12 +240,54 @@ def yourjobs_after_gc(root: Path) -> bool:
         firewall.close()
 
 
+def gc_after_heal(root: Path, partition_s: float = 35.0) -> bool:
+    """Acked jobs whose GC waits for a partitioned node: gone soon after healing?
+
+    Twenty jobs on n1, n2, n3 (REPLICATE 3) are acked on n1 while n3 is cut
+    off for ``partition_s``: the GC's attempts back off (1, 2, 4 ... s) the
+    whole time, so without more the next one can be half a minute after the
+    heal (up to 180 s after long partitions).  When n3 answers again the
+    GC must retry at once: every copy gone within a few seconds.
+    """
+    cluster = Cluster(root, 3, 2000, [False, False, False])
+    firewall = Firewall()
+    try:
+        cluster.start()
+        n1, n2, n3 = cluster.nodes
+        ids = [n1.client().execute_command("ADDJOB", "q", f"b{i}", 5000, "REPLICATE", 3,
+                                           "RETRY", 60).decode() for i in range(20)]
+        firewall.apply(_isolate(n3, [n1, n2]))
+        for job_id in ids:
+            assert n1.client().execute_command("ACKJOB", job_id) == 1
+        time.sleep(partition_s)  # the fault itself: the GC backs off meanwhile
+        firewall.heal()
+        healed = time.monotonic()
+
+        def left() -> int:
+            return sum(_show(n, j) is not None for n in cluster.nodes for j in ids)
+
+        try:
+            wait_until(lambda: left() == 0, 200, interval=0.1,
+                       what="the acked copies to be collected")
+        except TimeoutError:
+            print(f"{left()} acked copies still there 200 s after healing")
+            return False
+        linger = time.monotonic() - healed
+        print(f"acked copies lingered {linger:.1f} s after a {partition_s:.0f} s partition "
+              f"healed")
+        return linger < 10
+    finally:
+        cluster.stop()
+        firewall.close()
+
+
 SCENARIOS: dict[str, Callable[[Path], bool]] = {
     "ack-during-partition": ack_during_partition,
     "requeue-after-pause": requeue_after_pause,
     "acked-copy-after-lost-deljob": acked_copy_after_lost_deljob,
     "replica-ttl": replica_ttl,
     "yourjobs-after-gc": yourjobs_after_gc,
+    "gc-after-heal": gc_after_heal,
 }
 
 

@@ -75,6 +75,9 @@ class Membership:
         self.now_ms = now_ms
         self.node_timeout = node_timeout
         self._cron_runs = 0
+        #: Told the ID of a node flagged failing (PFAIL or FAIL) that answers
+        #: again: the node's return event (the ACK GC resumes its retries).
+        self.on_node_back: Callable[[str], None] | None = None
 
     # -- handshakes -----------------------------------------------------------
 
@@ -333,13 +336,18 @@ class Membership:
 
     def clear_failure(self, node: ClusterNode) -> None:
         """A PONG from ``node``: it is reachable again, whatever we thought."""
+        flagged = False
         if FLAG_PFAIL in node.flags:
             node.flags.discard(FLAG_PFAIL)
             self.cluster.save_later()
+            flagged = True
         if FLAG_FAIL in node.flags:
             log.info("Clear FAIL state for node %s: it is reachable again", node.id)
             node.flags.discard(FLAG_FAIL)
             self.cluster.save_later()
+            flagged = True
+        if flagged and self.on_node_back is not None:
+            self.on_node_back(node.id)
 
     # -- FORGET -------------------------------------------------------------------
 

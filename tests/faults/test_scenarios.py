@@ -1,7 +1,7 @@
 """Minimal reproductions of the node's defects the harness found (faults.scenarios).
 
 Each runs a 3-node cluster in its own namespace and exits 1 when the
-defect shows.  All four are fixed; the scenarios guard the fixes (and
+defect shows.  All are fixed; the scenarios guard the fixes (and
 tests/server/test_copies_state.py pins each at the state-machine level).
 """
 
@@ -38,3 +38,10 @@ def test_a_replicated_copy_keeps_the_jobs_ttl() -> None:
 
 def test_a_job_collected_while_in_flight_is_not_delivered() -> None:
     scenario("yourjobs-after-gc")
+
+
+def test_acked_copies_go_soon_after_a_partition_heals() -> None:
+    """The GC resets its backoff when the node it waits for is back: the
+    copies go within seconds, not at the end of a 30 s+ backoff."""
+    out = scenario("gc-after-heal")
+    assert "lingered" in out, out

@@ -132,3 +132,27 @@ def test_a_late_requeue_yields_to_a_copy_queued_elsewhere() -> None:
     requeue.receive_queued(node.state, peer, _id_message(messages.QUEUED, job.id))
     node.advance(1_000)
     assert copy.state == JobState.ACTIVE and node("QLEN", "q") == 0
+
+
+def test_the_gc_retries_soon_when_the_node_it_waits_for_is_back() -> None:
+    """An acked job whose GC waits for an unreachable copy backs off (1, 2,
+    4 ... up to 180 s); when that node answers again the next attempt comes
+    within a second, with the backoff reset, not at the end of the backoff."""
+    node, peer = _cluster()
+    job = _peer_job(node)
+    copies.receive_repljob(node.state, peer, _job_message(messages.REPLJOB, job, node))
+    ack.receive_setack(node.state, peer, _id_message(messages.SETACK, job.id, aux=2))
+    copy = node.job(job.id)
+    assert copy is not None
+    for _ in range(8):  # the peer stays silent: eight attempts, each later
+        node.advance(copy.qtime - node.clock.now_ms())
+    waited = copy.qtime - node.clock.now_ms()
+    assert waited > 60_000 and copy.gc_retry >= 8
+    before = _dropped(node)
+    ack.node_reachable_again(node.state, "c" * 40)   # another node: nothing changes
+    assert copy.qtime - node.clock.now_ms() == waited
+    ack.node_reachable_again(node.state, PEER)
+    assert copy.qtime - node.clock.now_ms() <= ack.GC_RESUME_SPREAD_MS
+    assert copy.gc_retry == 0
+    node.advance(ack.GC_RESUME_SPREAD_MS)
+    assert _dropped(node) == before + 1  # the SETACK went out (no link here)
