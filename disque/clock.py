@@ -1,5 +1,17 @@
 """Time sources.  Everything time-driven reads the clock through one object
-so that unit tests of the schedule can move time by hand."""
+so that unit tests of the schedule can move time by hand.
+
+The node's clock is wall-clock milliseconds (job times are persisted and
+must mean the same after a restart, and IDs carry the creation time) that
+*never jump*: it is read from the system clock once, then advanced by the
+monotonic clock.  When the system clock is stepped (an operator, a VM
+resumed, NTP correcting a bad boot time), RETRY, DELAY, TTL, the ACK GC's
+backoff and the cluster's failure detection keep their pace; the node's
+clock then catches up with the system clock by at most
+:data:`FOLLOW_RATE` of the elapsed time (:meth:`Clock.follow_wall`, from the
+cron), so a timer runs at most 1% fast or slow meanwhile.  NTP's own slewing
+moves the monotonic clock too, so a well-kept clock is followed exactly.
+"""
 
 from __future__ import annotations
 
@@ -7,28 +19,59 @@ import time
 from random import random
 from typing import Final
 
-__all__ = ["Clock", "ManualClock", "random_time_error"]
+__all__ = ["Clock", "FOLLOW_RATE", "ManualClock", "random_time_error"]
 
 #: Final: compiled, a C static rather than two lookups (module, attribute)
 #: in a method every command calls.
 _time_ns: Final = time.time_ns
+_monotonic_ns: Final = time.monotonic_ns
+
+#: The node's clock moves toward a stepped system clock by at most this
+#: fraction of the time elapsed (1%: a 30 s step is absorbed in 50 minutes).
+FOLLOW_RATE: Final = 0.01
 
 
 class Clock:
-    """Wall-clock milliseconds: job times are persisted and must survive restarts."""
+    """Wall-clock milliseconds on the monotonic clock's pace (see the module)."""
+
+    def __init__(self) -> None:
+        self._offset_ns = _time_ns() - _monotonic_ns()
+        self._last_follow_ns = _monotonic_ns()
 
     def now_ms(self) -> int:
-        return _time_ns() // 1_000_000
+        return (_monotonic_ns() + self._offset_ns) // 1_000_000
+
+    def skew_ms(self) -> int:
+        """The system clock minus this clock, in ms (0 unless it was stepped)."""
+        return (_time_ns() - _monotonic_ns() - self._offset_ns) // 1_000_000
+
+    def follow_wall(self) -> int:
+        """Move toward the system clock by at most FOLLOW_RATE of the time
+        since the last call; the skew left, in ms."""
+        mono = _monotonic_ns()
+        budget = int((mono - self._last_follow_ns) * FOLLOW_RATE)
+        self._last_follow_ns = mono
+        skew = _time_ns() - mono - self._offset_ns
+        step = max(-budget, min(budget, skew))
+        self._offset_ns += step
+        return (skew - step) // 1_000_000
 
 
 class ManualClock(Clock):
     """A clock that only moves when told to (tests)."""
 
     def __init__(self, start_ms: int = 1_700_000_000_000) -> None:
+        super().__init__()
         self.ms = start_ms
 
     def now_ms(self) -> int:
         return self.ms
+
+    def skew_ms(self) -> int:
+        return 0
+
+    def follow_wall(self) -> int:
+        return 0
 
     def advance(self, ms: int) -> None:
         self.ms += ms

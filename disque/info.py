@@ -6,7 +6,6 @@ import os
 import platform
 import resource
 import sys
-import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -26,7 +25,8 @@ def human_bytes(n: int) -> str:
 
 
 def _server(state: ServerState) -> list[tuple[str, object]]:
-    uptime = int(time.time() - state.started)
+    # On the node's clock: a step of the system clock does not change it.
+    uptime = int(state.clock.now_ms() / 1000 - state.started)
     return [
         ("disque_version", __version__),
         ("disque_implementation", "python"),
@@ -41,6 +41,8 @@ def _server(state: ServerState) -> list[tuple[str, object]]:
         ("tcp_port", state.tcp_port),
         ("uptime_in_seconds", uptime),
         ("uptime_in_days", uptime // 86400),
+        # The system clock minus the node's (clock.py): not 0 after a step.
+        ("clock_skew_ms", state.clock.skew_ms()),
         ("hz", state.config.hz),
         ("config_file", state.config.config_file or ""),
         ("node_id", state.cluster.myself_id),

@@ -34,6 +34,7 @@ from typing import Any
 
 from . import __version__, _native
 from .bus_handlers import register_job_messages
+from .clock import FOLLOW_RATE
 from .cluster import ClusterState, NodesFileError
 from .cluster.auth import BusAuth
 from .cluster.bus import BUS_PORT_OFFSET, ClusterBus
@@ -62,6 +63,9 @@ QUEUE_EVICTION_PERIOD_S = 0.1
 #: How often the client and bus link buffers are summed into used_memory:
 #: a walk over every connection, so not on every cron run.
 BUFFERS_PERIOD_S = 1.0
+#: A difference between the system clock and the node's this large is
+#: logged (a step of the system clock: see clock.py).
+CLOCK_STEP_LOG_MS = 1000
 
 
 class DisqueServer:
@@ -72,6 +76,7 @@ class DisqueServer:
         self._job_timer: asyncio.TimerHandle | None = None
         self._cron_handle: asyncio.TimerHandle | None = None
         self._cron_deadline = 0.0
+        self._clock_stepped = False
         self._last_queue_eviction = 0.0
         self._last_buffers_sum = 0.0
         self._collector = CollectorPolicy(time.monotonic())
@@ -282,6 +287,7 @@ class DisqueServer:
                 self._last_queue_eviction = now
                 state.evict_idle_queues()
             need_jobs_cron(state)
+            self._follow_wall_clock(state)
             if len(state.idmp):
                 state.idmp.expire(state.clock.now_ms())  # IDMP keys past their window
             timeout = self.config.timeout
@@ -294,6 +300,19 @@ class DisqueServer:
             log.exception("Error in periodic task")
         if not self._stopping:
             self._schedule_cron()
+
+    def _follow_wall_clock(self, state: ServerState) -> None:
+        """The node's clock catches up with a stepped system clock, slowly
+        (clock.py); a step is logged when first seen and when absorbed."""
+        skew = state.clock.follow_wall()
+        if abs(skew) >= CLOCK_STEP_LOG_MS and not self._clock_stepped:
+            self._clock_stepped = True
+            log.warning("The system clock moved by %+d ms: the node's timers keep their pace, "
+                        "its clock follows at %d%% of real time", skew,
+                        round(FOLLOW_RATE * 100))
+        elif self._clock_stepped and abs(skew) < CLOCK_STEP_LOG_MS // 10:
+            self._clock_stepped = False
+            log.warning("The node's clock has caught up with the system clock")
 
     # -- stop ---------------------------------------------------------------
 
