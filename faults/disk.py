@@ -124,9 +124,12 @@ class SmallDisk:
         image = self.backing / "disk.img"
         self._run("truncate", "-s", str(size), str(image))
         # No reserved blocks (the node runs as root and would use them), no
-        # lazy initialisation (it would write in the background later).
-        self._run("mkfs.ext4", "-q", "-F", "-m", "0", "-E",
-                  "lazy_itable_init=0,lazy_journal_init=0,nodiscard", str(image))
+        # lazy initialisation (it would write in the background later), and
+        # no journal: a journal write the device fails aborts the journal and
+        # turns the filesystem read-only for good, where the disk faults
+        # want writes to fail and then work again.
+        self._run("mkfs.ext4", "-q", "-F", "-m", "0", "-O", "^has_journal", "-E",
+                  "lazy_itable_init=0,nodiscard", str(image))
         self._run("mount", "-o", "loop,errors=continue", str(image), str(self.data))
 
     def _run(self, *argv: str) -> None:
@@ -154,7 +157,11 @@ class SmallDisk:
         path = self._outside(filler)
         chunk = b"\0" * (1 << 20)
         taken = 0
-        with open(path, "ab") as fh:
+        try:
+            fh = open(path, "ab")  # noqa: SIM115 - closed below
+        except OSError:
+            return 0   # nothing can be written there: as full as it gets
+        with fh:
             while True:
                 want = min(len(chunk), self.free_bytes(filler.parent) - leave)
                 if want <= 0:
@@ -170,6 +177,15 @@ class SmallDisk:
             except OSError:
                 pass
         return taken
+
+    def close(self) -> None:
+        """Unmount both (the loop device is released with its mount)."""
+        self.heal()
+        for mountpoint in (self.data, self.backing):
+            try:
+                self._run("umount", str(mountpoint))
+            except (RuntimeError, subprocess.CalledProcessError):
+                self._run("umount", "-l", str(mountpoint))
 
     def heal(self) -> None:
         """Room again, on the filesystem and under it."""

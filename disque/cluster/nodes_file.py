@@ -10,6 +10,7 @@ half-written file (the original wrote in place).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import time
@@ -33,11 +34,17 @@ def node_line(node: ClusterNode) -> str:
 def save_nodes_file(path: str, nodes: Iterable[ClusterNode]) -> None:
     lines = [node_line(n) for n in nodes if "handshake" not in n.flags]
     tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "w", encoding="ascii") as fh:
-        fh.write("\n".join(lines) + "\n")
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w", encoding="ascii") as fh:
+            fh.write("\n".join(lines) + "\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except OSError:
+        # A full disk: leave no half-written file behind to take more room.
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
     directory = os.path.dirname(os.path.abspath(path))
     fd = os.open(directory, os.O_RDONLY)
     try:

@@ -223,7 +223,10 @@ class ClusterState:
         else:
             self.myself.flags.discard(FLAG_LEAVING)
         self._leaving_transient = leaving and not persist
-        self.save()
+        if persist:
+            # Not for the drain: the file would not change, and a node whose
+            # disk is full or read-only must still drain and stop on SIGTERM.
+            self.save()
 
     # -- sends (best effort) -----------------------------------------------
 
