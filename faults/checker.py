@@ -3,24 +3,40 @@
 Safety (a failure here is a defect of the node):
 
 * **lost**: a job whose synchronous ADDJOB returned an ID was never
-  delivered, although fewer than REPLICATE nodes lost their copies for good
-  (SIGKILL without AOF).  Every such kill after the ADDJOB started is
-  counted against the job, so the excuse is generous, never strict.
+  delivered, although not all its copies were lost for good.  The
+  producer asks the node for the job's copies (SHOW ``nodes-delivered``)
+  right after the ADDJOB; the loss is excused only when every one of those
+  nodes lost its copies for good afterwards (SIGKILL without AOF).  When the
+  node did not say, a loss is excused if REPLICATE nodes were wiped after
+  the ADDJOB started (generous).  Jobs with a TTL may expire undelivered:
+  they are held to their time bounds instead.
 * **delivered after GC**: a GETJOB that started after the GC observer saw
   the acked job gone from every node returned it.
 * **phantom**: a delivered job that no ADDJOB sent, or with another body.
+* **duplicate IDs**: two ADDJOBs answered with the same ID.
+* **time bounds** (a node's timers, whatever its wall clock does): a job
+  delivered before its DELAY passed, delivered after its TTL passed (1%
+  and a second of slack), or delivered again by a requeue less than RETRY
+  (less the 250 ms jitter and 250 ms of slack) after its ADDJOB without a
+  NACK in between.  A requeue by another copy may come earlier than RETRY
+  after a *delivery* (that copy counts from when the job was queued), so
+  the RETRY bound is taken from the ADDJOB, where it always holds.
 * after healing: a job **queued on two nodes** once the cluster settled,
   jobs **left on a node** after every job was delivered and acked (a leaked
   acked job is one still there in state ``acked``), ``registered_jobs`` not
   back to 0.
 
 Allowed by the spec (at-least-once), counted and classified: duplicates.
-Each redelivery is put down to a NACK, to RETRY expiry (the consumer
-crashed, or was slower than RETRY), to an ACK that had not reached every
-copy yet ("after ack": the spec's best-effort ACK), or to the fault that
-was active, and "other" when none applies.  Asynchronous ADDJOBs that were
-never delivered are reported but not counted as lost (ASYNC promises
-nothing once the node dies before replicating).
+Each redelivery is put down, from the nodes' counters on the two
+deliveries (``nacks``, ``additional-deliveries``: a copy's requeues are
+broadcast, so the counters of any copy move) and the fault log, to: a NACK;
+a requeue after RETRY because the consumer crashed, or was slower than
+RETRY; a requeue of a copy that had not heard of the ACK yet ("after
+ack": the spec's best-effort ACK); the fault(s) active between the two
+deliveries; or, when none applies, "other: requeued" (a counter moved) or
+"other: queued twice" (none did: two copies were queued at once).  Asynchronous ADDJOBs never
+delivered are reported but not counted as lost (ASYNC promises nothing
+once the node dies before replicating).
 """
 
 from __future__ import annotations
@@ -31,6 +47,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from faults.history import FAIL, INFO, OK, Fault, History, Op
+
+#: Slack on the time bounds: a GETJOB's start and end bracket the delivery.
+JITTER_S = 0.25
+SLACK_S = 0.25
 
 
 @dataclass
@@ -45,6 +65,8 @@ class FinalState:
     queued_twice: dict[str, list[str]] = field(default_factory=dict)
     #: Seconds it took for no job to be queued twice (None: never within the window).
     settle_s: float | None = 0.0
+    #: Memory samples: {"t": seconds, "phase": ..., node: {rss, used_memory, ...}}.
+    memory: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass
@@ -56,10 +78,17 @@ class Result:
     acks_ok: int = 0
     lost: list[str] = field(default_factory=list)
     lost_excused: list[str] = field(default_factory=list)
+    #: How the lost jobs were excused: by their known copies, or by counting kills.
+    excused_by: Counter[str] = field(default_factory=Counter)
     async_undelivered: list[str] = field(default_factory=list)
+    expired_undelivered: list[str] = field(default_factory=list)
     delivered_after_gc: list[str] = field(default_factory=list)
     delivered_after_ack: int = 0
     phantom: list[str] = field(default_factory=list)
+    duplicate_ids: list[str] = field(default_factory=list)
+    early_delivery: list[str] = field(default_factory=list)
+    late_delivery: list[str] = field(default_factory=list)
+    early_requeue: list[str] = field(default_factory=list)
     duplicates: Counter[str] = field(default_factory=Counter)
     queued_twice: dict[str, list[str]] = field(default_factory=dict)
     leaked: dict[str, list[tuple[str, str]]] = field(default_factory=dict)
@@ -67,6 +96,9 @@ class Result:
     max_unavailable_s: float = 0.0
     faults: int = 0
     faults_with_effect: int = 0
+    #: Pairs of faults that were active at the same time (descriptions).
+    overlaps: list[tuple[str, str]] = field(default_factory=list)
+    memory: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def duplicate_count(self) -> int:
@@ -84,6 +116,18 @@ class Result:
         if self.phantom:
             found.append(f"{len(self.phantom)} deliveries of jobs never added: "
                          f"{self.phantom[:5]}")
+        if self.duplicate_ids:
+            found.append(f"{len(self.duplicate_ids)} IDs answered to two ADDJOBs: "
+                         f"{self.duplicate_ids[:5]}")
+        if self.early_delivery:
+            found.append(f"{len(self.early_delivery)} jobs delivered before their DELAY: "
+                         f"{self.early_delivery[:5]}")
+        if self.late_delivery:
+            found.append(f"{len(self.late_delivery)} jobs delivered after their TTL: "
+                         f"{self.late_delivery[:5]}")
+        if self.early_requeue:
+            found.append(f"{len(self.early_requeue)} jobs requeued sooner than RETRY: "
+                         f"{self.early_requeue[:5]}")
         if self.queued_twice:
             found.append(f"{len(self.queued_twice)} jobs queued on several nodes after "
                          f"healing: {dict(list(self.queued_twice.items())[:3])}")
@@ -99,15 +143,21 @@ class Result:
             "ops": self.ops, "adds": dict(self.adds), "deliveries": self.deliveries,
             "delivered_jobs": self.delivered_jobs, "acks_ok": self.acks_ok,
             "lost": self.lost, "lost_excused": self.lost_excused,
+            "excused_by": dict(self.excused_by),
             "async_undelivered": self.async_undelivered,
+            "expired_undelivered": self.expired_undelivered,
             "delivered_after_gc": self.delivered_after_gc,
             "delivered_after_ack": self.delivered_after_ack, "phantom": self.phantom,
+            "duplicate_ids": self.duplicate_ids, "early_delivery": self.early_delivery,
+            "late_delivery": self.late_delivery, "early_requeue": self.early_requeue,
             "duplicates": dict(self.duplicates), "duplicate_count": self.duplicate_count,
             "queued_twice": self.queued_twice,
             "leaked": {n: [list(j) for j in jobs] for n, jobs in self.leaked.items()},
             "registered_jobs": self.registered_jobs,
             "max_unavailable_s": round(self.max_unavailable_s, 2),
             "faults": self.faults, "faults_with_effect": self.faults_with_effect,
+            "overlaps": [list(pair) for pair in self.overlaps],
+            "memory": self.memory,
             "defects": self.defects(),
         }
 
@@ -132,15 +182,20 @@ def check(history: History, final: FinalState) -> Result:
     result.delivered_jobs = len(gets)
     result.acks_ok = sum(1 for o in history.ops if o.kind == "ack" and o.outcome == OK)
 
+    ids = Counter(o.job_id for o in adds if o.outcome == OK)
+    result.duplicate_ids = sorted(job_id for job_id, n in ids.items() if job_id and n > 1)
     _check_lost(result, adds, gets, history.faults)
     for job_id, delivered in gets.items():
-        delivered.sort(key=lambda o: o.start)
+        # In the order the replies came: a GETJOB blocked since before an
+        # earlier delivery may return after it.
+        delivered.sort(key=lambda o: o.end)
         add = body_of_add.get(delivered[0].body)
         if add is None or (add.outcome == OK and add.job_id != job_id):
             result.phantom.append(job_id)
         _check_after_ack(result, job_id, delivered, by_job[job_id])
-        retry = float(add.extra.get("retry", 0)) if add is not None else 0.0
-        _classify_duplicates(result, delivered, by_job[job_id], history.faults, retry)
+        if add is not None and add.outcome == OK:
+            _check_time_bounds(result, job_id, add, delivered, by_job[job_id])
+        _classify_duplicates(result, delivered, by_job[job_id], history.faults)
 
     result.queued_twice = dict(final.queued_twice)
     result.leaked = {n: jobs for n, jobs in final.jobs.items() if jobs}
@@ -148,7 +203,20 @@ def check(history: History, final: FinalState) -> Result:
     result.max_unavailable_s = _max_unavailable(history)
     result.faults = len(history.faults)
     result.faults_with_effect = sum(1 for f in history.faults if f.effects)
+    result.overlaps = overlapping(history.faults)
+    result.memory = list(final.memory)
     return result
+
+
+def overlapping(faults: list[Fault]) -> list[tuple[str, str]]:
+    """Pairs of faults active at the same time."""
+    pairs = []
+    for a, b in itertools.combinations(sorted(faults, key=lambda f: f.start), 2):
+        a_end = a.end if a.end is not None else float("inf")
+        if b.start < a_end:
+            pairs.append((f"{a.start:.1f}s {a.kind}: {a.description}",
+                          f"{b.start:.1f}s {b.kind}: {b.description}"))
+    return pairs
 
 
 def _check_lost(result: Result, adds: list[Op], gets: dict[str, list[Op]],
@@ -159,11 +227,21 @@ def _check_lost(result: Result, adds: list[Op], gets: dict[str, list[Op]],
         if op.extra.get("async"):
             result.async_undelivered.append(op.job_id or "")
             continue
+        if op.extra.get("ttl"):
+            result.expired_undelivered.append(op.job_id or "")
+            continue
         wiped = {n for f in faults if f.lost_for_good and f.start >= op.start for n in f.nodes}
-        if len(wiped) >= int(op.extra.get("replicate", 1)):
+        copies = op.extra.get("copies")
+        if copies:
+            if set(copies) <= wiped:
+                result.lost_excused.append(op.job_id or "")
+                result.excused_by["every copy wiped"] += 1
+                continue
+        elif len(wiped) >= int(op.extra.get("replicate", 1)):
             result.lost_excused.append(op.job_id or "")
-        else:
-            result.lost.append(op.job_id or "")
+            result.excused_by["REPLICATE nodes wiped (copies unknown)"] += 1
+            continue
+        result.lost.append(op.job_id or "")
 
 
 def _check_after_ack(result: Result, job_id: str, delivered: list[Op],
@@ -177,25 +255,55 @@ def _check_after_ack(result: Result, job_id: str, delivered: list[Op],
             result.delivered_after_ack += 1
 
 
+def _check_time_bounds(result: Result, job_id: str, add: Op, delivered: list[Op],
+                       ops: dict[str, list[Op]]) -> None:
+    delay = float(add.extra.get("delay", 0))
+    ttl = float(add.extra.get("ttl", 0))
+    retry = float(add.extra.get("retry", 0))
+    if delay and delivered[0].end < add.start + delay - SLACK_S:
+        result.early_delivery.append(job_id)
+    if ttl and any(get.start > add.end + ttl * 1.01 + 1.0 for get in delivered):
+        result.late_delivery.append(job_id)
+    if retry and len(delivered) > 1:
+        again = delivered[1]
+        # A NACK requeues at once: its counter on the delivery says so even
+        # when the GETJOB that got it was sent before the NACK.
+        nacked = int(again.extra.get("nacks", 0)) > 0 or any(
+            o.start < again.end and o.outcome in (OK, INFO) for o in ops["nack"])
+        if not nacked and again.end < add.start + delay + retry - JITTER_S - SLACK_S:
+            result.early_requeue.append(job_id)
+
+
 def _classify_duplicates(result: Result, delivered: list[Op], ops: dict[str, list[Op]],
-                         faults: list[Fault], retry: float) -> None:
+                         faults: list[Fault]) -> None:
     for before, again in itertools.pairwise(delivered):
         def between(kind: str, outcomes: tuple[str, ...] = (OK, INFO, FAIL),
                     b: Op = before, a: Op = again) -> bool:
             return any(b.end <= o.start <= a.start and o.outcome in outcomes
                        for o in ops[kind])
 
+        nacks = int(again.extra.get("nacks", 0)) - int(before.extra.get("nacks", 0))
+        requeues = (int(again.extra.get("additional_deliveries", 0))
+                    - int(before.extra.get("additional_deliveries", 0)))
         acked_before = any(o.outcome == OK and o.end <= again.start for o in ops["ack"])
-        if between("nack", (OK, INFO)):
+        # The faults in force when the job was delivered again, or else the
+        # ones that came and went since the delivery before.
+        active = sorted({f.kind for f in faults if f.start <= again.start and (
+            f.end is None or f.end >= again.start)}) or sorted({
+            f.kind for f in faults
+            if f.start <= again.start and (f.end is None or f.end >= before.end)})
+        if nacks > 0 or between("nack", (OK, INFO)):
             cause = "nack"
-        elif between("crash") or (not acked_before and again.start - before.end >= retry * 0.9):
-            cause = "retry"
+        elif between("crash"):
+            cause = "consumer crashed"
         elif acked_before:
             cause = "after ack"
+        elif requeues > 0 and before.extra.get("role") == "slow":
+            cause = "slow consumer"
+        elif active:
+            cause = "+".join(active)
         else:
-            active = [f.kind for f in faults
-                      if f.start <= again.end and (f.end is None or f.end >= before.start)]
-            cause = active[0] if active else "other"
+            cause = "other: requeued" if requeues > 0 else "other: queued twice"
         result.duplicates[cause] += 1
 
 

@@ -1,9 +1,11 @@
 """The harness's own network namespace: only loopback, nothing leaves it.
 
-The harness re-executes itself under ``unshare -n`` so that its clients,
-the nodes it starts and the nft rules it writes all live in a namespace
-created for this run; the namespace (and every rule in it) disappears when
-the last process in it exits.  Every fault is refused unless we are in it.
+The harness re-executes itself under ``unshare -n -m`` so that its clients,
+the nodes it starts and the nft rules it writes all live in a network
+namespace created for this run, and the filesystems it mounts for the disk
+faults (faults/disk.py) in a private mount namespace; both disappear, with
+every rule and mount in them, when the last process in them exits.  Every
+fault is refused unless we are in it.
 """
 
 from __future__ import annotations
@@ -25,11 +27,12 @@ def unavailable_reason() -> str | None:
         if shutil.which(tool) is None:
             return (f"{tool!r} not found (the harness needs util-linux, iproute2 and "
                     "nftables: apt-get install nftables)")
-    probe = subprocess.run(["unshare", "-n", "--", "nft", "list", "ruleset"],
+    probe = subprocess.run(["unshare", "-n", "-m", "--propagation", "private", "--", "nft",
+                            "list", "ruleset"],
                            capture_output=True, text=True, timeout=30)
     if probe.returncode != 0:
         return ("cannot create a network namespace with nftables in it "
-                f"(unshare -n: {probe.stderr.strip() or probe.returncode}); needs root "
+                f"(unshare -n -m: {probe.stderr.strip() or probe.returncode}); needs root "
                 "or CAP_SYS_ADMIN + CAP_NET_ADMIN")
     return None
 
@@ -40,9 +43,10 @@ def in_namespace() -> bool:
 
 
 def reexec_in_namespace(module: str, argv: Sequence[str]) -> NoReturn:
-    """Replace this process by ``python -m module argv`` inside a new namespace."""
+    """Replace this process by ``python -m module argv`` inside new namespaces."""
     env = dict(os.environ, **{ENV_FLAG: "1"})
-    os.execvpe("unshare", ["unshare", "-n", "--", sys.executable, "-m", module, *argv], env)
+    os.execvpe("unshare", ["unshare", "-n", "-m", "--propagation", "private", "--",
+                           sys.executable, "-m", module, *argv], env)
 
 
 def enter(module: str, argv: Sequence[str]) -> str | None:

@@ -3,7 +3,8 @@
 All rules live in one table (``inet faults``) of the harness's namespace and
 are rewritten as a whole in one ``nft -f`` transaction whenever the set of
 active faults changes, so a change is atomic and "heal" is simply the empty
-set.  Every address must be in 127.0.0.0/8: nothing is ever sent elsewhere.
+set.  Faults may overlap (the ``mixed`` schedule): each keeps its own tagged
+set of rules.  Every address must be in 127.0.0.0/8: nothing is ever sent elsewhere.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import ipaddress
 import re
 import subprocess
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from faults.netns import require_isolated
@@ -73,14 +75,24 @@ Rule = Drop | Redirect
 
 
 class Firewall:
-    """The ``inet faults`` table: set the active rules, or none."""
+    """The ``inet faults`` table: the rules of the active faults, or none.
+
+    Each fault's rules carry its tag (an nft comment), so that the packets
+    they matched are counted per fault even while several faults are active
+    and the table is rewritten as they start and heal.
+    """
 
     def __init__(self) -> None:
         require_isolated()
-        self.rules: list[Rule] = []
+        self._sets: dict[str, list[Rule]] = {}
+        self._counted: dict[str, int] = {}
         self._nft("add table inet {t}\n"
                   "add chain inet {t} out {{ type filter hook output priority 0; }}\n"
                   "add chain inet {t} nat {{ type nat hook output priority -100; }}\n")
+
+    @property
+    def rules(self) -> list[Rule]:
+        return [rule for rules in self._sets.values() for rule in rules]
 
     def _nft(self, script: str) -> None:
         result = subprocess.run(["nft", "-f", "-"], input=script.format(t=TABLE),
@@ -88,21 +100,55 @@ class Firewall:
         if result.returncode != 0:
             raise RuntimeError(f"nft failed: {result.stderr.strip()}\n{script}")
 
-    def apply(self, rules: list[Rule]) -> None:
-        """Replace the active rules by ``rules`` (one transaction)."""
+    def _write(self) -> None:
+        """Replace the table's rules by the union of the active sets (one
+        transaction), after saving what their counters had matched."""
+        for tag, packets in self._counters().items():
+            self._counted[tag] = self._counted.get(tag, 0) + packets
         lines = ["flush chain inet {t} out", "flush chain inet {t} nat"]
-        for rule in rules:
-            lines += [f"add rule inet {{t}} out {r}" for r in rule.filter_rules()]
-            lines += [f"add rule inet {{t}} nat {r}" for r in rule.nat_rules()]
+        for tag, rules in self._sets.items():
+            if not re.fullmatch(r"[A-Za-z0-9_-]+", tag):
+                raise ValueError(f"bad rule tag {tag!r}")
+            note = f' comment "{tag}"'
+            for rule in rules:
+                lines += [f"add rule inet {{t}} out {r}{note}" for r in rule.filter_rules()]
+                lines += [f"add rule inet {{t}} nat {r}{note}" for r in rule.nat_rules()]
         self._nft("\n".join(lines) + "\n")
-        self.rules = list(rules)
+
+    def set(self, tag: str, rules: Sequence[Rule]) -> None:
+        """Add (or replace) the rules of one fault."""
+        self._sets[tag] = list(rules)
+        self._write()
+
+    def clear(self, tag: str) -> None:
+        """The fault ``tag`` healed: its rules go."""
+        if self._sets.pop(tag, None) is not None:
+            self._write()
+
+    def apply(self, rules: Sequence[Rule]) -> None:
+        """Make ``rules`` the only active ones."""
+        self._sets = {"rules": list(rules)}
+        self._write()
 
     def heal(self) -> None:
-        self.apply([])
+        self._sets = {}
+        self._write()
 
-    def dropped_packets(self) -> int:
-        """Packets the active rules' counters matched: proof that a fault bit."""
-        return sum(int(n) for n in re.findall(r"counter packets (\d+)", self.ruleset()))
+    def _counters(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for line in self.ruleset().splitlines():
+            match = re.search(r'counter packets (\d+) .*comment "([^"]+)"', line)
+            if match:
+                counts[match[2]] = counts.get(match[2], 0) + int(match[1])
+        return counts
+
+    def dropped_packets(self, tag: str | None = None) -> int:
+        """Packets the rules matched (of one fault, or of all since the last
+        :meth:`apply`): proof that a fault bit."""
+        current = self._counters()
+        if tag is None:
+            return sum(current.values())
+        return self._counted.get(tag, 0) + current.get(tag, 0)
 
     def ruleset(self) -> str:
         return subprocess.run(["nft", "list", "table", "inet", TABLE], capture_output=True,

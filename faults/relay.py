@@ -107,15 +107,21 @@ class DelayRelay:
 
     def clear(self) -> None:
         """Stop every relay and close its connections (the nodes reconnect directly)."""
-        self._run(self._clear())
+        self.remove(list(self._links))
 
-    async def _clear(self) -> None:
-        for link in self._links.values():
+    def remove(self, ports: list[int]) -> None:
+        """Stop the relays listening on ``ports`` and close their connections."""
+        self._run(self._remove(ports))
+
+    async def _remove(self, ports: list[int]) -> None:
+        for port in ports:
+            link = self._links.pop(port, None)
+            if link is None:
+                continue
             assert link.server is not None
             link.server.close()
             for w in list(link.writers):
                 w.transport.abort()
-        self._links.clear()
 
     def close(self) -> None:
         self.clear()

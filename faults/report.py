@@ -8,8 +8,8 @@ from pathlib import Path
 from faults.history import FAIL, INFO, OK, History
 from faults.run import Outcome
 
-COLUMNS = ("schedule", "faults", "ops", "adds ok", "delivered", "lost", "dups",
-           "dup causes", "after ack", "max unavail", "defects")
+COLUMNS = ("schedule", "nodes", "faults", "overlaps", "ops", "adds ok", "delivered", "lost",
+           "dups", "dup causes", "after ack", "after GC", "max unavail", "defects")
 
 
 def row(outcome: Outcome) -> list[str]:
@@ -18,7 +18,9 @@ def row(outcome: Outcome) -> list[str]:
     lost = str(len(r.lost)) + (f" (+{len(r.lost_excused)} excused)" if r.lost_excused else "")
     return [
         f"{outcome.schedule.kind} {outcome.schedule.seconds:g}s",
+        str(outcome.schedule.nodes),
         f"{r.faults_with_effect}/{r.faults}",
+        str(len(r.overlaps)),
         str(r.ops),
         f"{r.adds['sync ok']}+{r.adds['async ok']}a",
         str(r.delivered_jobs),
@@ -26,6 +28,7 @@ def row(outcome: Outcome) -> list[str]:
         str(r.duplicate_count),
         causes,
         str(r.delivered_after_ack),
+        str(len(r.delivered_after_gc)),
         f"{r.max_unavailable_s:.1f}s",
         str(len(r.defects())),
     ]
@@ -41,6 +44,37 @@ def table(outcomes: Sequence[Outcome]) -> str:
     return "\n".join(lines)
 
 
+def memory_table(outcomes: Sequence[Outcome]) -> str:
+    """Per schedule and node: RSS and used_memory at the start, after the
+    first and the last heal, and once collected (MB), with the jobs and
+    IDMP keys still held at the end."""
+    lines = []
+    for outcome in outcomes:
+        samples = outcome.result.memory
+        healed = [m for m in samples if m["phase"] == "healed"]
+        picks = [m for m in (samples[0] if samples else None,
+                             healed[0] if healed else None,
+                             healed[-1] if len(healed) > 1 else None,
+                             samples[-1] if samples else None) if m is not None]
+        if len(picks) < 2:
+            continue
+        nodes = sorted(k for k in picks[-1] if k not in ("t", "phase"))
+        for node in nodes:
+            cells = []
+            for m in picks:
+                data = m.get(node)
+                cells.append("-" if data is None else
+                             f"{m['phase']}@{m['t']:.0f}s rss {data['rss'] / 1e6:.1f} "
+                             f"used {data['used_memory'] / 1e6:.1f}")
+            end = picks[-1].get(node) or {}
+            lines.append(f"| {outcome.schedule.kind} | {node} | " + " | ".join(cells)
+                         + f" | jobs {end.get('registered_jobs', '?')}, idmp "
+                           f"{end.get('idmp_keys', '?')} |")
+    if not lines:
+        return ""
+    return "memory (MB): start | first heal | last heal | collected\n" + "\n".join(lines)
+
+
 def details(outcome: Outcome) -> str:
     """The faults applied, their effects, and every defect, for one schedule."""
     r = outcome.result
@@ -50,7 +84,12 @@ def details(outcome: Outcome) -> str:
         lines.append(f"  {f.start:6.1f}-{end:>6}s {f.kind}: {f.description}"
                      + (f" [{'; '.join(f.effects)}]" if f.effects else " [no effect seen]"))
     lines.append(f"  adds: {dict(r.adds)}; deliveries {r.deliveries} of {r.delivered_jobs} "
-                 f"jobs; ASYNC never delivered: {len(r.async_undelivered)}")
+                 f"jobs; ASYNC never delivered: {len(r.async_undelivered)}; TTL jobs "
+                 f"expired undelivered: {len(r.expired_undelivered)}")
+    if r.lost_excused:
+        lines.append(f"  losses excused: {dict(r.excused_by)}")
+    for a, b in r.overlaps:
+        lines.append(f"  overlap: {a}  WITH  {b}")
     for note in outcome.notes:
         lines.append(f"  note: {note}")
     for defect in r.defects():
@@ -60,7 +99,8 @@ def details(outcome: Outcome) -> str:
 
 _COLOURS = {OK: "tab:green", FAIL: "tab:red", INFO: "tab:orange"}
 _FAULT_COLOURS = {"partition": "tab:purple", "pause": "tab:blue", "kill": "tab:red",
-                  "lossy": "tab:olive", "slow": "tab:cyan"}
+                  "lossy": "tab:olive", "slow": "tab:cyan", "clock": "tab:brown",
+                  "disk": "tab:pink"}
 
 
 def timeline(outcomes: Sequence[Outcome], path: Path) -> Path | None:

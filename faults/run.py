@@ -12,16 +12,22 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import redis
 
 from faults.checker import FinalState, Result, check
 from faults.history import History
-from faults.nemesis import Nemesis
+from faults.nemesis import Nemesis, needs
 from faults.nft import Firewall
 from faults.nodes import Cluster, Node
 from faults.relay import DelayRelay
 from faults.workload import QUEUE, ROLES, Worker, Workload, WorkloadConfig, ack_jobs, get_jobs
+
+#: Directives of every node: the AOF is rewritten often (a rewrite is also
+#: how a node recovers from an fsync error), so a small disk never fills up
+#: by itself.
+NODE_ARGS = ["--auto-aof-rewrite-min-size", "4mb"]
 
 
 @dataclass
@@ -40,6 +46,11 @@ class Schedule:
     #: nodes are empty: 52 s after a 120 s pause schedule).
     gc_timeout_s: float = 200.0
     workload: WorkloadConfig = field(default_factory=WorkloadConfig)
+    #: The wall-clock jumps of the clock faults, in seconds (either way).
+    clock_jump_s: tuple[int, int] = (20, 90)
+    #: Fault kinds this machine cannot apply, with why (``disk``, ``clock``):
+    #: a mixed schedule draws the others.
+    unavailable: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -53,10 +64,15 @@ class Outcome:
 
 def run_schedule(schedule: Schedule, workdir: Path, log=print) -> Outcome:
     aof = (schedule.aof * schedule.nodes)[: schedule.nodes]
-    cluster = Cluster(workdir, schedule.nodes, schedule.node_timeout_ms, aof)
+    disks, faketime = needs([schedule.kind])
+    disks = disks and "disk" not in schedule.unavailable
+    faketime = faketime and "clock" not in schedule.unavailable
+    history = History()
+    final = FinalState()
+    cluster = Cluster(workdir, schedule.nodes, schedule.node_timeout_ms, aof, disks=disks,
+                      faketime=faketime, extra_args=NODE_ARGS)
     firewall = Firewall()
     relay = DelayRelay()
-    history = History()
     notes: list[str] = []
     workload: Workload | None = None
     try:
@@ -64,7 +80,10 @@ def run_schedule(schedule: Schedule, workdir: Path, log=print) -> Outcome:
         log(f"[{schedule.kind}] cluster of {schedule.nodes} up "
             f"({', '.join(n.address for n in cluster.nodes)})")
         nemesis = Nemesis(cluster, history, firewall, relay, schedule.workload.seed,
-                          schedule.node_timeout_ms)
+                          schedule.node_timeout_ms, clock_jump_s=schedule.clock_jump_s)
+        final.memory.append(memory_sample(cluster.nodes, history, "start"))
+        nemesis.after_heal = lambda: final.memory.append(
+            memory_sample(cluster.nodes, history, "healed"))
         workload = Workload(cluster.nodes, history, schedule.workload)
         history.mark("workload")
         workload.start()
@@ -78,7 +97,6 @@ def run_schedule(schedule: Schedule, workdir: Path, log=print) -> Outcome:
             cluster.wait_healthy(30 + 3 * schedule.node_timeout_ms / 1000)
         except TimeoutError:
             notes.append("the cluster was not a healthy full mesh 30 s after healing")
-        final = FinalState()
         final.queued_twice, final.settle_s = _settle(cluster.nodes,
                                                      2 * schedule.workload.retry_s + 2)
         history.mark("settled")
@@ -89,6 +107,7 @@ def run_schedule(schedule: Schedule, workdir: Path, log=print) -> Outcome:
         if not _wait_gc(cluster.nodes, schedule.gc_timeout_s):
             notes.append(f"acked jobs still on nodes {schedule.gc_timeout_s} s after the drain")
         history.mark("collected")
+        final.memory.append(memory_sample(cluster.nodes, history, "collected"))
         final.registered_jobs, final.jobs = _final_jobs(cluster.nodes)
         workload.close()
         workload = None
@@ -99,6 +118,24 @@ def run_schedule(schedule: Schedule, workdir: Path, log=print) -> Outcome:
         cluster.stop()
         relay.close()
         firewall.close()
+
+
+def memory_sample(nodes: list[Node], history: History, phase: str) -> dict[str, Any]:
+    """Each node's RSS and what INFO says it holds (jobs, IDMP keys, queues,
+    link buffers): flat from heal to heal means nothing leaks."""
+    sample: dict[str, Any] = {"t": round(history.now(), 1), "phase": phase}
+    for node in nodes:
+        try:
+            info = node.info()
+        except (redis.RedisError, OSError):
+            continue
+        sample[node.name] = {"rss": node.rss_bytes(),
+                             **{k: int(info.get(k, 0)) for k in MEMORY_FIELDS}}
+    return sample
+
+
+MEMORY_FIELDS = ("used_memory", "registered_jobs", "idmp_keys", "registered_queues",
+                 "mem_cluster_links")
 
 
 def _queued(nodes: list[Node]) -> dict[str, list[str]]:

@@ -40,7 +40,14 @@ class WorkloadConfig:
     max_jobs: int = 2000
     #: Pause between a producer's operations: two cores run everything.
     produce_interval_s: float = 0.02
+    #: REPLICATE of each job, drawn from these.
+    replicate: tuple[int, ...] = (2, 3)
     async_fraction: float = 0.2
+    #: Jobs with DELAY RETRY and TTL 4 x RETRY + 4 (the checker holds their
+    #: timers to their bounds).
+    ttl_fraction: float = 0.1
+    #: Jobs added with an IDMP key (of their own: keys live and expire).
+    idmp_fraction: float = 0.1
     crash_probability: float = 0.3
     nack_probability: float = 0.05
     seed: int = 0
@@ -148,18 +155,27 @@ class Workload:
             if number is None:
                 break
             node = worker.rng.choice(self.nodes)
-            replicate = worker.rng.choice((2, 3))
+            replicate = worker.rng.choice(c.replicate)
             is_async = worker.rng.random() < c.async_fraction
             body = f"{name}-{number}"
             args: list[object] = ["ADDJOB", QUEUE, body, c.add_timeout_ms,
                                   "REPLICATE", replicate, "RETRY", c.retry_s]
+            extra: dict[str, object] = {"replicate": replicate, "async": is_async,
+                                        "retry": c.retry_s}
             if is_async:
                 args.append("ASYNC")
-            op = self.history.begin(name, "add", node.name, body=body, extra={
-                "replicate": replicate, "async": is_async, "retry": c.retry_s})
+            if worker.rng.random() < c.ttl_fraction:
+                extra.update(delay=c.retry_s, ttl=4 * c.retry_s + 4)
+                args += ["DELAY", extra["delay"], "TTL", extra["ttl"]]
+            if worker.rng.random() < c.idmp_fraction:
+                args += ["IDMP", body]
+            op = self.history.begin(name, "add", node.name, body=body, extra=extra)
             reply = worker.call(op, node, *args)
             if reply is not None:
-                self.history.finish(op, OK, job_id=_decode(reply))
+                job_id = _decode(reply)
+                self.history.finish(op, OK, job_id=job_id)
+                if not is_async:
+                    op.extra["copies"] = copy_nodes(worker, node, job_id)
             self.stopping.wait(c.produce_interval_s)
         worker.close()
 
@@ -189,6 +205,21 @@ class Workload:
             ack_node = node if worker.rng.random() < 0.5 else worker.rng.choice(self.nodes)
             ack_jobs(worker, ack_node, [job_id], self.gc)
         worker.close()
+
+
+def copy_nodes(worker: Worker, node: Node, job_id: str) -> list[str] | None:
+    """The nodes holding copies of a job just added (SHOW's nodes-delivered),
+    by name; None if ``node`` did not say (the checker then falls back)."""
+    try:
+        reply = worker.conn(node).execute_command("SHOW", job_id)
+    except (redis.RedisError, OSError):
+        worker.drop(node)
+        return None
+    if not reply:
+        return None   # already acked and collected, or expired
+    fields = dict(zip(reply[::2], reply[1::2], strict=True))
+    names = {n.node_id: n.name for n in worker.nodes}
+    return sorted(names.get(_decode(i), _decode(i)[:8]) for i in fields.get(b"nodes-delivered", []))
 
 
 def get_jobs(worker: Worker, node: Node, timeout_ms: int | None, phase: str,

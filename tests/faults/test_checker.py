@@ -20,13 +20,16 @@ def history(*ops: Op, faults: tuple[Fault, ...] = ()) -> History:
 
 
 def add(job: str, body: str, start: float = 1.0, outcome: str = OK, replicate: int = 2,
-        is_async: bool = False) -> Op:
+        is_async: bool = False, **extra) -> Op:
     return op("add", start, start + 0.01, outcome, job if outcome == OK else None, body,
-              replicate=replicate, retry=3, **{"async": is_async})
+              replicate=replicate, retry=3, **{"async": is_async}, **extra)
 
 
-def get(job: str, body: str, start: float, process: str = "c1") -> Op:
-    return op("get", start, start + 0.01, OK, job, body, process=process)
+def get(job: str, body: str, start: float, process: str = "c1", end: float | None = None,
+        role: str = "normal", nacks: int = 0, additional_deliveries: int = 0) -> Op:
+    return op("get", start, start + 0.01 if end is None else end, OK, job, body,
+              process=process, role=role, nacks=nacks,
+              additional_deliveries=additional_deliveries)
 
 
 def test_a_synchronous_job_never_delivered_is_lost() -> None:
@@ -44,19 +47,32 @@ def test_async_and_unknown_outcomes_are_not_lost() -> None:
     assert result.defects() == []
 
 
-def test_a_loss_is_excused_only_when_replicate_nodes_lost_their_copies() -> None:
-    def wiped(node: str, at: float) -> Fault:
-        return Fault("kill", f"SIGKILL {node}", [node], at, at + 1, lost_for_good=True)
+def wiped(node: str, at: float) -> Fault:
+    return Fault("kill", f"SIGKILL {node}", [node], at, at + 1, lost_for_good=True)
 
-    one = check(history(add("J1", "b1", replicate=2), faults=(wiped("n1", 2.0),)),
+
+def test_a_loss_is_excused_only_when_every_known_copy_was_wiped() -> None:
+    one = check(history(add("J1", "b1", copies=["n1", "n2"]), faults=(wiped("n1", 2.0),)),
                 FinalState())
     assert one.lost == ["J1"]
-    two = check(history(add("J1", "b1", replicate=2),
-                        faults=(wiped("n1", 2.0), wiped("n2", 5.0))), FinalState())
-    assert two.lost == [] and two.lost_excused == ["J1"]
-    before = check(history(add("J1", "b1", start=9.0, replicate=2),
+    others = check(history(add("J1", "b1", copies=["n1", "n2"]),
+                           faults=(wiped("n1", 2.0), wiped("n3", 3.0))), FinalState())
+    assert others.lost == ["J1"], "wiping a node without a copy excuses nothing"
+    both = check(history(add("J1", "b1", copies=["n1", "n2"]),
+                         faults=(wiped("n1", 2.0), wiped("n2", 5.0))), FinalState())
+    assert both.lost == [] and both.lost_excused == ["J1"]
+    assert both.excused_by == {"every copy wiped": 1}
+    before = check(history(add("J1", "b1", start=9.0, copies=["n1", "n2"]),
                            faults=(wiped("n1", 2.0), wiped("n2", 5.0))), FinalState())
     assert before.lost == ["J1"], "kills before the ADDJOB cannot excuse it"
+
+
+def test_without_known_copies_a_loss_is_excused_by_counting_wiped_nodes() -> None:
+    two = check(history(add("J1", "b1", replicate=2),
+                        faults=(wiped("n1", 2.0), wiped("n3", 5.0))), FinalState())
+    assert two.lost == [] and two.lost_excused == ["J1"]
+    assert check(history(add("J1", "b1", replicate=2), faults=(wiped("n1", 2.0),)),
+                 FinalState()).lost == ["J1"]
 
 
 def test_a_delivery_after_the_gc_completed_is_a_defect() -> None:
@@ -81,15 +97,29 @@ def test_duplicates_are_classified() -> None:
         add("N", "bn"), get("N", "bn", 2.0), op("nack", 2.1, 2.2, OK, "N"), get("N", "bn", 2.3),
         add("C", "bc"), get("C", "bc", 2.0), op("crash", 2.1, 2.1, OK, "C"),
         get("C", "bc", 5.2),
-        add("S", "bs"), get("S", "bs", 2.0), get("S", "bs", 5.5),
+        add("S", "bs"), get("S", "bs", 2.0, role="slow"),
+        get("S", "bs", 5.5, additional_deliveries=1),
         add("P", "bp"), get("P", "bp", 6.0), get("P", "bp", 7.0, "c2"),
+        add("Q", "bq"), get("Q", "bq", 10.0), get("Q", "bq", 10.5, "c2"),
+        add("R", "br"), get("R", "br", 11.0), get("R", "br", 14.5, "c2",
+                                                    additional_deliveries=1),
     )
     part = Fault("partition", "majority: n1 | n2,n3", ["n1", "n2", "n3"], 5.0, 9.0)
     result = check(history(*ops, faults=(part,)), FinalState())
-    assert result.duplicates == {"nack": 1, "retry": 2, "partition": 1}
+    assert result.duplicates == {"nack": 1, "consumer crashed": 1, "slow consumer": 1,
+                                 "partition": 1, "other: queued twice": 1,
+                                 "other: requeued": 1}
     assert result.defects() == []
 
 
+def test_the_counters_tell_a_nack_the_history_shows_late() -> None:
+    """A GETJOB blocked since before the NACK returns the job NACKed: its
+    nacks counter says why, although the NACK op started after it."""
+    ops = (add("N", "bn"), get("N", "bn", 2.0), get("N", "bn", 1.9, "c2", end=2.3, nacks=1),
+           op("nack", 2.2, 2.25, OK, "N"))
+    result = check(history(*ops), FinalState())
+    assert result.duplicates == {"nack": 1}
+    assert result.early_requeue == []
 def test_phantom_deliveries_and_the_final_state_are_defects() -> None:
     final = FinalState(registered_jobs={"n1": 1, "n2": 0}, jobs={"n1": [("J9", "acked")]},
                        queued_twice={"J8": ["n1", "n2"]})
@@ -106,3 +136,37 @@ def test_unavailability_is_the_longest_gap_between_successful_adds() -> None:
     result = check(history(*ops, *(get(f"J{i}", f"b{i}", 7.0) for i in range(4))),
                    FinalState())
     assert 12.4 < result.max_unavailable_s < 12.6  # 6.51 .. 19.0 (the last attempt)
+
+
+def test_time_bounds_of_delay_ttl_and_retry() -> None:
+    timed = {"delay": 3, "ttl": 16}
+    ops = (
+        add("E", "be", **timed), get("E", "be", 2.0),                   # before DELAY 3
+        add("L", "bl", **timed), get("L", "bl", 4.5), get("L", "bl", 18.5, "c2"),  # after TTL
+        add("R", "br"), get("R", "br", 1.2), get("R", "br", 2.0, "c2",  # RETRY 3: early
+                                                 additional_deliveries=1),
+        add("K", "bk", **timed), get("K", "bk", 4.2), get("K", "bk", 7.5, "c2",
+                                                          additional_deliveries=1),
+    )
+    result = check(history(*ops), FinalState())
+    assert result.early_delivery == ["E"]
+    assert result.late_delivery == ["L"]
+    assert result.early_requeue == ["R"]
+    text = "\n".join(result.defects())
+    assert "before their DELAY" in text and "after their TTL" in text
+    assert "sooner than RETRY" in text
+
+
+def test_ttl_jobs_may_expire_undelivered_and_ids_must_be_unique() -> None:
+    result = check(history(add("T", "bt", delay=3, ttl=16), add("D", "b1"), add("D", "b2"),
+                           get("D", "b1", 2.0)), FinalState())
+    assert result.lost == [] and result.expired_undelivered == ["T"]
+    assert result.duplicate_ids == ["D"]
+    assert any("IDs answered to two ADDJOBs" in d for d in result.defects())
+
+
+def test_overlapping_faults_are_listed() -> None:
+    faults = (Fault("partition", "p", ["n1"], 1.0, 5.0), Fault("pause", "q", ["n2"], 4.0, 6.0),
+              Fault("kill", "k", ["n3"], 7.0, 8.0))
+    result = check(history(faults=faults), FinalState())
+    assert result.overlaps == [("1.0s partition: p", "4.0s pause: q")]
