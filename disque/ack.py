@@ -197,6 +197,11 @@ def receive_setack(state: ServerState, sender: ClusterNode, msg: Message) -> Non
     view is incomplete: our own GC takes over, and a sender holding a dummy
     ACK (``aux`` 0) is told we know the job so that it drops its dummy.
     """
+    persistence = state.persistence
+    if persistence is not None and persistence.refuse_write() is not None:
+        # The AOF cannot log the ACK: no GOTACK, or the GC could complete
+        # and a restart bring the job back un-acked.  The GC asks again.
+        return
     job = state.jobs.get(msg.job_id)
     cluster = state.cluster
     if job is not None:

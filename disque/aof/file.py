@@ -204,9 +204,12 @@ class AppendOnlyFile:
         if self.rewrite is not None:
             self._forward_to_rewrite()
         fd = self.fd
-        if fd is None:
+        if fd is None or self.fsync_error is not None:
             # No file (wait_rewrite, or a rewrite with appendonly no): the
-            # rewrite has the records.
+            # rewrite has the records.  Or the file an fsync error left with
+            # its last pages lost: nothing more goes to it, or after a power
+            # loss the lost tail would be a hole before valid records, which
+            # refuses to load; the recovery rewrite writes the whole state.
             self._clear_pending()
             return True
         data = self.pending[0] if len(self.pending) == 1 else b"".join(self.pending)
@@ -556,7 +559,7 @@ class AppendOnlyFile:
 
     def shutdown(self, mode: str) -> None:
         self.bio.drain()
-        if mode == "rewrite-aof" or self.status == WAIT_REWRITE:
+        if mode == "rewrite-aof" or self.status == WAIT_REWRITE or self.fsync_error is not None:
             try:
                 self.rewrite_sync(mark_shutdown=mode == "rewrite-aof")
             except OSError as err:

@@ -176,3 +176,49 @@ def test_a_failing_device_is_never_acknowledged_and_resumes_after_a_rewrite(
     everything = [*acknowledged, *acknowledged_during, after]
     r = restart_after_crash(node)
     assert present(r, everything) == set(everything)
+
+
+def test_after_an_fsync_error_a_power_loss_loses_nothing_acknowledged(
+        tmp_path: Path, disk_node: tuple[DisqueProcess, SmallDisk]) -> None:
+    """After an fsync error nothing more goes to the old file, and no ACK is
+    confirmed that could not be logged.  Records appended after the lost
+    pages (an expiry's DELJOB, an ACK from the GC) would turn the lost tail
+    into a hole before valid records once the page cache is gone, and the
+    node would refuse to start; a confirmed ACK it then forgot would bring
+    the job back after its GC completed."""
+    node, disk = disk_node
+    peer = DisqueProcess(tmp_path / "peer").start()
+    try:
+        join([node, peer])
+        wait_joined([node, peer])
+        r, p = node.client(), peer.client()
+        durable = [r.execute_command("ADDJOB", "q", f"d{i}", 0) for i in range(10)]
+        shared = [p.execute_command("ADDJOB", "q2", f"s{i}", 0, "REPLICATE", 2, "RETRY", 60)
+                  for i in range(10)]
+        expiring = [r.execute_command("ADDJOB", "q", f"e{i}", 0, "TTL", 2) for i in range(10)]
+        disk.break_device()
+        outcomes = [attempt(node, "ADDJOB", "q", b"x" * 65536, 0) for _ in range(40)]
+        assert persistence(r)["aof_last_write_error"].startswith("fsync"), outcomes
+        aof = disk.outside(disk.data / "appendonly.aof")
+        size = aof.stat().st_size
+        for job_id in shared:
+            assert p.execute_command("ACKJOB", job_id) == 1
+        # The expiries happen (in memory), the peer's GC asks: nothing is
+        # written to the old file, and no copy here takes the ACK.
+        wait_for(lambda: all(show(r, j) is None for j in expiring), timeout=10,
+                 message="the TTL 2 jobs to expire")
+        for job_id in shared:
+            fields = show(r, job_id)
+            assert fields is not None and fields[b"state"] != b"acked", fields
+        assert aof.stat().st_size == size
+        # A power loss while the device still failed: the page cache is gone.
+        node.kill()
+        disk.heal()
+        disk.remount()
+        r = node.start(port=node.port).client()
+        assert present(r, durable) == set(durable)
+        # The peer's GC completes once the node can log the ACK.
+        wait_for(lambda: all(show(n.client(), j) is None for n in (node, peer) for j in shared),
+                 timeout=30, interval=0.2, message="the GC of the shared jobs")
+    finally:
+        peer.kill()
