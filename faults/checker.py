@@ -21,6 +21,7 @@ Safety (a failure here is a defect of the node):
   NACK in between.  A requeue by another copy may come earlier than RETRY
   after a *delivery* (that copy counts from when the job was queued), so
   the RETRY bound is taken from the ADDJOB, where it always holds.
+* a node that does not **start again** after a kill (its AOF refused).
 * after healing: a job **queued on two nodes** once the cluster settled,
   jobs **left on a node** after every job was delivered and acked (a leaked
   acked job is one still there in state ``acked``), ``registered_jobs`` not
@@ -67,6 +68,8 @@ class FinalState:
     settle_s: float | None = 0.0
     #: Memory samples: {"t": seconds, "phase": ..., node: {rss, used_memory, ...}}.
     memory: list[dict[str, Any]] = field(default_factory=list)
+    #: Nodes that did not come back (a restart refused): defects.
+    errors: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -99,6 +102,7 @@ class Result:
     #: Pairs of faults that were active at the same time (descriptions).
     overlaps: list[tuple[str, str]] = field(default_factory=list)
     memory: list[dict[str, Any]] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
 
     @property
     def duplicate_count(self) -> int:
@@ -106,7 +110,7 @@ class Result:
 
     def defects(self) -> list[str]:
         """Violations of what the node promises, one line each."""
-        found = []
+        found = list(self.errors)
         if self.lost:
             found.append(f"{len(self.lost)} acknowledged jobs never delivered: "
                          f"{self.lost[:5]}")
@@ -157,7 +161,7 @@ class Result:
             "max_unavailable_s": round(self.max_unavailable_s, 2),
             "faults": self.faults, "faults_with_effect": self.faults_with_effect,
             "overlaps": [list(pair) for pair in self.overlaps],
-            "memory": self.memory,
+            "memory": self.memory, "errors": self.errors,
             "defects": self.defects(),
         }
 
@@ -205,6 +209,7 @@ def check(history: History, final: FinalState) -> Result:
     result.faults_with_effect = sum(1 for f in history.faults if f.effects)
     result.overlaps = overlapping(history.faults)
     result.memory = list(final.memory)
+    result.errors = list(final.errors)
     return result
 
 

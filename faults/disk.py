@@ -94,13 +94,6 @@ class MountNamespace:
         """Where ``inside`` (an absolute path in the namespace) is seen from outside."""
         return Path(f"/proc/{self.holder.pid}/root{Path(inside).resolve()}")
 
-    def remount(self) -> None:
-        """Unmount and mount the filesystem again: its page cache is gone, as
-        after a power loss (whoever uses it must have exited)."""
-        image = self.backing / "disk.img"
-        self._run("umount", str(self.data))
-        self._run("mount", "-o", "loop,errors=continue", str(image), str(self.data))
-
     def close(self) -> None:
         if self.holder.poll() is None:
             self.holder.send_signal(signal.SIGKILL)
@@ -176,98 +169,6 @@ class SmallDisk:
                 os.fsync(fh.fileno())
         except OSError:
             pass   # as full as it gets (or the device refused the rest)
-        return taken
-
-    def remount(self) -> None:
-        """Unmount and mount the filesystem again: its page cache is gone, as
-        after a power loss (whoever uses it must have exited)."""
-        image = self.backing / "disk.img"
-        self._run("umount", str(self.data))
-        self._run("mount", "-o", "loop,errors=continue", str(image), str(self.data))
-
-    def close(self) -> None:
-        if self.holder.poll() is None:
-            self.holder.send_signal(signal.SIGKILL)
-        self.holder.wait()
-        if self.holder.stderr is not None:
-            self.holder.stderr.close()
-
-
-class SmallDisk:
-    """An ext4 filesystem of ``size`` bytes mounted at ``root/data``, inside
-    a namespace (``ns``; None: the caller's own, which must be private).
-
-    Its backing file sits on a tmpfs at ``root/backing`` with room for the
-    image plus ``spare`` bytes.
-    """
-
-    def __init__(self, root: Path, size: int = 32 << 20, spare: int = 64 << 20,
-                 ns: MountNamespace | None = None) -> None:
-        self.root = root.resolve()
-        self.ns = ns
-        self.data = self.root / "data"
-        self.backing = self.root / "backing"
-        self.size = size
-        for directory in (self.data, self.backing):
-            directory.mkdir(parents=True, exist_ok=True)
-        self._run("mount", "-t", "tmpfs", "-o", f"size={size + spare}", "tmpfs",
-                  str(self.backing))
-        image = self.backing / "disk.img"
-        self._run("truncate", "-s", str(size), str(image))
-        # No reserved blocks (the node runs as root and would use them), no
-        # lazy initialisation (it would write in the background later), and
-        # no journal: a journal write the device fails aborts the journal and
-        # turns the filesystem read-only for good, where the disk faults
-        # want writes to fail and then work again.
-        self._run("mkfs.ext4", "-q", "-F", "-m", "0", "-O", "^has_journal", "-E",
-                  "lazy_itable_init=0,nodiscard", str(image))
-        self._run("mount", "-o", "loop,errors=continue", str(image), str(self.data))
-
-    def _run(self, *argv: str) -> None:
-        if self.ns is not None:
-            self.ns.run(*argv)
-        else:
-            subprocess.run(argv, check=True, capture_output=True, timeout=60)
-
-    def outside(self, path: Path) -> Path:
-        """Where ``path`` on this disk is seen from the caller's namespace."""
-        return self.ns.path(path) if self.ns is not None else path
-
-    def free_bytes(self, where: Path | None = None) -> int:
-        stat = os.statvfs(self.outside(where or self.data))
-        return stat.f_bavail * stat.f_frsize
-
-    def fill(self, leave: int = 0) -> int:
-        """Leave about ``leave`` bytes free on the filesystem; bytes taken."""
-        return self._fill(self.data / ".filler", leave)
-
-    def break_device(self) -> int:
-        """Leave no room under the image: its writeback fails (fsync: EIO)."""
-        return self._fill(self.backing / ".filler", 0)
-
-    def _fill(self, filler: Path, leave: int) -> int:
-        path = self.outside(filler)
-        chunk = b"\0" * (1 << 20)
-        taken = 0
-        try:
-            fh = open(path, "ab")  # noqa: SIM115 - closed below
-        except OSError:
-            return 0   # nothing can be written there: as full as it gets
-        with fh:
-            while True:
-                want = min(len(chunk), self.free_bytes(filler.parent) - leave)
-                if want <= 0:
-                    break
-                try:
-                    fh.write(chunk[:want])
-                    fh.flush()
-                except OSError:
-                    break
-                taken += want
-            try:
-                os.fsync(fh.fileno())
-            except OSError:
-                pass
         return taken
 
     def remount(self) -> None:

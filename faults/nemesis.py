@@ -82,6 +82,8 @@ class Nemesis:
         self.loss_percent = loss_percent
         self.clock_jump_s = clock_jump_s
         self.active: list[Active] = []
+        #: What went wrong healing (a node that refused to start again): defects.
+        self.errors: list[str] = []
         #: Called after each heal once the cluster is healthy again (memory samples).
         self.after_heal: Callable[[], None] | None = None
         self._cycle = 0
@@ -200,7 +202,11 @@ class Nemesis:
             text = _quiet(effect)
             if text:
                 active.fault.effects.append(text)
-        active.heal()
+        try:
+            active.heal()
+        except RuntimeError as err:   # a node that does not start again
+            active.fault.effects.append(f"heal failed: {err}")
+            self.errors.append(f"{active.fault.description}: heal failed: {err}")
         active.fault.end = self.history.now()
         if active in self.active:
             self.active.remove(active)
@@ -218,7 +224,10 @@ class Nemesis:
             if node.disk is not None:
                 node.disk.heal()
             if not node.alive():
-                node.start()
+                try:
+                    node.start()
+                except RuntimeError as err:
+                    self.errors.append(f"{node.name} does not start again: {err}")
 
     # -- starting faults --------------------------------------------------------
 

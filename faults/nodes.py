@@ -140,7 +140,8 @@ class Node:
 
     def _answers(self) -> bool:
         if self.proc is None or self.proc.poll() is not None:
-            raise RuntimeError(f"{self.name} exited: see {self.workdir / 'server.log'}")
+            lines = (self.workdir / "server.log").read_text(errors="replace").splitlines()
+            raise RuntimeError(f"{self.name} exited: {lines[-1] if lines else '?'}")
         try:
             return bool(self.client().ping())
         except redis.RedisError:

@@ -89,6 +89,10 @@ def run_schedule(schedule: Schedule, workdir: Path, log=print) -> Outcome:
         workload.start()
         nemesis.run(schedule.kind, schedule.seconds)
         nemesis.heal_all()
+        final.errors = list(nemesis.errors)
+        # A node that did not start again is a defect (in the report); the
+        # rest of the run goes on with the others.
+        nodes = [n for n in cluster.nodes if n.alive()]
         history.mark("healed")
         workload.stop()
         history.mark("stopped")
@@ -97,18 +101,17 @@ def run_schedule(schedule: Schedule, workdir: Path, log=print) -> Outcome:
             cluster.wait_healthy(30 + 3 * schedule.node_timeout_ms / 1000)
         except TimeoutError:
             notes.append("the cluster was not a healthy full mesh 30 s after healing")
-        final.queued_twice, final.settle_s = _settle(cluster.nodes,
-                                                     2 * schedule.workload.retry_s + 2)
+        final.queued_twice, final.settle_s = _settle(nodes, 2 * schedule.workload.retry_s + 2)
         history.mark("settled")
-        drained = _drain(cluster.nodes, history, workload, schedule.drain_timeout_s)
+        drained = _drain(nodes, history, workload, schedule.drain_timeout_s)
         history.mark("drained")
         if not drained:
             notes.append(f"not drained within {schedule.drain_timeout_s} s")
-        if not _wait_gc(cluster.nodes, schedule.gc_timeout_s):
+        if not _wait_gc(nodes, schedule.gc_timeout_s):
             notes.append(f"acked jobs still on nodes {schedule.gc_timeout_s} s after the drain")
         history.mark("collected")
-        final.memory.append(memory_sample(cluster.nodes, history, "collected"))
-        final.registered_jobs, final.jobs = _final_jobs(cluster.nodes)
+        final.memory.append(memory_sample(nodes, history, "collected"))
+        final.registered_jobs, final.jobs = _final_jobs(nodes)
         workload.close()
         workload = None
         return Outcome(schedule, history, final, check(history, final), notes)
