@@ -33,7 +33,9 @@ Usage (from the repository root)::
 ``--prefill N`` first adds N jobs (``ADDJOB q <body> 0``, pipelined) to the
 queue named by ``--prefill-queue`` (default ``q``), in both runs, so that
 ``GETJOB NOHANG FROM q`` has jobs to take: the fill's instructions cancel
-out in the difference.  N must exceed ``--large``.
+out in the difference.  N must exceed ``--large``.  ``--prefill-options``
+adds ADDJOB options to the fill (``"PRIORITY 5"``: a queue of prioritized
+jobs).
 
 ``--cluster 3`` joins the measured node to two plain nodes first (the
 commands go to the measured node; with ``--measure peer`` they go to a plain
@@ -71,7 +73,7 @@ EXIT_FUNCTION = "Py_FinalizeEx"
 def count_instructions(root: Path, command: list[str], requests: int, pipeline: int,
                        node: str, cluster: int = 1, measure: str = "creator",
                        profile: str | None = None, prefill: int = 0,
-                       prefill_queue: str = "q") -> int:
+                       prefill_queue: str = "q", prefill_options: tuple[str, ...] = ()) -> int:
     """Instructions of one node process that served ``requests`` of ``command``.
 
     Counted from the process's start until the interpreter's exit begins
@@ -107,8 +109,9 @@ def count_instructions(root: Path, command: list[str], requests: int, pipeline: 
             if measure == "peer":
                 target = peers[0]
         if prefill:
-            run_benchmark(benchmark_command(target.port, ["ADDJOB", prefill_queue, "x" * 100, "0"],
-                                            requests=prefill, pipeline=16), timeout=1800)
+            fill = ["ADDJOB", prefill_queue, "x" * 100, "0", *prefill_options]
+            run_benchmark(benchmark_command(target.port, fill, requests=prefill, pipeline=16),
+                          timeout=1800)
         run_benchmark(benchmark_command(target.port, command, requests=requests,
                                         pipeline=pipeline), timeout=1800)
         try:
@@ -138,7 +141,7 @@ def count_instructions(root: Path, command: list[str], requests: int, pipeline: 
 def measure(command: list[str], small: int, large: int, pipeline: int,
             node: str = "disque", cluster: int = 1, side: str = "creator",
             profile: str | None = None, prefill: int = 0,
-            prefill_queue: str = "q") -> dict[str, Any]:
+            prefill_queue: str = "q", prefill_options: tuple[str, ...] = ()) -> dict[str, Any]:
     if large <= small:
         raise ValueError("--large must be greater than --small")
     if prefill and prefill <= large:
@@ -146,9 +149,10 @@ def measure(command: list[str], small: int, large: int, pipeline: int,
     root = Path(tempfile.mkdtemp(prefix="bench-instructions-"))
     try:
         low = count_instructions(root, command, small, pipeline, node, cluster, side,
-                                 prefill=prefill, prefill_queue=prefill_queue)
+                                 prefill=prefill, prefill_queue=prefill_queue,
+                                 prefill_options=prefill_options)
         high = count_instructions(root, command, large, pipeline, node, cluster, side,
-                                  profile, prefill, prefill_queue)
+                                  profile, prefill, prefill_queue, prefill_options)
     finally:
         shutil.rmtree(root, ignore_errors=True)
     return {"command": command, "node": node, "cluster": cluster, "measured": side,
@@ -176,6 +180,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prefill", type=int, default=0, metavar="N",
                         help="first add N jobs to --prefill-queue (for GETJOB)")
     parser.add_argument("--prefill-queue", default="q", metavar="QUEUE")
+    parser.add_argument("--prefill-options", default="", metavar="OPTIONS",
+                        help='ADDJOB options of the prefill, e.g. "PRIORITY 5"')
     args = parser.parse_args(argv)
     missing = [tool for tool in ("valgrind", "redis-benchmark") if shutil.which(tool) is None]
     if missing:
@@ -186,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--cluster needs N >= 1, and a disque node")
     result = measure(args.command, args.small, args.large, args.pipeline, args.node,
                      args.cluster, args.measure, args.profile, args.prefill,
-                     args.prefill_queue)
+                     args.prefill_queue, tuple(args.prefill_options.split()))
     where = f", {args.measure} of {args.cluster} nodes" if args.cluster > 1 else ""
     print(f"{args.node} node{where}, {' '.join(args.command)} -P {args.pipeline}: "
           f"{result['per_command']:,.0f} instructions per command "

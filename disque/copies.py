@@ -32,7 +32,7 @@ from .job import (
     SerializationError,
     deserialize_job,
 )
-from .job_options import ExtError, JobExt, apply_bus_trailer
+from .job_options import ExtError, apply_bus_trailer
 from .jobs import register_job
 from .queue import dequeue_job, enqueue_job
 from .queue_table import PAUSED_IN
@@ -177,7 +177,7 @@ def merge_copy(state: ServerState, job: Job, copy: Job) -> None:
         return
     if job.state == QUEUED:
         dequeue_job(state, job)  # queued by the mover in the dead-letter queue now
-    moved = JobExt(theirs.backoff, theirs.max_deliveries, theirs.dead_letter, theirs.dead_from)
+    moved = theirs.moved(theirs.dead_from)
     moved.nack_pending = ours.nack_pending if ours is not None else False
     job.ext = moved
     job.queue = state.queue_for_write(copy.queue).name

@@ -87,7 +87,7 @@ def hand_over_queued(state: ServerState) -> int:
         if not q.jobs or q.flags & PAUSED_OUT:
             continue
         batches: dict[str, list[Job]] = {}
-        for job in q.jobs.oldest(ROUND_JOBS):
+        for job in q.jobs.first(ROUND_JOBS):
             target = next((i for i in ids if i in job.delivered), None)
             if target is None:
                 target = ids[turn % len(ids)]

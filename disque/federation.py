@@ -10,8 +10,9 @@ A node whose consumers wait on an empty queue asks for jobs:
   when a consumer emptied a queue that imports jobs.  ``count`` follows the
   queue's import rate, split between the responders, within [5, 100].
 
-A node with jobs answers YOURJOBS with up to ``count`` of its oldest queued
-jobs (half of them if it has fewer than twice that).  They leave its queue
+A node with jobs answers YOURJOBS with up to ``count`` of its queued jobs,
+those it would hand out first (the highest priorities, then the oldest;
+half of them if it has fewer than twice that).  They leave its queue
 (and are forgotten here if at-most-once); the importing node queues them
 and joins their node list, so the ACK's garbage collection reaches it.
 
@@ -139,14 +140,14 @@ def need_jobs_cron(state: ServerState) -> None:
 # --------------------------------------------------------------------------
 
 def receive_needjobs(state: ServerState, sender: ClusterNode, msg: Message) -> None:
-    """receiveNeedJobs: send the asker some of our oldest queued jobs."""
+    """receiveNeedJobs: send the asker the queued jobs we would hand out first."""
     q = state.queues.lookup(msg.queue)
     now = state.clock.now_ms()
     if q is None or not q.jobs or q.flags & PAUSED_OUT or import_rate(q, now):
         return
     wanted = min(max(1, msg.aux), MAX_COUNT)  # bounded: the original overflowed a buffer
     count = wanted if len(q.jobs) >= 2 * wanted else max(1, len(q.jobs) // 2)
-    send_jobs(state, sender.id, q.jobs.oldest(count))
+    send_jobs(state, sender.id, q.jobs.first(count))
 
 
 def send_jobs(state: ServerState, node_id: str, jobs: list[Job]) -> int:

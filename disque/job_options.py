@@ -1,6 +1,6 @@
 """Job options the original's job has no room for: BACKOFF, MAXDELIVERIES,
-DEADLETTER, and the dead-letter mark.  The policy they drive and their one
-encoding live here.
+DEADLETTER, the dead-letter mark and PRIORITY.  The policy they drive and
+their one encoding live here.
 
 A job without any of them has ``job.ext is None`` and is, everywhere, the
 original's job: same blob, same bus messages, same AOF record.
@@ -17,18 +17,23 @@ Policy
   ``1 + nacks + additional-deliveries`` times (every queueing is one
   delivery attempt); the re-queue that would make it ``n + 1`` moves it to
   its dead-letter queue instead (:mod:`disque.deadletter`).
+* **Priority** (``PRIORITY p``, 0 to 31): the queue hands out higher
+  priorities first (``queue_order.JobOrder``); it never changes.
 
 Encoding
 --------
 One record, little-endian like the job blob::
 
-    "DQX" | u8 version (1) | u32 length of the rest |
+    "DQX" | u8 version (2) | u32 length of the rest |
     u32 backoff | u32 max-deliveries |
     u32 len + dead-letter queue ("" = <queue>:dead) |
-    u32 len + dead-from queue ("" = not dead-lettered)
+    u32 len + dead-from queue ("" = not dead-lettered) |
+    u8 priority                                  (version 2 on)
 
 A reader skips fields it does not know (past the last it knows, up to the
-length), so later versions can append fields.
+length), so later versions can append fields: a version-1 reader keeps the
+job without its priority, and a version-1 record (no priority byte) reads
+as priority 0.
 
 * **AOF**: the record follows the job blob inside ``LOADJOB``'s argument.
 * **Bus** (REPLJOB, YOURJOBS): after the ``numjobs`` blobs, inside the
@@ -51,6 +56,7 @@ from .job import Job, SerializationError, deserialize_job, serialize_job
 __all__ = [
     "JobExt",
     "ExtError",
+    "MAX_PRIORITY",
     "DEAD_SUFFIX",
     "encode_record",
     "decode_record",
@@ -67,12 +73,14 @@ __all__ = [
 #: The default dead-letter queue is the job's queue with this suffix.
 DEAD_SUFFIX: Final = b":dead"
 MAGIC: Final = b"DQX"
-VERSION: Final = 1
+VERSION: Final = 2
 TRAILER_MAGIC: Final = b"DQXT"
 
 _HEAD = struct.Struct("<3sBI")
 _FIXED = struct.Struct("<II")
 _U32 = struct.Struct("<I")
+#: Priorities run from 0 (the default: the original's order) to this.
+MAX_PRIORITY: Final = 31
 
 
 class ExtError(SerializationError):
@@ -82,10 +90,11 @@ class ExtError(SerializationError):
 class JobExt:
     """The extension options of one job (``Job.ext``)."""
 
-    __slots__ = ("backoff", "dead_from", "dead_letter", "max_deliveries", "nack_pending")
+    __slots__ = ("backoff", "dead_from", "dead_letter", "max_deliveries", "nack_pending",
+                 "priority")
 
     def __init__(self, backoff: int = 0, max_deliveries: int = 0, dead_letter: bytes = b"",
-                 dead_from: bytes = b"") -> None:
+                 dead_from: bytes = b"", priority: int = 0) -> None:
         #: Cap of the re-queue delay in seconds; 0: no back-off (RETRY every time).
         self.backoff = backoff
         #: Deliveries after which the job is dead-lettered; 0: no limit.
@@ -94,6 +103,8 @@ class JobExt:
         self.dead_letter = dead_letter
         #: The queue the job was dead-lettered from; empty: not dead-lettered.
         self.dead_from = dead_from
+        #: 0 (the original's order) to MAX_PRIORITY: higher ones are handed out first.
+        self.priority = priority
         #: This node's copy waits for a NACK ... DELAY to end: its next
         #: queueing counts as the NACK.  Local: never encoded.
         self.nack_pending = False
@@ -101,20 +112,32 @@ class JobExt:
     @property
     def travels(self) -> bool:
         """Whether anything here must be encoded (nack_pending is local)."""
-        return bool(self.backoff or self.max_deliveries or self.dead_letter
-                    or self.dead_from)
+        return bool(self.priority or self.has_delivery_options)
+
+    @property
+    def has_delivery_options(self) -> bool:
+        """BACKOFF, MAXDELIVERIES or DEADLETTER, or a dead-letter move."""
+        return bool(self.backoff or self.max_deliveries or self.dead_letter or self.dead_from)
+
+    def moved(self, dead_from: bytes) -> JobExt:
+        """These options on a job dead-lettered from ``dead_from``."""
+        return JobExt(self.backoff, self.max_deliveries, self.dead_letter, dead_from,
+                      self.priority)
 
     def __eq__(self, other: object) -> bool:
         return (isinstance(other, JobExt) and self.backoff == other.backoff
                 and self.max_deliveries == other.max_deliveries
-                and self.dead_letter == other.dead_letter and self.dead_from == other.dead_from)
+                and self.dead_letter == other.dead_letter and self.dead_from == other.dead_from
+                and self.priority == other.priority)
 
     def __hash__(self) -> int:
-        return hash((self.backoff, self.max_deliveries, self.dead_letter, self.dead_from))
+        return hash((self.backoff, self.max_deliveries, self.dead_letter, self.dead_from,
+                     self.priority))
 
     def __repr__(self) -> str:
         return (f"JobExt(backoff={self.backoff}, max_deliveries={self.max_deliveries}, "
-                f"dead_letter={self.dead_letter!r}, dead_from={self.dead_from!r})")
+                f"dead_letter={self.dead_letter!r}, dead_from={self.dead_from!r}, "
+                f"priority={self.priority})")
 
 
 # --------------------------------------------------------------------------
@@ -162,6 +185,7 @@ def encode_record(ext: JobExt) -> bytes:
         _FIXED.pack(ext.backoff & 0xFFFFFFFF, ext.max_deliveries & 0xFFFFFFFF),
         _U32.pack(len(ext.dead_letter)), ext.dead_letter,
         _U32.pack(len(ext.dead_from)), ext.dead_from,
+        bytes((ext.priority,)),
     ))
     return _HEAD.pack(MAGIC, VERSION, len(body)) + body
 
@@ -185,7 +209,12 @@ def decode_record(data: bytes | memoryview, offset: int = 0) -> tuple[JobExt, in
         dead_from, pos = _string(view, pos, end)
     except struct.error:
         raise ExtError("truncated job extension record") from None
-    return JobExt(backoff, max_deliveries, dead_letter, dead_from), end
+    priority = 0
+    if pos < end:  # version 2 on
+        priority = view[pos]
+        if priority > MAX_PRIORITY:
+            raise ExtError(f"job priority {priority} out of range")
+    return JobExt(backoff, max_deliveries, dead_letter, dead_from, priority), end
 
 
 def _string(view: memoryview, pos: int, end: int) -> tuple[bytes, int]:

@@ -141,6 +141,9 @@ class NodeCollector(Collector):
                                        "since it was created (QSTAT jobs-in)", labels=["queue"])
         dequeued = CounterMetricFamily("disque_queue_dequeued", "Jobs taken out of the queue "
                                        "since it was created (QSTAT jobs-out)", labels=["queue"])
+        by_priority = GaugeMetricFamily(
+            "disque_queue_priority_length", "Jobs queued with a priority above 0 (QSTAT "
+            "priorities; only priorities holding jobs)", labels=["queue", "priority"])
         for q in self.state.queues.all():
             name = [_label(q.name)]
             length.add_metric(name, len(q))
@@ -148,7 +151,9 @@ class NodeCollector(Collector):
             paused.add_metric(name, q.flags & 3)
             enqueued.add_metric(name, q.jobs_in)
             dequeued.add_metric(name, q.jobs_out)
-        yield from (length, blocked, paused, enqueued, dequeued)
+            for priority, jobs in q.jobs.priorities():
+                by_priority.add_metric([*name, str(priority)], jobs)
+        yield from (length, blocked, paused, enqueued, dequeued, by_priority)
 
     # -- replication ------------------------------------------------------------
 

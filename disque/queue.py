@@ -147,20 +147,20 @@ def dequeue_job(state: ServerState, job: Job) -> bool:
 
 
 def fetch_job(state: ServerState, q: Queue) -> Job | None:
-    """Pop the oldest job of ``q`` for delivery to a client (GETJOB)."""
+    """Pop the next job of ``q`` for delivery to a client (GETJOB)."""
     jobs = fetch_jobs(state, q, 1)
     return jobs[0] if jobs else None
 
 
 def fetch_jobs(state: ServerState, q: Queue, count: int) -> list[Job]:
-    """Pop up to ``count`` of the oldest jobs of ``q`` for delivery (GETJOB COUNT)."""
+    """Pop up to ``count`` of the next jobs of ``q`` for delivery (GETJOB COUNT)."""
     queued = q.jobs
     count = min(count, len(queued))
     if not count:
         return []
     taken: list[Job] = []
     for _ in range(count):
-        job = queued.pop_oldest()
+        job = queued.pop_first()
         assert job is not None  # count <= len(queued)
         taken.append(job)
     q.jobs_out += count

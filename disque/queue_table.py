@@ -1,8 +1,9 @@
 """Queues and the queue table: the data.
 
-A queue holds its jobs in creation order (``queue_order.JobOrder``), its
-pause flags, statistics, the GETJOB clients waiting on it and, once it
-federates, what it remembers of asking for and importing jobs.  A queue
+A queue holds its jobs in delivery order (``queue_order.JobOrder``: by
+priority, then creation time), its pause flags, statistics, the GETJOB
+clients waiting on it and, once it federates, what it remembers of asking
+for and importing jobs.  A queue
 exists only while something needs it: empty, unpaused queues without
 waiting clients are evicted after a while (``ServerState.evict_idle_queues``).
 
@@ -61,7 +62,7 @@ def pause_label(flags: int) -> str:
 
 
 class Queue:
-    """A named queue of jobs ordered by creation time (``ctime``)."""
+    """A named queue of jobs ordered by priority, then creation time (``ctime``)."""
 
     __slots__ = (
         "atime",
@@ -78,7 +79,7 @@ class Queue:
 
     def __init__(self, name: bytes, now_ms: int) -> None:
         self.name = name
-        # The jobs themselves, oldest ctime first.
+        # The jobs themselves, in delivery order (priority, then oldest ctime).
         self.jobs = JobOrder()
         self.ctime = now_ms
         self.atime = now_ms
@@ -110,10 +111,11 @@ class Queue:
                 and now_ms - self.atime >= idle_ms)
 
     def peek(self, count: int) -> list[Job]:
-        """The ``count`` oldest jobs, or the ``-count`` newest (newest first)."""
+        """The ``count`` jobs GETJOB hands out next, or the ``-count`` it
+        hands out last (the last first)."""
         if count >= 0:
-            return self.jobs.oldest(count)
-        return self.jobs.newest(-count)
+            return self.jobs.first(count)
+        return self.jobs.last(-count)
 
 
 class QueueRegistry:

@@ -21,7 +21,12 @@ from disque.client import MAX_BULK_BODIES
 
 from . import resp
 from .resp import encode_args
-from .sink_options import JOB_OPTION_COLUMNS, MAX_IDMP_KEY_BYTES, SinkConfig
+from .sink_options import (
+    JOB_OPTION_COLUMNS,
+    JOB_OPTION_MAXIMUMS,
+    MAX_IDMP_KEY_BYTES,
+    SinkConfig,
+)
 
 __all__ = ["Group", "Part", "Batcher"]
 
@@ -117,7 +122,7 @@ class Batcher:
         self.idmp = False
         self._default_queue = config.queue.encode() if config.queue is not None else None
         self._defaults = {"delay": config.delay, "retry": config.retry, "ttl": config.ttl,
-                          "replicate": config.replicate}
+                          "replicate": config.replicate, "priority": config.priority}
         # The arguments after an IDMP key.
         self._idmp_tail: tuple[bytes, ...] = (
             (b"IDMP-WINDOW", b"%d" % config.idmp_window_s)
@@ -129,7 +134,7 @@ class Batcher:
     def _encode_tail(self, values: Mapping[str, int | None]) -> tuple[bytes, ...]:
         config = self.config
         tail = [b"%d" % config.timeout_ms]
-        for name in ("replicate", "delay", "retry", "ttl"):
+        for name in ("replicate", "delay", "retry", "ttl", "priority"):
             value = values[name]
             if value is not None:
                 tail += [name.upper().encode(), b"%d" % value]
@@ -194,6 +199,11 @@ class Batcher:
                 if low < minimum:
                     self._fail_rows(column, pc.less(values, minimum),
                                     f"is {low}, below the minimum of {minimum}")
+                maximum = JOB_OPTION_MAXIMUMS.get(name)
+                high = pc.max(values).as_py()
+                if maximum is not None and high > maximum:
+                    self._fail_rows(column, pc.greater(values, maximum),
+                                    f"is {high}, above the maximum of {maximum}")
                 per_row[name] = values
 
         # Asked only when the rows have keys: the sender probes the node.

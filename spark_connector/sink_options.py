@@ -35,6 +35,7 @@ if TYPE_CHECKING:
 __all__ = [
     "SchemaError", "SinkColumns", "SinkConfig", "validate_schema",
     "RETRYABLE_ERRORS", "DEFAULT_RETRY_ERRORS", "KEY_COLUMN", "JOB_OPTION_COLUMNS",
+    "JOB_OPTION_MAXIMUMS",
 ]
 
 #: The column that carries a caller-chosen dedup key (see docs/SPARK_SINK.md).
@@ -45,7 +46,12 @@ MAX_IDMP_WINDOW_S = 86400
 
 #: Per-row ADDJOB options a column may carry, with the smallest value the
 #: server accepts (TTL and REPLICATE of 0 make no sense; the server refuses them).
-JOB_OPTION_COLUMNS: dict[str, int] = {"delay": 0, "retry": 0, "ttl": 1, "replicate": 1}
+JOB_OPTION_COLUMNS: dict[str, int] = {"delay": 0, "retry": 0, "ttl": 1, "replicate": 1,
+                                      "priority": 0}
+#: The largest value of the per-row options that have one.
+JOB_OPTION_MAXIMUMS: dict[str, int] = {"priority": 31}
+#: What each per-row option counts, for the errors.
+_OPTION_UNITS = {"replicate": "number of copies", "priority": "priority (0 to 31)"}
 
 #: Failure kinds ``retryErrors`` may name: error reply codes, plus CONNECTION
 #: (no node reachable, or the connection dropped mid-pipeline).
@@ -82,6 +88,7 @@ class SinkColumns:
     retry: str | None = None
     ttl: str | None = None
     replicate: str | None = None
+    priority: str | None = None
     key: str | None = None
 
     @property
@@ -127,7 +134,7 @@ def validate_schema(schema: StructType) -> SinkColumns:
                 raise SchemaError(field.name, f"must be a string, got {_type_name(data_type)}")
         elif not isinstance(data_type, integers):
             raise SchemaError(field.name, "must be an integer (tinyint, smallint, int or "
-                              f"bigint) number of {'copies' if role == 'replicate' else 'seconds'}"
+                              f"bigint) {_OPTION_UNITS.get(role, 'number of seconds')}"
                               f", got {_type_name(data_type)}")
     if "body" not in found:
         raise SchemaError("body", "is required (binary or string): the job body; got columns "
@@ -141,6 +148,7 @@ def validate_schema(schema: StructType) -> SinkColumns:
         retry=found.get("retry"),
         ttl=found.get("ttl"),
         replicate=found.get("replicate"),
+        priority=found.get("priority"),
         key=found.get(KEY_COLUMN),
     )
 
@@ -177,6 +185,8 @@ class SinkConfig:
     delay: int | None = None
     retry: int | None = None
     ttl: int | None = None
+    #: ADDJOB ... PRIORITY (an extension, 0 to 31); None: not sent.
+    priority: int | None = None
     maxlen: int | None = None
     async_: bool = False
     batch_size: int = 1000
@@ -266,6 +276,8 @@ class SinkConfig:
             delay=delay,
             retry=option_int(options, "retry", None, minimum=0),
             ttl=ttl,
+            priority=option_int(options, "priority", None, minimum=0,
+                                maximum=JOB_OPTION_MAXIMUMS["priority"]),
             maxlen=option_int(options, "maxlen", None, minimum=1),
             async_=option_bool(options, "async", False),
             batch_size=option_int(options, "batchSize", 1000, minimum=1,

@@ -145,6 +145,12 @@ BLOCKS: dict[tuple[str, str], str] = {
     ("docs/EXTENSIONS.md", "127.0.0.1:7711> ADDJOB orders"):
         "a CLI session; tests/server/test_idempotent_addjob.py and "
         "tests/client/test_idmp_and_wait.py (test_cli) check these replies",
+    ("docs/EXTENSIONS.md", "ADDJOB queue body ms-timeout [options] PRIORITY p"):
+        "a syntax synopsis",
+    ("docs/EXTENSIONS.md", '127.0.0.1:7711> ADDJOB orders "resize 3000 images" 0'):
+        "a CLI session (IDs differ per run); tests/server/test_priority.py "
+        "(test_higher_priorities_first_fifo_within_a_priority, "
+        "test_show_qstat_and_the_scan_filters) checks the order and QSTAT's field",
     ("docs/EXTENSIONS.md", "WAITJOB id ms-timeout"): "a syntax synopsis",
     ("docs/EXTENSIONS.md", "ADDJOBS queue ms-timeout"): "a syntax synopsis",
     ("docs/EXTENSIONS.md", "WORKINGS id [id ...]"): "a syntax synopsis",

@@ -12,7 +12,14 @@ from ..client import Client
 __all__ = ["monitor_args", "monitor_queues"]
 
 _COLUMNS = ("queue", "len", "age", "idle", "blocked", "import-rate", "in/s", "out/s",
-            "jobs-in", "jobs-out", "dead-lettered", "pause")
+            "jobs-in", "jobs-out", "dead-lettered", "pause", "priorities")
+
+
+def _priorities(levels: object) -> str:
+    """QSTAT's ``priorities`` (priority, count, ...) as ``10:1,3:2``; ``-`` without."""
+    if not isinstance(levels, list) or not levels:
+        return "-"
+    return ",".join(f"{p}:{n}" for p, n in zip(levels[::2], levels[1::2], strict=True))
 
 
 def monitor_queues(client: Client, out: IO[bytes], interval: float = 1.0,
@@ -46,7 +53,7 @@ def monitor_queues(client: Client, out: IO[bytes], interval: float = 1.0,
                          str(s.get("idle", "")), str(s.get("blocked", "")),
                          str(s.get("import-rate", "")), rate_in, rate_out, str(jobs_in),
                          str(jobs_out), str(s.get("dead-lettered", 0)),
-                         str(s.get("pause", ""))])
+                         str(s.get("pause", "")), _priorities(s.get("priorities"))])
         previous, previous_at = current, now
         widths = [max(len(c), *(len(r[i]) for r in rows)) if rows else len(c)
                   for i, c in enumerate(_COLUMNS)]

@@ -410,15 +410,21 @@ def pack_commands(commands: list[tuple[bytes, ...]]) -> bytes:
 # One builder per command.  Each validates what the server could not
 # report well (or at all) and returns a Request.
 
+#: ADDJOB ... PRIORITY runs from 0 (the default) to this (an extension).
+MAX_PRIORITY = 31
+
 def add_job(queue: Arg, body: Arg, timeout_ms: int = 0, replicate: int | None = None,
             delay: int | None = None, retry: int | None = None, ttl: int | None = None,
             maxlen: int | None = None, async_: bool = False, backoff: int | None = None,
             max_deliveries: int | None = None, dead_letter: Arg | None = None,
-            idmp: Arg | None = None, idmp_window: int | None = None) -> Request:
+            idmp: Arg | None = None, idmp_window: int | None = None,
+            priority: int | None = None) -> Request:
     args: list[Arg] = ["ADDJOB", queue, body, int(timeout_ms)]
+    if priority is not None and not 0 <= int(priority) <= MAX_PRIORITY:
+        raise ValueError(f"priority must be between 0 and {MAX_PRIORITY}, got {priority}")
     for name, value in (("REPLICATE", replicate), ("DELAY", delay), ("RETRY", retry),
                         ("TTL", ttl), ("MAXLEN", maxlen), ("BACKOFF", backoff),
-                        ("MAXDELIVERIES", max_deliveries)):
+                        ("MAXDELIVERIES", max_deliveries), ("PRIORITY", priority)):
         if value is not None:
             args += [name, int(value)]
     if dead_letter is not None:
@@ -610,13 +616,14 @@ def qpeek(queue: Arg, count: int) -> Request:
 
 def qscan_page(cursor: int, count: int | None = None, busyloop: bool = False,
                minlen: int | None = None, maxlen: int | None = None,
-               importrate: int | None = None) -> Request:
+               importrate: int | None = None, min_priority: int | None = None) -> Request:
     args: list[Arg] = ["QSCAN", int(cursor)]
     if count is not None:
         args += ["COUNT", int(count)]
     if busyloop:
         args.append("BUSYLOOP")
-    for name, value in (("MINLEN", minlen), ("MAXLEN", maxlen), ("IMPORTRATE", importrate)):
+    for name, value in (("MINLEN", minlen), ("MAXLEN", maxlen), ("IMPORTRATE", importrate),
+                        ("MINPRIORITY", min_priority)):
         if value is not None:
             args += [name, int(value)]
     return request(*args, parse=_scan_page(text))
@@ -624,7 +631,7 @@ def qscan_page(cursor: int, count: int | None = None, busyloop: bool = False,
 
 def jscan_page(cursor: int, count: int | None = None, busyloop: bool = False,
                queue: Arg | None = None, states: Iterable[str] = (),
-               reply: str = "id") -> Request:
+               reply: str = "id", min_priority: int | None = None) -> Request:
     if reply not in ("id", "all"):
         raise ValueError("reply must be 'id' or 'all'")
     args: list[Arg] = ["JSCAN", int(cursor)]
@@ -636,6 +643,8 @@ def jscan_page(cursor: int, count: int | None = None, busyloop: bool = False,
         args += ["QUEUE", queue]
     for state in states:
         args += ["STATE", state]
+    if min_priority is not None:
+        args += ["MINPRIORITY", int(min_priority)]
     args += ["REPLY", reply]
     return request(*args, parse=_scan_page(parse_show if reply == "all" else text))
 

@@ -486,7 +486,7 @@ class Client(ClientBase):
                 maxlen: int | None = None, async_: bool = False,
                 backoff: int | None = None, max_deliveries: int | None = None,
                 dead_letter: Arg | None = None, idmp: Arg | None = None,
-                idmp_window: int | None = None) -> str:
+                idmp_window: int | None = None, priority: int | None = None) -> str:
         """ADDJOB: queue ``body`` and return the job ID.
 
         ``timeout_ms`` is how long the node may wait for replication (0 =
@@ -498,11 +498,13 @@ class Client(ClientBase):
         deliveries; ``idmp`` is an idempotency key: a retry with the same
         key in the same queue within ``idmp_window`` seconds (default 300)
         returns the first job's ID instead of adding a job, and the same key
-        with another body raises ``IdmpConflict``.
+        with another body raises ``IdmpConflict``; ``priority`` (0 to 31,
+        None: the node's default 0) puts the job ahead of every job of a
+        lower priority in its queue (an original node answers a syntax error).
         """
         return self._execute(w.add_job(queue, body, timeout_ms, replicate, delay, retry,
                                        ttl, maxlen, async_, backoff, max_deliveries,
-                                       dead_letter, idmp, idmp_window))
+                                       dead_letter, idmp, idmp_window, priority))
 
     @overload
     def add_jobs(self, queue: Arg, bodies: Iterable[Arg], *,
@@ -778,28 +780,35 @@ class Client(ClientBase):
 
     def qscan(self, *, count: int | None = None, busyloop: bool = False,
               minlen: int | None = None, maxlen: int | None = None,
-              importrate: int | None = None) -> Iterator[str]:
-        """Iterate queue names with QSCAN (all pages; options as in Disque)."""
-        return self._scan(lambda c: w.qscan_page(c, count, busyloop, minlen, maxlen, importrate))
+              importrate: int | None = None,
+              min_priority: int | None = None) -> Iterator[str]:
+        """Iterate queue names with QSCAN (all pages; options as in Disque;
+        ``min_priority``, an extension: queues holding a queued job of that
+        priority or higher)."""
+        return self._scan(lambda c: w.qscan_page(c, count, busyloop, minlen, maxlen, importrate,
+                                                 min_priority))
 
     @overload
     def jscan(self, *, count: int | None = ..., busyloop: bool = ..., queue: Arg | None = ...,
-              states: Iterable[str] = ..., reply: Literal["id"] = ...) -> Iterator[str]: ...
+              states: Iterable[str] = ..., reply: Literal["id"] = ...,
+              min_priority: int | None = ...) -> Iterator[str]: ...
 
     @overload
     def jscan(self, *, count: int | None = ..., busyloop: bool = ..., queue: Arg | None = ...,
-              states: Iterable[str] = ...,
-              reply: Literal["all"]) -> Iterator[dict[str, Any]]: ...
+              states: Iterable[str] = ..., reply: Literal["all"],
+              min_priority: int | None = ...) -> Iterator[dict[str, Any]]: ...
 
     def jscan(self, *, count: int | None = None, busyloop: bool = False,
               queue: Arg | None = None, states: Iterable[str] = (),
-              reply: str = "id") -> Iterator[Any]:
+              reply: str = "id", min_priority: int | None = None) -> Iterator[Any]:
         """Iterate jobs with JSCAN: IDs, or SHOW-like dicts with ``reply="all"``.
 
-        ``states`` filters by job state (``queued``, ``active``, ...; OR-ed).
+        ``states`` filters by job state (``queued``, ``active``, ...; OR-ed);
+        ``min_priority`` (an extension) keeps jobs of that priority or higher.
         """
         states = tuple(states)
-        return self._scan(lambda c: w.jscan_page(c, count, busyloop, queue, states, reply))
+        return self._scan(lambda c: w.jscan_page(c, count, busyloop, queue, states, reply,
+                                                 min_priority))
 
     # -------------------------------------------------------------- server
 

@@ -8,7 +8,7 @@ from .. import ack
 from ..federation import import_rate, need_jobs
 from ..idmp import DEFAULT_WINDOW_S, MAX_KEY_BYTES, MAX_WINDOW_S, DedupEntry, body_digest
 from ..job import ACTIVE, FLAG_BCAST_WILLQUEUE, WAIT_REPL, Job, JobState
-from ..job_options import JobExt, dead_letter_queue, retry_seconds
+from ..job_options import MAX_PRIORITY, JobExt, dead_letter_queue, retry_seconds
 from ..jobs import register_job, unregister_job
 from ..protocol import NULL_ARRAY, Map, ReplyError, Status, status_reply
 from ..queue import dequeue_job, enqueue_job, fetch_job, fetch_jobs, nack_job
@@ -52,7 +52,7 @@ NACK_DELAY_ERROR = f"ERR NACK DELAY must be a number of seconds between 0 and {M
 
 class AddJobOptions:
     __slots__ = ("async_", "backoff", "dead_letter", "delay", "idmp", "idmp_window",
-                 "max_deliveries", "maxlen", "replicate", "retry", "timeout", "ttl")
+                 "max_deliveries", "maxlen", "priority", "replicate", "retry", "timeout", "ttl")
 
     def __init__(self) -> None:
         self.replicate: int | None = None
@@ -68,6 +68,7 @@ class AddJobOptions:
         self.dead_letter: bytes | None = None
         self.idmp: bytes | None = None
         self.idmp_window = -1
+        self.priority = 0
 
 
 # Built once: an f-string argument is formatted on every call, error or not
@@ -78,6 +79,7 @@ _RETRY_TOO_BIG: Final = ("ERR RETRY time must be a non negative number "
 _BACKOFF_TOO_BIG: Final = ("ERR BACKOFF must be a number of seconds > 0 "
                            f"not greater than {MAX_SECONDS}")
 _MAXDELIVERIES_ERROR: Final = f"ERR MAXDELIVERIES must be between 1 and {MAX_DELIVERIES}"
+PRIORITY_ERROR: Final = f"ERR PRIORITY must be between 0 and {MAX_PRIORITY}"
 
 #: ADDJOB without options (the common case) shares one options object.
 _DEFAULT_OPTIONS = AddJobOptions()
@@ -134,12 +136,14 @@ def parse_addjob(argv: list[bytes]) -> AddJobOptions:
     return opts
 
 
-_EXTENSION_OPTIONS = frozenset((b"backoff", b"maxdeliveries", b"deadletter"))
+_EXTENSION_OPTIONS = frozenset((b"backoff", b"maxdeliveries", b"deadletter", b"priority"))
 
 
 def _parse_extension_option(opts: AddJobOptions, opt: bytes, value: bytes) -> None:
-    """BACKOFF s, MAXDELIVERIES n, DEADLETTER queue (docs/EXTENSIONS.md)."""
-    if opt == b"backoff":
+    """BACKOFF s, MAXDELIVERIES n, DEADLETTER queue, PRIORITY p (docs/EXTENSIONS.md)."""
+    if opt == b"priority":
+        opts.priority = parse_int(value, PRIORITY_ERROR, 0, MAX_PRIORITY, PRIORITY_ERROR)
+    elif opt == b"backoff":
         opts.backoff = parse_int(value, "ERR BACKOFF must be a number of seconds > 0", 1,
                                  MAX_SECONDS, _BACKOFF_TOO_BIG)
     elif opt == b"maxdeliveries":
@@ -155,7 +159,7 @@ def job_ext_for(opts: AddJobOptions, queue: bytes, retry: int) -> JobExt | None:
     """The extension options of a new job (None without any), checked
     against the rest of the job once RETRY is known."""
     if not (opts.backoff or opts.max_deliveries or opts.dead_letter is not None):
-        return None
+        return JobExt(priority=opts.priority) if opts.priority else None
     if retry == 0:
         raise CommandError("ERR BACKOFF and MAXDELIVERIES need RETRY > 0 (an at-most-once "
                            "job is never queued again)")
@@ -167,7 +171,10 @@ def job_ext_for(opts: AddJobOptions, queue: bytes, retry: int) -> JobExt | None:
             raise CommandError("ERR DEADLETTER needs MAXDELIVERIES")
         if opts.dead_letter == queue:
             raise CommandError("ERR DEADLETTER queue must not be the job's own queue")
-    return JobExt(opts.backoff, opts.max_deliveries, opts.dead_letter or b"")
+    return JobExt(opts.backoff, opts.max_deliveries, opts.dead_letter or b"",
+                  priority=opts.priority)
+
+
 # --------------------------------------------------------------------------
 # IDMP (idempotent ADDJOB, an extension: idmp.py, docs/EXTENSIONS.md)
 # --------------------------------------------------------------------------
@@ -208,7 +215,7 @@ def idmp_record(state: ServerState, opts: AddJobOptions, queue: bytes, body: byt
 @command("addjob", -4, "write denyoom")
 def addjob(state: ServerState, client: CommandClient, argv: list[bytes]) -> Any:
     """ADDJOB queue body ms-timeout [REPLICATE n] [DELAY s] [RETRY s] [TTL s] [MAXLEN n] [ASYNC]
-    [BACKOFF s] [MAXDELIVERIES n] [DEADLETTER queue] [IDMP key [IDMP-WINDOW s]]"""
+    [BACKOFF s] [MAXDELIVERIES n] [DEADLETTER queue] [PRIORITY p] [IDMP key [IDMP-WINDOW s]]"""
     opts = parse_addjob(argv)
     now = state.clock.now_ms()
     if opts.idmp is not None:
@@ -573,15 +580,19 @@ def show_reply(job: Job, now: int) -> Map:
         b"body", job.body,
     ])
     ext = job.ext
-    if ext is not None and ext.travels:
-        # Only jobs made with the extension options show them, after the
-        # original's fields (some clients read SHOW by position).
+    if ext is None:
+        return reply
+    # Only jobs made with the extension options show them, after the
+    # original's fields (some clients read SHOW by position).
+    if ext.has_delivery_options:
         reply += [
             b"backoff", ext.backoff,
             b"max-deliveries", ext.max_deliveries,
             b"dead-letter-queue", dead_letter_queue(job) if not ext.dead_from else job.queue,
             b"dead-lettered-from", ext.dead_from or None,
         ]
+    if ext.priority:
+        reply += [b"priority", ext.priority]
     return reply
 
 

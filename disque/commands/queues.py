@@ -6,9 +6,11 @@ from typing import TYPE_CHECKING, Any
 
 from ..federation import import_from, import_rate
 from ..job import JobState
+from ..job_options import MAX_PRIORITY
 from ..keyspace import SLICES
 from ..protocol import Map
 from ..queue import set_pause
+from ..queue_order import priority_of
 from ..queue_table import PAUSED_IN, PAUSED_OUT, pause_label
 from ..waiters import getjob_entry
 from .jobs import show_reply
@@ -49,12 +51,18 @@ def qstat(state: ServerState, client: ClientConnection, argv: list[bytes]) -> An
         # Extension (MAXDELIVERIES): only once this node dead-lettered jobs
         # of the queue, so an original client's QSTAT stays the original's.
         reply += [b"dead-lettered", q.dead_lettered]
+    levels = q.jobs.priorities()
+    if levels:
+        # Extension (PRIORITY): queued jobs per priority above 0, highest
+        # first, only while the queue holds some.
+        reply += [b"priorities", [n for level in levels for n in level]]
     return reply
 
 
 @command("qpeek", 3, "fast")
 def qpeek(state: ServerState, client: ClientConnection, argv: list[bytes]) -> Any:
-    """QPEEK queue count: oldest ``count`` jobs, or newest ``-count`` (newest first)."""
+    """QPEEK queue count: the ``count`` jobs GETJOB hands out next, or the
+    ``-count`` it hands out last (the last first)."""
     count = parse_int(argv[2])
     q = state.queues.lookup(argv[1])
     if q is None or count == 0:
@@ -110,6 +118,13 @@ def _scan_cursor(raw: bytes) -> int | None:
     return int(raw) if len(raw) <= 20 else 2 ** 64
 
 
+MINPRIORITY_ERROR = f"ERR MINPRIORITY must be between 0 and {MAX_PRIORITY}"
+
+
+def _parse_min_priority(raw: bytes) -> int:
+    return parse_int(raw, MINPRIORITY_ERROR, 0, MAX_PRIORITY, MINPRIORITY_ERROR)
+
+
 def _check_cursor(cursor: int) -> int:
     if cursor >= SLICES:
         raise CommandError("ERR invalid cursor")
@@ -118,11 +133,14 @@ def _check_cursor(cursor: int) -> int:
 
 @command("qscan", -1, "")
 def qscan(state: ServerState, client: ClientConnection, argv: list[bytes]) -> Any:
-    """QSCAN [cursor] [COUNT n] [BUSYLOOP] [MINLEN n] [MAXLEN n] [IMPORTRATE n]"""
+    """QSCAN [cursor] [COUNT n] [BUSYLOOP] [MINLEN n] [MAXLEN n] [IMPORTRATE n]
+    [MINPRIORITY p]: MINPRIORITY (an extension) keeps the queues holding a
+    queued job of priority ``p`` or higher."""
     cursor: int | None = None
     count = 100
     busyloop = False
     minlen = maxlen = importrate = -1
+    min_priority = 0
     i, n = 1, len(argv)
     while i < n:
         opt = argv[i].lower()
@@ -142,6 +160,9 @@ def qscan(state: ServerState, client: ClientConnection, argv: list[bytes]) -> An
         elif opt == b"importrate" and has_value:
             importrate = parse_int(argv[i + 1], "ERR IMPORTRATE must be a non negative number", 0)
             i += 2
+        elif opt == b"minpriority" and has_value:
+            min_priority = _parse_min_priority(argv[i + 1])
+            i += 2
         elif cursor is None and _scan_cursor(argv[i]) is not None:
             cursor = _check_cursor(_scan_cursor(argv[i]))  # type: ignore[arg-type]
             i += 1
@@ -153,7 +174,8 @@ def qscan(state: ServerState, client: ClientConnection, argv: list[bytes]) -> An
     def accept(q) -> bool:
         qlen = len(q)
         return ((minlen < 0 or qlen >= minlen) and (maxlen < 0 or qlen <= maxlen)
-                and (importrate < 0 or import_rate(q, now) >= importrate))
+                and (importrate < 0 or import_rate(q, now) >= importrate)
+                and (not min_priority or q.jobs.top_priority() >= min_priority))
 
     return _run_scan(state.queues.scan, cursor or 0, count, busyloop, accept,
                      lambda q: q.name)
@@ -164,10 +186,12 @@ _REPLY_TYPES = (b"all", b"id")
 
 @command("jscan", -1, "")
 def jscan(state: ServerState, client: ClientConnection, argv: list[bytes]) -> Any:
-    """JSCAN [cursor] [COUNT n] [BUSYLOOP] [QUEUE q] [STATE s ...] [REPLY all|id]"""
+    """JSCAN [cursor] [COUNT n] [BUSYLOOP] [QUEUE q] [STATE s ...] [MINPRIORITY p]
+    [REPLY all|id]: MINPRIORITY (an extension) keeps jobs of priority ``p`` or higher."""
     cursor: int | None = None
     count = 100
     busyloop = False
+    min_priority = 0
     queue: bytes | None = None
     states: set[int] = set()
     reply_all = False
@@ -191,6 +215,9 @@ def jscan(state: ServerState, client: ClientConnection, argv: list[bytes]) -> An
                                    "queued or acked")
             states.add(int(job_state))
             i += 2
+        elif opt == b"minpriority" and has_value:
+            min_priority = _parse_min_priority(argv[i + 1])
+            i += 2
         elif opt == b"reply" and has_value:
             kind = argv[i + 1].lower()
             if kind not in _REPLY_TYPES:
@@ -204,7 +231,8 @@ def jscan(state: ServerState, client: ClientConnection, argv: list[bytes]) -> An
             raise CommandError(SYNTAX_ERROR)
 
     def accept(job) -> bool:
-        return (queue is None or job.queue == queue) and (not states or job.state in states)
+        return ((queue is None or job.queue == queue) and (not states or job.state in states)
+                and (not min_priority or priority_of(job) >= min_priority))
 
     now = state.clock.now_ms()
     render = (lambda job: show_reply(job, now)) if reply_all else (lambda job: job.id)

@@ -135,6 +135,7 @@ def test_monitor_queues(server: DisqueProcess) -> None:
     with Client(address(server)) as c:
         c.add_jobs("emails", [b"x"] * 3)
         c.add_job("sms", b"y")
+        c.add_job("sms", b"urgent", priority=10)
         c.pause("sms", "in")
     result = disque(server.port, "monitor-queues", "--interval", "0.05", "--count", "2")
     assert result.returncode == 0, result.stderr
@@ -145,12 +146,12 @@ def test_monitor_queues(server: DisqueProcess) -> None:
         assert lines[0].startswith(f"127.0.0.1:{server.port}") and "queues: 2" in lines[0]
         assert lines[1].split() == ["QUEUE", "LEN", "AGE", "IDLE", "BLOCKED", "IMPORT-RATE",
                                     "IN/S", "OUT/S", "JOBS-IN", "JOBS-OUT", "DEAD-LETTERED",
-                                    "PAUSE"]
+                                    "PAUSE", "PRIORITIES"]
         emails, sms = (line.split() for line in lines[2:])
-        assert (emails[0], emails[1], emails[-1]) == ("emails", "3", "none")
-        assert (sms[0], sms[1], sms[-1]) == ("sms", "1", "in")
+        assert (emails[0], emails[1], emails[-2], emails[-1]) == ("emails", "3", "none", "-")
+        assert (sms[0], sms[1], sms[-2], sms[-1]) == ("sms", "2", "in", "10:1")
     assert "0.0" in tables[1]  # rates appear from the second refresh on
-    filtered = disque(server.port, "monitor-queues", "--count", "1", "--minlen", "2")
+    filtered = disque(server.port, "monitor-queues", "--count", "1", "--minlen", "3")
     assert "emails" in filtered.stdout and "sms" not in filtered.stdout
     assert disque(server.port, "monitor-queues", "--bogus").returncode == 2
 

@@ -310,3 +310,19 @@ def test_add_jobs_options_apply_to_every_body(client: Client) -> None:
     assert all(job_id.endswith("-000b") for job_id in ids)  # 600 s = 10 minutes, odd: RETRY > 0
     with pytest.raises(TypeError):
         client.add_jobs("opts", [], ttl=None, delay=object())
+
+
+def test_priorities(client: Client) -> None:
+    """PRIORITY (an extension): higher first, the scans filter on it."""
+    plain = client.add_job("pq", b"plain")
+    urgent = client.add_job("pq", b"urgent", priority=9)
+    bulk = client.add_jobs("pq", [b"b1", b"b2"], priority=3)
+    assert [j.id for j in client.qpeek("pq", 5)] == [urgent, *bulk, plain]
+    assert client.show(urgent)["priority"] == 9
+    assert "priority" not in client.show(plain)
+    assert set(client.jscan(min_priority=3)) == {urgent, *bulk}
+    assert set(client.qscan(min_priority=9)) == {"pq"}
+    assert client.qstat("pq")["priorities"] == [9, 1, 3, 2]
+    assert [j.id for j in client.get_jobs("pq", count=4)] == [urgent, *bulk, plain]
+    with pytest.raises(ValueError, match="priority must be between 0 and 31"):
+        client.add_job("pq", b"x", priority=32)

@@ -49,3 +49,24 @@ def test_options_and_a_dead_letter_move_survive_crash_and_rewrite(aof_node) -> N
     report = subprocess.run([sys.executable, "-m", "disque.aof.check", str(aof_file(aof_node))],
                             capture_output=True, text=True, timeout=60)
     assert report.returncode == 0, report.stdout + report.stderr
+
+
+def test_priorities_survive_crash_and_rewrite_and_keep_their_order(aof_node) -> None:
+    """Reloaded jobs are queued again after their RETRY: the highest priority
+    comes out first, as before the crash."""
+    r = aof_node.client()
+    ids = {body: r.execute_command("ADDJOB", "pq", body, 0, "RETRY", 1,
+                                   *(("PRIORITY", p) if p else ()))
+           for body, p in (("plain", 0), ("low", 2), ("top", 30), ("low2", 2))}
+    for restart in ("crash", "rewrite then crash"):
+        if restart == "rewrite then crash":
+            r.execute_command("BGREWRITEAOF")
+            wait_for(lambda r=r: r.info("persistence")["aof_rewrite_in_progress"] == 0,
+                     timeout=20, message="the rewrite to end")
+        r = crash_and_restart(aof_node)
+        assert show(r, ids["top"])[b"priority"] == 30, restart
+        assert b"priority" not in show(r, ids["plain"]), restart
+        wait_for(lambda r=r: r.execute_command("QLEN", "pq") == 4, timeout=10,
+                 message="the reloaded jobs to be queued again")
+        peek = [entry[2] for entry in r.execute_command("QPEEK", "pq", 10)]
+        assert peek == [b"top", b"low", b"low2", b"plain"], restart

@@ -1,9 +1,11 @@
-"""JobOrder (a queue's jobs, oldest first) against a plain model.
+"""JobOrder (a queue's jobs, highest priority then oldest first) against a
+plain model.
 
 The structure keeps in-order jobs in a deque with lazily deleted entries
-and the rest in a sorted list; these runs mix in-order and late arrivals,
-removals from the middle, jobs moved between two queues and back (a
-dead-letter move, a re-queue), and check every answer against a list.
+and the rest in a sorted list, one such level per priority in use; these
+runs mix in-order and late arrivals, priorities, removals from the middle,
+jobs moved between two queues and back (a dead-letter move, a re-queue),
+and check every answer against a list.
 """
 
 from __future__ import annotations
@@ -13,16 +15,23 @@ import random
 import pytest
 
 from disque.job import FLAG_FIFO_STALE, FLAG_IN_FIFO, Job
-from disque.queue_order import COMPACT_MIN, JobOrder
+from disque.job_options import JobExt
+from disque.queue_order import COMPACT_MIN, JobOrder, priority_of
 
 
-def make_job(n: int, ctime: int) -> Job:
-    return Job(b"D-%038d" % n, b"q", b"body", ctime=ctime)
+def make_job(n: int, ctime: int, priority: int = 0) -> Job:
+    job = Job(b"D-%038d" % n, b"q", b"body", ctime=ctime)
+    if priority:
+        job.ext = JobExt(priority=priority)
+    return job
 
 
-def check_invariants(order: JobOrder, model: list[Job]) -> None:
-    assert len(order) == len(model)
-    assert bool(order) == bool(model)
+def serve_key(job: Job) -> tuple[int, int]:
+    """The order GETJOB hands jobs out in: priority (highest first), then ctime."""
+    return (-priority_of(job), job.ctime)
+
+
+def check_level(order: JobOrder) -> None:
     fifo = order._fifo
     # The ends are live, and dropped jobs are kept by a bounded number of entries.
     if fifo:
@@ -31,18 +40,33 @@ def check_invariants(order: JobOrder, model: list[Job]) -> None:
     assert order._stale < max(COMPACT_MIN, len(fifo) // 8 + 1)
     # At most one deque entry per job, live or stale.
     assert len({id(job) for job in fifo}) == len(fifo)
-    # The k oldest have the k smallest ctimes, in order, and are members.
+
+
+def check_invariants(order: JobOrder, model: list[Job]) -> None:
+    assert len(order) == len(model)
+    assert bool(order) == bool(model)
+    check_level(order)
+    levels = order._levels
+    if levels is not None:
+        for priority, level in enumerate(levels.by_priority):
+            if level is not None:
+                check_level(level)
+                assert bool(levels.mask >> priority & 1) == bool(level)
+        assert levels.count == sum(1 for job in model if priority_of(job))
+    assert order.top_priority() == max((priority_of(job) for job in model), default=0)
+    # The k first have the k smallest serve keys, in order, and are members.
     k = len(model) // 2 + 1
-    oldest = order.oldest(k)
-    assert [job.ctime for job in oldest] == sorted(job.ctime for job in model)[:k]
-    assert all(any(job is m for m in model) for job in oldest)
-    newest = order.newest(k)
-    assert [job.ctime for job in newest] == sorted((job.ctime for job in model),
-                                                   reverse=True)[:k]
+    first = order.first(k)
+    assert [serve_key(job) for job in first] == sorted(serve_key(job) for job in model)[:k]
+    assert all(any(job is m for m in model) for job in first)
+    last = order.last(k)
+    assert [serve_key(job) for job in last] == sorted((serve_key(job) for job in model),
+                                                      reverse=True)[:k]
 
 
+@pytest.mark.parametrize("priorities", [(0,), (0, 0, 0, 1, 5, 31)], ids=["plain", "priorities"])
 @pytest.mark.parametrize("seed", range(12))
-def test_random_operations_match_a_model(seed: int) -> None:
+def test_random_operations_match_a_model(seed: int, priorities: tuple[int, ...]) -> None:
     rng = random.Random(seed)
     orders = [JobOrder(), JobOrder()]
     models: list[list[Job]] = [[], []]
@@ -56,7 +80,8 @@ def test_random_operations_match_a_model(seed: int) -> None:
         if op < 0.35:
             serial += 1
             clock += rng.choice((0, 0, 1, 3))  # equal ctimes happen under load
-            job = make_job(serial, clock if rng.random() < 0.8 else rng.randrange(clock + 1))
+            job = make_job(serial, clock if rng.random() < 0.8 else rng.randrange(clock + 1),
+                           rng.choice(priorities))
             order.add(job)
             model.append(job)
         elif op < 0.45 and loose:
@@ -71,25 +96,25 @@ def test_random_operations_match_a_model(seed: int) -> None:
         elif op < 0.72 and loose:
             assert not order.remove(rng.choice(loose))
         elif model:
-            job = order.pop_oldest()
+            job = order.pop_first()
             assert job is not None
-            assert job.ctime == min(m.ctime for m in model)
+            assert serve_key(job) == min(serve_key(m) for m in model)
             model.remove(job)
             loose.append(job)
             assert not job.flags & FLAG_IN_FIFO
         else:
-            assert order.pop_oldest() is None
+            assert order.pop_first() is None
         if step % 50 == 0:
             for o, m in zip(orders, models, strict=True):
                 check_invariants(o, m)
     for order, model in zip(orders, models, strict=True):
         check_invariants(order, model)
         # QPEEK shows what GETJOB hands out, in the same order.
-        expected = order.oldest(len(model))
-        assert order.newest(len(model)) == expected[::-1]
-        drained = [order.pop_oldest() for _ in range(len(model))]
+        expected = order.first(len(model))
+        assert order.last(len(model)) == expected[::-1]
+        drained = [order.pop_first() for _ in range(len(model))]
         assert drained == expected
-        assert order.pop_oldest() is None and not order and len(order) == 0
+        assert order.pop_first() is None and not order and len(order) == 0
 
 
 def test_many_removals_from_the_middle_do_not_keep_dropped_jobs() -> None:
@@ -102,8 +127,8 @@ def test_many_removals_from_the_middle_do_not_keep_dropped_jobs() -> None:
         assert order._stale < max(COMPACT_MIN, len(order._fifo) // 8 + 1)
     assert len(order) == 2
     assert len(order._fifo) <= COMPACT_MIN + 2
-    assert order.pop_oldest() is jobs[0]
-    assert order.pop_oldest() is jobs[-1]
+    assert order.pop_first() is jobs[0]
+    assert order.pop_first() is jobs[-1]
     # Every dropped job's flags are clean once its entry is gone.
     assert not any(job.flags & (FLAG_IN_FIFO | FLAG_FIFO_STALE) for job in jobs)
 
@@ -121,7 +146,7 @@ def test_a_job_with_a_stale_entry_queued_again_is_delivered_once() -> None:
     assert order.remove(middle)          # stale entry between two live ones
     order.add(middle)
     assert len(order) == 3
-    assert [order.pop_oldest() for _ in range(4)] == [first, last, middle, None]
+    assert [order.pop_first() for _ in range(4)] == [first, last, middle, None]
     assert not order
 
 
@@ -130,9 +155,9 @@ def test_late_jobs_come_out_in_ctime_order_with_in_order_ones() -> None:
     jobs = {c: make_job(c, c) for c in (5, 10, 20, 7, 15, 1, 30)}
     for job in jobs.values():
         order.add(job)
-    assert [j.ctime for j in order.oldest(10)] == [1, 5, 7, 10, 15, 20, 30]
-    assert [j.ctime for j in order.newest(3)] == [30, 20, 15]
-    assert [order.pop_oldest().ctime for _ in range(7)] == [1, 5, 7, 10, 15, 20, 30]
+    assert [j.ctime for j in order.first(10)] == [1, 5, 7, 10, 15, 20, 30]
+    assert [j.ctime for j in order.last(3)] == [30, 20, 15]
+    assert [order.pop_first().ctime for _ in range(7)] == [1, 5, 7, 10, 15, 20, 30]
 
 
 def test_clear_leaves_no_flags_behind() -> None:
@@ -142,7 +167,7 @@ def test_clear_leaves_no_flags_behind() -> None:
         order.add(job)
     order.remove(jobs[1])
     order.clear()
-    assert not order and order.pop_oldest() is None
+    assert not order and order.pop_first() is None
     assert not any(job.flags & (FLAG_IN_FIFO | FLAG_FIFO_STALE) for job in jobs)
 
 
@@ -165,3 +190,32 @@ def test_fifo_flags_are_never_serialized_nor_loaded() -> None:
     forged[flags_at] |= FLAG_IN_FIFO | FLAG_FIFO_STALE
     loaded, _ = deserialize_job(bytes(forged))
     assert not loaded.flags & (FLAG_IN_FIFO | FLAG_FIFO_STALE)
+
+
+def test_priorities_first_then_ctime_and_peeks_in_both_directions() -> None:
+    order = JobOrder()
+    jobs = [make_job(1, 10), make_job(2, 20, 3), make_job(3, 5), make_job(4, 30, 31),
+            make_job(5, 15, 3), make_job(6, 1, 1)]
+    for job in jobs:
+        order.add(job)
+    expected = [(31, 30), (3, 15), (3, 20), (1, 1), (0, 5), (0, 10)]
+    assert [(priority_of(j), j.ctime) for j in order.first(10)] == expected
+    assert [(priority_of(j), j.ctime) for j in order.last(4)] == expected[::-1][:4]
+    assert order.priorities() == [(31, 1), (3, 2), (1, 1)]
+    assert order.top_priority() == 31
+    assert order.remove(jobs[3]) and not order.remove(jobs[3])
+    assert order.top_priority() == 3
+    assert [(priority_of(j), j.ctime) for j in
+            iter(order.pop_first, None)] == expected[1:]
+    assert not order and len(order) == 0 and order.priorities() == []
+
+
+def test_a_queue_without_priorities_makes_no_levels() -> None:
+    order = JobOrder()
+    for i in range(100):
+        order.add(make_job(i, i))
+    assert order._levels is None
+    order.add(make_job(1000, 1, 2))
+    assert order._levels is not None
+    order.clear()
+    assert order._levels is None

@@ -61,6 +61,21 @@ def test_queue_names_that_are_not_utf8_are_labels_still(node) -> None:
     assert value(scrape(node.metrics_port), "disque_queue_length", queue='q\\xff"\n') == 1
 
 
+def test_queued_jobs_per_priority(node) -> None:
+    client = node.client()
+    client.execute_command("ADDJOB", "pq", "plain", 0)
+    for priority in (3, 3, 20):
+        client.execute_command("ADDJOB", "pq", "x", 0, "PRIORITY", priority)
+    samples = scrape(node.metrics_port)
+    assert value(samples, "disque_queue_priority_length", queue="pq", priority="3") == 2
+    assert value(samples, "disque_queue_priority_length", queue="pq", priority="20") == 1
+    assert value(samples, "disque_queue_priority_length", queue="pq", priority="0") is None
+    assert value(samples, "disque_queue_length", queue="pq") == 4
+    client.execute_command("GETJOB", "FROM", "pq")  # the priority-20 job
+    samples = scrape(node.metrics_port)
+    assert value(samples, "disque_queue_priority_length", queue="pq", priority="20") is None
+
+
 def test_a_blocked_getjob_counts_as_a_blocked_client(node) -> None:
     blocked = socket.create_connection(("127.0.0.1", node.port))
     try:

@@ -60,6 +60,7 @@ def nodes_of(*servers) -> str:
     (schema_of(body=StringType(), delay=DoubleType()), "delay", "must be an integer"),
     (schema_of(body=StringType(), _disque_key=LongType()), "_disque_key", "must be a string"),
     (schema_of(body=StringType(), Body=StringType()), "Body", "appears twice"),
+    (schema_of(body=StringType(), priority=StringType()), "priority", "priority (0 to 31)"),
 ])
 def test_bad_schemas_name_the_column(schema: StructType, column: str, text: str) -> None:
     with pytest.raises(SchemaError) as info:
@@ -79,6 +80,8 @@ def test_bad_schemas_name_the_column(schema: StructType, column: str, text: str)
     ({"queue": "q", "async": "maybe"}, "async", "true or false"),
     ({"queue": "q", "nodes": "host:notaport"}, "nodes", "bad address"),
     ({"queue": "q", "writeId": "a/b"}, "writeId", "must not contain"),
+    ({"queue": "q", "priority": "32"}, "priority", "<= 31"),
+    ({"queue": "q", "priority": "-1"}, "priority", ">= 0"),
 ])
 def test_bad_options_name_the_option(options: dict, option: str, text: str) -> None:
     with pytest.raises(OptionError) as info:
@@ -259,6 +262,23 @@ def write(df, server, **options: str) -> None:
     writer.save()
 
 
+def test_priority_column_and_option(server, disque) -> None:
+    """PRIORITY (an extension): per row from a column, the option for nulls;
+    out-of-range rows fail the batch before it is sent."""
+    schema = schema_of(body=StringType(), priority=IntegerType())
+    config = SinkConfig.from_options({"nodes": nodes_of(server), "queue": "prio",
+                                      "priority": "2"}, schema)
+    batch = pa.record_batch({"body": ["plain-default", "urgent", "zero"],
+                             "priority": pa.array([None, 30, 0], pa.int32())})
+    PartitionWriter(config, 0).write(iter([batch]))
+    assert [job.body for job in disque.qpeek("prio", 5)] == [b"urgent", b"plain-default",
+                                                            b"zero"]
+    too_high = pa.record_batch({"body": ["x", "y"], "priority": pa.array([1, 40], pa.int32())})
+    with pytest.raises(ValueError, match=r"column 'priority' is 40, above the maximum of 31"):
+        PartitionWriter(config, 0).write(iter([too_high]))
+    assert disque.qlen("prio") == 3
+
+
 def test_batch_write_counts(spark, server, disque) -> None:
     df = spark.range(0, 1000, numPartitions=3).selectExpr("cast(id as string) as body")
     write(df, server, queue="batch")
@@ -267,11 +287,11 @@ def test_batch_write_counts(spark, server, disque) -> None:
 
 
 def test_per_row_queue_and_options_are_honoured(spark, server, disque) -> None:
-    rows = [(b"\x00bin", "rq1", None, None, None, 1),
-            (b"two", "rq2", 5, 30, 600, None),
-            (b"three", None, 100, None, 3600, 1)]
+    rows = [(b"\x00bin", "rq1", None, None, None, 1, None),
+            (b"two", "rq2", 5, 30, 600, None, 7),
+            (b"three", None, 100, None, 3600, 1, None)]
     df = spark.createDataFrame(rows, "body binary, queue string, delay int, retry int, "
-                                     "ttl long, replicate smallint")
+                                     "ttl long, replicate smallint, priority tinyint")
     write(df, server, queue="rq-default", ttl="7200", retry="45", replicate="1")
     jobs = {job["body"]: job for job in disque.jscan(reply="all")}
     assert set(jobs) == {b"\x00bin", b"two", b"three"}
@@ -282,6 +302,7 @@ def test_per_row_queue_and_options_are_honoured(spark, server, disque) -> None:
     assert 500 < second["ttl"] <= 600
     assert (third["queue"], third["delay"], third["retry"]) == ("rq-default", 100, 45)
     assert first["repl"] == second["repl"] == third["repl"] == 1
+    assert second["priority"] == 7 and "priority" not in first and "priority" not in third
     # Delayed jobs are not queued yet.
     assert disque.qlen("rq1") == 1 and disque.qlen("rq2") == 0
 

@@ -1,0 +1,103 @@
+"""Priorities across real nodes (docs/EXTENSIONS.md, "Priorities"): the
+priority travels with every copy, a copy re-queued elsewhere keeps it,
+federation hands the highest priorities over first, and an original node
+in the cluster keeps a plain copy that it serves in creation order."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.support.cluster import (
+    TEST_NODE_TIMEOUT_MS,
+    ReferenceProcess,
+    meet,
+    reference_server,
+    show,
+    wait_joined,
+)
+from tests.support.process import DisqueProcess, wait_for
+
+
+def bodies(entries: list | None) -> list[bytes]:
+    return [entry[2] for entry in entries or []]
+
+
+def test_copies_keep_the_priority_where_they_are_queued_again(make_cluster) -> None:
+    nodes = make_cluster(3)
+    a = nodes[0].client()
+    job_id = a.execute_command("ADDJOB", "q", "urgent", 5000, "REPLICATE", 3, "RETRY", 1,
+                               "PRIORITY", 9)
+    for node in nodes:
+        assert show(node, job_id)[b"priority"] == 9
+    assert a.execute_command("GETJOB", "FROM", "q")[0][1] == job_id  # delivered, not acked
+    # Older plain jobs wait on every node; whichever node queues the job
+    # again after RETRY must hand it out before them.
+    for i, node in enumerate(nodes):
+        node.client().execute_command("ADDJOB", "q", f"plain-{i}", 0, "REPLICATE", 1)
+
+    def requeued_at() -> DisqueProcess | None:
+        for node in nodes:
+            if job_id in [e[1] for e in node.client().execute_command("QPEEK", "q", 10)]:
+                return node
+        return None
+
+    node = wait_for(requeued_at, timeout=15, message="a copy to be queued again")
+    assert node.client().execute_command("GETJOB", "FROM", "q")[0][1] == job_id
+    assert node.client().execute_command("ACKJOB", job_id) == 1
+
+
+def test_federation_moves_the_highest_priorities_first(make_cluster) -> None:
+    producer, consumer, _ = make_cluster(3)
+    p = producer.client()
+    for i in range(6):  # older, plain: without priorities these would travel first
+        p.execute_command("ADDJOB", "fq", f"plain-{i}", 0, "REPLICATE", 1)
+    for i in range(2):
+        p.execute_command("ADDJOB", "fq", f"urgent-{i}", 0, "REPLICATE", 1, "PRIORITY", 20)
+    # A consumer on a node without jobs: it asks the others (NEEDJOBS); the
+    # producer answers with the jobs it would hand out first.
+    c = consumer.client()
+    got = bodies(c.execute_command("GETJOB", "TIMEOUT", 10_000, "FROM", "fq"))
+    assert got == [b"urgent-0"]
+    imported = wait_for(lambda: bodies(c.execute_command("GETJOB", "TIMEOUT", 10_000,
+                                                          "FROM", "fq")),
+                        timeout=15, message="a second imported job")
+    assert imported == [b"urgent-1"]
+    # The urgent job left the producer's queue; the plain ones are still there,
+    # or imported after the urgent ones.
+    assert b"urgent" not in b" ".join(bodies(p.execute_command("QPEEK", "fq", 10)))
+
+
+@pytest.mark.skipif(reference_server() is None,
+                    reason="needs the original server: set DISQUE_REFERENCE_SERVER to its "
+                           "disque-server")
+def test_an_original_node_keeps_a_plain_copy_in_creation_order(server_factory,
+                                                               tmp_path) -> None:
+    ours, other = (server_factory("--cluster-node-timeout", str(TEST_NODE_TIMEOUT_MS))
+                   for _ in range(2))
+    original = ReferenceProcess(tmp_path / "ref", "--cluster-node-timeout",
+                                str(TEST_NODE_TIMEOUT_MS)).start()
+    try:
+        meet(ours, original)
+        meet(ours, other)
+        wait_joined([ours, other, original])
+        o = original.client()
+        older = o.execute_command("ADDJOB", "q", "older", 0, "REPLICATE", 1)
+        # Synchronous replication completes: the original stores the job from
+        # a REPLJOB that carries the priority in its trailer.
+        urgent = ours.client().execute_command("ADDJOB", "q", "urgent", 5000, "REPLICATE", 3,
+                                               "RETRY", 60, "PRIORITY", 7)
+        assert show(ours, urgent)[b"priority"] == 7
+        assert show(other, urgent)[b"priority"] == 7
+        copy = show(original, urgent)
+        assert (copy[b"queue"], copy[b"body"]) == (b"q", b"urgent")
+        assert b"priority" not in copy  # a plain job there
+        # Ours serves it first; the original, once it queues its copy, in
+        # creation order, after its older job.
+        assert [e[1] for e in ours.client().execute_command("QPEEK", "q", 5)] == [urgent]
+        assert o.execute_command("ENQUEUE", urgent) == 1
+        assert [e[1] for e in o.execute_command("QPEEK", "q", 5)] == [older, urgent]
+        assert ours.client().execute_command("ACKJOB", urgent) == 1
+        wait_for(lambda: show(original, urgent) is None and show(other, urgent) is None,
+                 timeout=20, message="the ACK to reach every copy")
+    finally:
+        original.kill()
