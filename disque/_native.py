@@ -53,6 +53,7 @@ COMPILED_MODULES: tuple[str, ...] = (
     "disque.cluster.messages",
     # The tables and the state.
     "disque.queue_order",
+    "disque.queue_limit",
     "disque.queue_table",
     "disque.job_table",
     "disque.memory",

@@ -4,9 +4,9 @@ The bus (``cluster/bus.py``) knows nothing of jobs: it decodes a message,
 finds the sender and calls the handler registered here for its type.  Each
 handler lives beside the rule it implements, under the spec's name:
 replication (REPLJOB, GOTJOB, ENQUEUE), re-queueing (QUEUED, WILLQUEUE,
-WORKING), ACK garbage collection (SETACK, GOTACK, DELJOB), queues (PAUSE),
-federation (NEEDJOBS, YOURJOBS); and the membership's node-return event
-(a node flagged failing answers again) to the ACK garbage collection.
+WORKING), ACK garbage collection (SETACK, GOTACK, DELJOB), queues (PAUSE,
+QLIMIT), federation (NEEDJOBS, YOURJOBS); and the membership's node-return
+event (a node flagged failing answers again) to the ACK garbage collection.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from . import ack, copies, federation, replication, requeue
 from .cluster import messages
-from .queue import receive_pause
+from .queue import receive_pause, receive_qlimit
 
 if TYPE_CHECKING:
     from .cluster.bus import ClusterBus
@@ -35,6 +35,7 @@ HANDLERS = {
     messages.GOTACK: ack.receive_gotack,
     messages.DELJOB: ack.receive_deljob,
     messages.PAUSE: receive_pause,
+    messages.QLIMIT: receive_qlimit,
     messages.NEEDJOBS: federation.receive_needjobs,
     messages.YOURJOBS: federation.receive_yourjobs,
 }

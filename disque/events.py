@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from .idmp import DedupEntry
     from .job import Job
     from .protocol import ReplyError
+    from .queue_table import Queue
     from .state import ServerState
 
 __all__ = ["JobEvents", "Journal", "Persistence"]
@@ -45,6 +46,9 @@ class Journal(Protocol):
 
     def idmp_settled(self, entry: DedupEntry) -> None:
         """An IDMP key became final (its ADDJOB answered with the ID)."""
+
+    def queue_limit_changed(self, name: bytes, max_jobs: int, period_ms: int) -> None:
+        """A queue's rate limit was set (``max_jobs`` 0: removed)."""
 
 
 class Persistence(Protocol):
@@ -112,4 +116,8 @@ class JobEvents:
 
     def idmp_settled(self, state: ServerState, entry: DedupEntry) -> None:
         """An IDMP key became final."""
+        raise NotImplementedError
+
+    def queue_limit_changed(self, state: ServerState, q: Queue) -> None:
+        """A queue's rate limit was set or removed (QLIMIT)."""
         raise NotImplementedError

@@ -96,12 +96,21 @@ def _count_import(fed: QueueFederation, now: int, jobs: int) -> None:
 # --------------------------------------------------------------------------
 
 def need_jobs(state: ServerState, q: Queue, reached_zero: bool = False) -> None:
-    """needJobsForQueue: ask other nodes for jobs of ``q``, with back-off."""
+    """needJobsForQueue: ask other nodes for jobs of ``q``, with back-off.
+
+    Not while ``q``'s rate limit holds its consumers back (its window is
+    full): they wait for the window, not for jobs, and jobs brought here
+    would only wait too.  Nor more than the window still lets through.
+    """
     cluster = state.cluster
     if cluster.leaving or len(cluster.nodes) == 1:
         return
-    fed = _fed(q)
     now = state.clock.now_ms()
+    limit = q.limit
+    room = limit.left(now) if limit is not None else MAX_COUNT
+    if not room:
+        return
+    fed = _fed(q)
     for node_id in [n for n, when in fed.responders.items()
                     if now - when > RESPONDER_WINDOW_MS or n not in cluster.nodes]:
         del fed.responders[node_id]
@@ -111,7 +120,8 @@ def need_jobs(state: ServerState, q: Queue, reached_zero: bool = False) -> None:
         fed.bcast_attempt = min(fed.bcast_attempt + 1, MAX_ATTEMPT)
     if fed.responders and (reached_zero or now - fed.adhoc_time > min(
             ADHOC_BASE_MS << fed.adhoc_attempt, ADHOC_MAX_MS)):
-        count = min(MAX_COUNT, max(MIN_COUNT, import_rate(q, now) // len(fed.responders)))
+        count = min(MAX_COUNT, room,
+                    max(MIN_COUNT, import_rate(q, now) // len(fed.responders)))
         message = cluster.queue_message(messages.NEEDJOBS, q.name, count)
         for node_id in fed.responders:
             cluster.send(node_id, message)

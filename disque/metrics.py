@@ -144,6 +144,22 @@ class NodeCollector(Collector):
         by_priority = GaugeMetricFamily(
             "disque_queue_priority_length", "Jobs queued with a priority above 0 (QSTAT "
             "priorities; only priorities holding jobs)", labels=["queue", "priority"])
+        limit_max = GaugeMetricFamily(
+            "disque_queue_rate_limit_jobs", "QLIMIT: jobs the queue may deliver per period "
+            "(only rate-limited queues)", labels=["queue"])
+        limit_period = GaugeMetricFamily(
+            "disque_queue_rate_limit_period_seconds", "QLIMIT: the period of the limit",
+            labels=["queue"])
+        limited = CounterMetricFamily(
+            "disque_queue_rate_limited", "GETJOB fetches the queue's rate limit held back "
+            "(QSTAT rate-limited)", labels=["queue"])
+        for q in self.state.queues.limited.values():
+            limit = q.limit
+            if limit is not None:
+                name = [_label(q.name)]
+                limit_max.add_metric(name, limit.max_jobs)
+                limit_period.add_metric(name, limit.period_ms / 1000)
+                limited.add_metric(name, limit.limited)
         for q in self.state.queues.all():
             name = [_label(q.name)]
             length.add_metric(name, len(q))
@@ -153,7 +169,8 @@ class NodeCollector(Collector):
             dequeued.add_metric(name, q.jobs_out)
             for priority, jobs in q.jobs.priorities():
                 by_priority.add_metric([*name, str(priority)], jobs)
-        yield from (length, blocked, paused, enqueued, dequeued, by_priority)
+        yield from (length, blocked, paused, enqueued, dequeued, by_priority, limit_max,
+                    limit_period, limited)
 
     # -- replication ------------------------------------------------------------
 

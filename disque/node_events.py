@@ -8,6 +8,7 @@
 | ``job_dead_lettered`` | LOADJOB of the new queue | the other copies get a REPLJOB (NOREPLY) |
 | ``job_unregistered`` | DELJOB | a waiting ADDJOB gets -NOREPL; WAITJOB -NOJOB |
 | ``idmp_settled`` | the IDMP record | |
+| ``queue_limit_changed`` | the QLIMIT record | |
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from .waitjob import job_completed, job_removed
 if TYPE_CHECKING:
     from .idmp import DedupEntry
     from .job import Job
+    from .queue_table import Queue
     from .state import ServerState
 
 __all__ = ["NodeEvents"]
@@ -64,3 +66,10 @@ class NodeEvents(JobEvents):
         journal = self.journal
         if journal is not None:
             journal.idmp_settled(entry)
+
+    def queue_limit_changed(self, state: ServerState, q: Queue) -> None:
+        journal = self.journal
+        if journal is not None:
+            limit = q.limit
+            journal.queue_limit_changed(q.name, limit.max_jobs if limit is not None else 0,
+                                        limit.period_ms if limit is not None else 0)

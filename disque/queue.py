@@ -1,11 +1,14 @@
 """The spec's procedures on queues: ENQUEUE, DEQUEUE, NACK, the fetch of
-GETJOB, pausing; and serving the GETJOB clients waiting on a queue.
+GETJOB, pausing, rate limits (QLIMIT, an extension); and serving the GETJOB
+clients waiting on a queue.
 
-The queues themselves (and the table of them) are in ``queue_table.py``.
+The queues themselves (and the table of them) are in ``queue_table.py``,
+a rate limit's window in ``queue_limit.py``.
 """
 
 from __future__ import annotations
 
+import asyncio
 from typing import TYPE_CHECKING
 
 from .deadletter import dead_letter
@@ -19,6 +22,7 @@ from .job import (
     Job,
 )
 from .job_options import JobExt, limit_reached, retry_seconds
+from .queue_limit import QueueLimit
 from .queue_table import PAUSED_IN, PAUSED_OUT, QUEUE_ENTRY_BYTES, Queue
 from .schedule import requeue_time, update_awake_time
 from .waiters import WITH_LEASE, getjob_entry, unblock
@@ -36,6 +40,9 @@ __all__ = [
     "nack_job",
     "set_pause",
     "receive_pause",
+    "set_rate_limit",
+    "receive_qlimit",
+    "wake_when_window_opens",
     "serve_blocked_clients",
 ]
 
@@ -153,11 +160,17 @@ def fetch_job(state: ServerState, q: Queue) -> Job | None:
 
 
 def fetch_jobs(state: ServerState, q: Queue, count: int) -> list[Job]:
-    """Pop up to ``count`` of the next jobs of ``q`` for delivery (GETJOB COUNT)."""
+    """Pop up to ``count`` of the next jobs of ``q`` for delivery (GETJOB
+    COUNT), as many as its rate limit's window still lets through."""
     queued = q.jobs
     count = min(count, len(queued))
     if not count:
         return []
+    limit = q.limit
+    if limit is not None:
+        count = limit.take(state.clock.now_ms(), count)
+        if not count:
+            return []
     taken: list[Job] = []
     for _ in range(count):
         job = queued.pop_first()
@@ -200,15 +213,80 @@ def receive_pause(state: ServerState, sender: ClusterNode, msg: Message) -> None
 
 
 def serve_blocked_clients(state: ServerState, q: Queue) -> int:
-    """Give one job each to the clients waiting on ``q``, first come first served."""
+    """Give one job each to the clients waiting on ``q``, first come first
+    served; if its rate limit stops that, wake them when the window opens."""
     served = 0
     while q.waiters and q.jobs and not q.paused_out:
         blocked = next(iter(q.waiters))
         job = fetch_job(state, q)
         if job is None:
+            if q.limit is not None:
+                wake_when_window_opens(state, q)
             break
         fields = blocked.fields
         now = state.clock.now_ms() if fields & WITH_LEASE else 0
         unblock(state, blocked, [getjob_entry(job, fields, now)])
         served += 1
     return served
+
+
+# --------------------------------------------------------------------------
+# Rate limits (QLIMIT, an extension: queue_limit.py, docs/EXTENSIONS.md)
+# --------------------------------------------------------------------------
+
+def set_rate_limit(state: ServerState, q: Queue, max_jobs: int, period_ms: int) -> None:
+    """Limit ``q`` to ``max_jobs`` deliveries per ``period_ms`` (0 jobs: no
+    limit).  A changed limit applies to the window under way; waiting
+    clients are served at once if it lets more through."""
+    limit = q.limit
+    if max_jobs:
+        if limit is None:
+            limit = q.limit = QueueLimit(max_jobs, period_ms)
+            state.queues.limited[q.name] = q
+        else:
+            limit.max_jobs = max_jobs
+            limit.period_ms = period_ms
+    elif limit is not None:
+        limit.cancel_wake()
+        q.limit = None
+        state.queues.limited.pop(q.name, None)
+    q.atime = state.clock.now_ms()
+    state.events.queue_limit_changed(state, q)
+    if q.waiters and not q.paused_out:
+        if q.limit is not None:
+            q.limit.cancel_wake()  # the window's end may have changed
+        serve_blocked_clients(state, q)
+
+
+def receive_qlimit(state: ServerState, sender: ClusterNode, msg: Message) -> None:
+    """QLIMIT from another node (QLIMIT ... BCAST there): set the same limit."""
+    q = state.queues.lookup(msg.queue)
+    if q is None:
+        if not msg.aux:
+            return
+        q = state.queue_for_write(msg.queue)
+    set_rate_limit(state, q, msg.aux, msg.period if msg.aux else 0)
+
+
+def wake_when_window_opens(state: ServerState, q: Queue) -> None:
+    """Arm ``q``'s one timer for the end of its full window (clients wait on
+    it with jobs queued); nothing if it is armed or the window has room."""
+    limit = q.limit
+    if limit is None or limit.wake is not None:
+        return
+    now = state.clock.now_ms()
+    if limit.left(now):
+        return
+    # One millisecond late rather than early: the window is over by then
+    # on the node's clock, which the loop's timer does not follow exactly.
+    delay = (limit.window_end - now + 1) / 1000
+    limit.wake = asyncio.get_running_loop().call_later(delay, _window_opened, state, q)
+
+
+def _window_opened(state: ServerState, q: Queue) -> None:
+    limit = q.limit
+    if limit is None:
+        return
+    limit.wake = None
+    if q.waiters and not q.paused_out:
+        serve_blocked_clients(state, q)

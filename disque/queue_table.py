@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 from .job import Job
 from .keyspace import SlicedDict, name_slice
+from .queue_limit import QueueLimit
 from .queue_order import JobOrder
 
 if TYPE_CHECKING:
@@ -73,6 +74,7 @@ class Queue:
         "jobs",
         "jobs_in",
         "jobs_out",
+        "limit",
         "name",
         "waiters",
     )
@@ -93,6 +95,8 @@ class Queue:
         # Federation state, made when the queue first asks for or imports
         # jobs (federation.py); None on a lone node.
         self.fed: QueueFederation | None = None
+        #: The rate limit (QLIMIT, an extension; queue_limit.py), or None.
+        self.limit: QueueLimit | None = None
 
     def __len__(self) -> int:
         return len(self.jobs)
@@ -106,8 +110,8 @@ class Queue:
         return bool(self.flags & PAUSED_OUT)
 
     def is_evictable(self, now_ms: int, idle_ms: int) -> bool:
-        """Empty, not paused, nobody waiting, untouched for ``idle_ms``."""
-        return (not self.jobs and not self.flags and not self.waiters
+        """Empty, not paused nor rate-limited, nobody waiting, untouched for ``idle_ms``."""
+        return (not self.jobs and not self.flags and not self.waiters and self.limit is None
                 and now_ms - self.atime >= idle_ms)
 
     def peek(self, count: int) -> list[Job]:
@@ -121,13 +125,15 @@ class Queue:
 class QueueRegistry:
     """All queues of this node, scannable with QSCAN."""
 
-    __slots__ = ("_by_name", "_queues")
+    __slots__ = ("_by_name", "_queues", "limited")
 
     def __init__(self) -> None:
         self._queues: SlicedDict[bytes, Queue] = SlicedDict(name_slice)
         # A flat index too: every job command looks its queue up, and queues
         # are few, so a second dict is cheaper than hashing into a slice.
         self._by_name: dict[bytes, Queue] = {}
+        #: The queues with a rate limit (an AOF rewrite writes them all).
+        self.limited: dict[bytes, Queue] = {}
 
     def __len__(self) -> int:
         return len(self._queues)
@@ -158,5 +164,9 @@ class QueueRegistry:
         return self._queues.scan(cursor, count, accept)
 
     def clear(self) -> None:
+        for q in self.limited.values():
+            if q.limit is not None:
+                q.limit.cancel_wake()
+        self.limited.clear()
         self._queues.clear()
         self._by_name.clear()

@@ -86,6 +86,9 @@ class DriverSide:
         #: charged when planning and refunded what the tasks did not find).
         self.planned: dict[int, int] = {}
         self.available_now_budget: int | None = None
+        #: The longest period of a rate limit (QLIMIT) whose full window held
+        #: queued jobs back at the last QSTAT (0: none did).
+        self._throttled_ms = 0
         self.last_batch_at = time.monotonic()
         self.idle = threading.Event()
         self.counters = {"jobsFetched": 0, "jobsAcked": 0, "redeliveredSeen": 0,
@@ -347,22 +350,33 @@ class DriverSide:
             node[key] = node[key] + value if add else value
 
     def _queue_lengths(self) -> list[tuple[str, int]]:
-        """(address, jobs queued there) for every node that answers QLEN;
+        """(address, jobs queued there) for every node that answers QSTAT;
         with ``deadLetterQueues``, also the jobs the nodes dead-lettered
-        from the source's queues (QSTAT ``dead-lettered``, per node)."""
+        from the source's queues (``dead-lettered``, per node); for queues
+        with a rate limit (QLIMIT), the fetches it held back
+        (``rate-limited``, per node)."""
         out = []
         dead_lettered = 0
+        rate_limited: int | None = None
+        throttled_ms = 0
+        live_queues = set(self.config.live_queues)
         for address in self.nodes.live():
             client = self.nodes.client(address)
             try:
-                queued = sum(client.qlen(q) for q in self.config.queues)
-                if self.config.dead_letter_queues:
-                    dead_lettered += sum(int((client.qstat(q) or {}).get("dead-lettered", 0))
-                                         for q in self.config.live_queues)
+                stats = [(q, client.qstat(q) or {}) for q in self.config.queues]
             except (ConnectionFailed, DisqueError) as exc:
-                log.info("QLEN on %s failed: %s", address, exc)
+                log.info("QSTAT on %s failed: %s", address, exc)
                 self.nodes.mark_down(address)
                 continue
+            queued = sum(int(stat.get("len", 0)) for _, stat in stats)
+            dead_lettered += sum(int(stat.get("dead-lettered", 0)) for q, stat in stats
+                                 if q in live_queues)
+            for _, stat in stats:
+                if "rate-limited" in stat:
+                    rate_limited = (rate_limited or 0) + int(stat["rate-limited"])
+                    if int(stat.get("len", 0)) and not int(stat.get("rate-limit-left", 1)):
+                        # Jobs held back until the window ends, within a period.
+                        throttled_ms = max(throttled_ms, int(stat["rate-limit"][1]))
             if self.nodes.check(address, client):
                 out.append((address, queued))
                 self._count_node(address, "queued", queued, add=False)
@@ -370,6 +384,9 @@ class DriverSide:
             raise ConnectionFailed("no node in 'nodes' (or found through HELLO) answers")
         if self.config.dead_letter_queues:
             self.counters["deadLettered"] = dead_lettered
+        if rate_limited is not None:
+            self.counters["rateLimited"] = rate_limited
+        self._throttled_ms = throttled_ms
         return out
 
     def _queue_length(self) -> int:
@@ -403,13 +420,16 @@ class DriverSide:
                     break
         if not reached:
             raise ConnectionFailed("no node in 'nodes' (or found through HELLO) answered GETJOB")
-        if (block and sum(t.num_rows for t in tables) == 0 and config.fetch_timeout_ms > 0
-                and self.available_now_budget is None):
-            # Idle: wait (bounded) for a job on one node, rotating, so an
-            # idle query costs one blocked GETJOB per fetchTimeoutMs.
+        # Idle: wait (bounded) for a job on one node, rotating, so an idle
+        # query costs one blocked GETJOB per fetchTimeoutMs.  availableNow
+        # does not wait for new jobs, only for queued ones that a rate limit
+        # (QLIMIT) holds back: at most one period, when the window opens.
+        wait_ms = (config.fetch_timeout_ms if self.available_now_budget is None
+                   else self._throttled_ms)
+        if block and sum(t.num_rows for t in tables) == 0 and wait_ms > 0:
             address = reached[self._next_blocking % len(reached)]
             self._next_blocking += 1
-            fetched = self._fetch_from(address, max_jobs, config.fetch_timeout_ms, seen)
+            fetched = self._fetch_from(address, max_jobs, wait_ms, seen)
             if fetched is not None:
                 tables.append(fetched.table)
                 lease_until = min(lease_until, self._lease_until(fetched, fetch_started))

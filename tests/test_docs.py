@@ -151,6 +151,11 @@ BLOCKS: dict[tuple[str, str], str] = {
         "a CLI session (IDs differ per run); tests/server/test_priority.py "
         "(test_higher_priorities_first_fifo_within_a_priority, "
         "test_show_qstat_and_the_scan_filters) checks the order and QSTAT's field",
+    ("docs/EXTENSIONS.md", "QLIMIT queue max period-ms [BCAST]"): "a syntax synopsis",
+    ("docs/EXTENSIONS.md", "127.0.0.1:7711> QLIMIT geocode 50 1000 BCAST"):
+        "a CLI session; tests/server/test_rate_limit.py "
+        "(test_getjob_delivers_at_most_max_per_window) checks these replies and QSTAT's "
+        "fields, tests/cluster/test_rate_limit.py the BCAST",
     ("docs/EXTENSIONS.md", "WAITJOB id ms-timeout"): "a syntax synopsis",
     ("docs/EXTENSIONS.md", "ADDJOBS queue ms-timeout"): "a syntax synopsis",
     ("docs/EXTENSIONS.md", "WORKINGS id [id ...]"): "a syntax synopsis",

@@ -24,7 +24,7 @@ import sys
 from ..job import SerializationError
 from ..job_options import decode_stored
 from .reader import AofReader, Damage, Record
-from .records import KIND_DELJOB, KIND_IDMP, KIND_LOADJOB, KIND_MARK
+from .records import KIND_DELJOB, KIND_IDMP, KIND_LOADJOB, KIND_MARK, KIND_QLIMIT
 
 __all__ = ["main", "check"]
 
@@ -40,7 +40,7 @@ def check(path: str, out=sys.stdout) -> tuple[list[Damage], int, AofReader | Non
     fh.close()
     reader = AofReader(mm)
     damages: list[Damage] = []
-    counts = {KIND_LOADJOB: 0, KIND_DELJOB: 0, KIND_MARK: 0, KIND_IDMP: 0}
+    counts = {KIND_LOADJOB: 0, KIND_DELJOB: 0, KIND_MARK: 0, KIND_IDMP: 0, KIND_QLIMIT: 0}
     jobs: set[bytes] = set()
     bad_jobs = 0
     legacy = 0
@@ -69,6 +69,8 @@ def check(path: str, out=sys.stdout) -> tuple[list[Damage], int, AofReader | Non
           f"checksum), {len(jobs)} jobs would load", file=out)
     if counts[KIND_IDMP]:
         print(f"{counts[KIND_IDMP]} IDMP key records (idempotent ADDJOB)", file=out)
+    if counts[KIND_QLIMIT]:
+        print(f"{counts[KIND_QLIMIT]} QLIMIT records (queue rate limits)", file=out)
     if bad_jobs:
         print(f"{bad_jobs} records hold a job that cannot be parsed", file=out)
     return damages, size, reader, mm

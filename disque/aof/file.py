@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any, Final
 from ..idmp import DedupEntry
 from ..job import Job, JobState
 from ..protocol import ReplyError
+from ..queue import set_rate_limit
 from ..restore import apply_loaded_jobs
 from .background import BackgroundIO, close_quietly, fsync_dir
 from .reader import AofCorruptError, read_aof
@@ -45,6 +46,7 @@ from .records import (
     idmp_record,
     loadjob_record,
     mark_record,
+    qlimit_record,
     snapshot_record,
 )
 from .rewrite import Rewrite
@@ -167,6 +169,9 @@ class AppendOnlyFile:
 
     def idmp_settled(self, entry: DedupEntry) -> None:
         self._append(idmp_record(entry))
+
+    def queue_limit_changed(self, name: bytes, max_jobs: int, period_ms: int) -> None:
+        self._append(qlimit_record(name, max_jobs, period_ms))
 
     def job_forgotten(self, job: Job) -> None:
         if job.state != JobState.WAIT_REPL and not job.is_dummy_ack:
@@ -535,6 +540,9 @@ class AppendOnlyFile:
                 for entry in self.state.idmp.entries():
                     if not entry.pending:
                         fh.write(idmp_record(entry))
+                for q in self.state.queues.limited.values():
+                    if q.limit is not None:
+                        fh.write(qlimit_record(q.name, q.limit.max_jobs, q.limit.period_ms))
                 if mark_shutdown:
                     fh.write(mark_record(b"shutdown %d" % self.state.clock.now_ms()))
                 fh.flush()
@@ -659,6 +667,10 @@ class AppendOnlyFile:
             now = self.state.clock.now_ms()
             counts["idmp"] = sum(self.state.idmp.restore(entry, now)
                                  for entry in result.idmp.values())
+            for name, (max_jobs, period_ms) in result.qlimits.items():
+                if max_jobs:
+                    set_rate_limit(self.state, self.state.queue_for_write(name), max_jobs,
+                                   period_ms)
         finally:
             self.loading = False
             if gc_was_enabled:

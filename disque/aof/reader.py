@@ -33,8 +33,10 @@ from .records import (
     KIND_IDMP,
     KIND_LOADJOB,
     KIND_MARK,
+    KIND_QLIMIT,
     LOADJOB_PREFIX,
     decode_idmp,
+    decode_qlimit,
 )
 
 __all__ = ["AofReader", "AofCorruptError", "BlobDecoder", "Damage", "LoadResult", "Record",
@@ -137,7 +139,7 @@ class AofReader:
         checked = False
         last_p, last_s, last_e = elems[-1]
         if (argc == 3 and last_e - last_s == 8
-                and verb in (b"LOADJOB", b"DELJOB", b"MARK", b"IDMP")
+                and verb in (b"LOADJOB", b"DELJOB", b"MARK", b"IDMP", b"QLIMIT")
                 and (verb != b"DELJOB" or elems[1][2] - elems[1][1] != 8)):
             crc_text = buf[last_s:last_e]
             if not _HEXDIGITS.issuperset(crc_text):
@@ -160,6 +162,8 @@ class AofReader:
             return Record(KIND_MARK, pos, p, args, checked)
         if verb == b"IDMP" and checked:
             return Record(KIND_IDMP, pos, p, args, checked)
+        if verb == b"QLIMIT" and checked:
+            return Record(KIND_QLIMIT, pos, p, args, checked)
         raise _Bad(f"unknown command {verb[:32].decode('latin-1')!r}")
 
     def valid_at(self, pos: int) -> Record | None:
@@ -178,7 +182,7 @@ class AofReader:
         return rec
 
     _SYNC_PATTERNS = (b"\r\n$7\r\nLOADJOB\r\n", b"\r\n$6\r\nDELJOB\r\n", b"\r\n$4\r\nMARK\r\n",
-                      b"\r\n$4\r\nIDMP\r\n",
+                      b"\r\n$4\r\nIDMP\r\n", b"\r\n$6\r\nQLIMIT\r\n",
                       b"\r\n$7\r\nloadjob\r\n", b"\r\n$6\r\ndeljob\r\n")
 
     def find_next_valid(self, start: int) -> int | None:
@@ -313,6 +317,8 @@ class LoadResult:
     clean_shutdown: bool = False
     legacy_only: bool = True     # only records of the original's format
     idmp: dict[tuple[bytes, bytes], DedupEntry] = field(default_factory=dict)
+    #: Queue -> (max jobs, period ms) of its last QLIMIT record (0 jobs: removed).
+    qlimits: dict[bytes, tuple[int, int]] = field(default_factory=dict)
 
 
 def read_aof(path: str, load_truncated: bool = True) -> LoadResult:
@@ -376,6 +382,14 @@ def _replay(reader: AofReader, result: LoadResult, path: str, load_truncated: bo
                     f"Bad IDMP key in the append only file {path!r} at byte offset "
                     f"{item.offset}: {err}. Run 'disque-check-aof {path}'") from None
             result.idmp[(entry.queue, entry.key)] = entry  # the last record wins
+        elif item.kind == KIND_QLIMIT:
+            try:
+                queue, max_jobs, period_ms = decode_qlimit(item.args[0])
+            except ValueError as err:
+                raise AofCorruptError(
+                    f"Bad QLIMIT record in the append only file {path!r} at byte offset "
+                    f"{item.offset}: {err}. Run 'disque-check-aof {path}'") from None
+            result.qlimits[queue] = (max_jobs, period_ms)  # the last record wins
         last_kind = item.kind if item.kind != KIND_MARK else (
             KIND_MARK if item.args[0].startswith(b"shutdown") else last_kind)
     result.clean_shutdown = last_kind == KIND_MARK and result.damage is None

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Final
 
 from ..job import Job
 from .background import close_quietly
-from .records import idmp_record, snapshot_record
+from .records import idmp_record, qlimit_record, snapshot_record
 
 if TYPE_CHECKING:
     from ..idmp import DedupEntry
@@ -163,10 +163,16 @@ class Rewrite:
     def _snapshot_keys(self, out: list[bytes], deadline: float) -> int:
         """Append the records of the next live IDMP keys to ``out``; their size."""
         dedup = self.aof.state.idmp
+        written = 0
         if self.keys is None:
             self.keys = list(dedup.entries())
+            # The queues' rate limits first, at once: there are few.
+            for q in self.aof.state.queues.limited.values():
+                if q.limit is not None:
+                    rec = qlimit_record(q.name, q.limit.max_jobs, q.limit.period_ms)
+                    out.append(rec)
+                    written += len(rec)
         keys = self.keys
-        written = 0
         while self.keys_pos < len(keys) and written < REWRITE_CHUNK:
             end = min(self.keys_pos + 256, len(keys))
             for entry in keys[self.keys_pos:end]:

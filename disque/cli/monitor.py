@@ -12,7 +12,7 @@ from ..client import Client
 __all__ = ["monitor_args", "monitor_queues"]
 
 _COLUMNS = ("queue", "len", "age", "idle", "blocked", "import-rate", "in/s", "out/s",
-            "jobs-in", "jobs-out", "dead-lettered", "pause", "priorities")
+            "jobs-in", "jobs-out", "dead-lettered", "pause", "priorities", "rate-limit")
 
 
 def _priorities(levels: object) -> str:
@@ -20,6 +20,15 @@ def _priorities(levels: object) -> str:
     if not isinstance(levels, list) or not levels:
         return "-"
     return ",".join(f"{p}:{n}" for p, n in zip(levels[::2], levels[1::2], strict=True))
+
+
+def _rate_limit(stat: dict[str, object]) -> str:
+    """QSTAT's ``rate-limit`` as ``20/500ms`` with the jobs the window has
+    left (``20/500ms:3``); ``-`` without one."""
+    limit = stat.get("rate-limit")
+    if not isinstance(limit, list) or len(limit) != 2:
+        return "-"
+    return f"{limit[0]}/{limit[1]}ms:{stat.get('rate-limit-left', '?')}"
 
 
 def monitor_queues(client: Client, out: IO[bytes], interval: float = 1.0,
@@ -53,7 +62,8 @@ def monitor_queues(client: Client, out: IO[bytes], interval: float = 1.0,
                          str(s.get("idle", "")), str(s.get("blocked", "")),
                          str(s.get("import-rate", "")), rate_in, rate_out, str(jobs_in),
                          str(jobs_out), str(s.get("dead-lettered", 0)),
-                         str(s.get("pause", "")), _priorities(s.get("priorities"))])
+                         str(s.get("pause", "")), _priorities(s.get("priorities")),
+                         _rate_limit(s)])
         previous, previous_at = current, now
         widths = [max(len(c), *(len(r[i]) for r in rows)) if rows else len(c)
                   for i, c in enumerate(_COLUMNS)]

@@ -656,6 +656,44 @@ def pause(queue: Arg, options: Sequence[str], bcast: bool = False) -> Request:
     return request("PAUSE", queue, *opts, parse=text)
 
 
+def qlimit(queue: Arg, max_jobs: int | None = None, period_ms: int | None = None,
+           off: bool = False, bcast: bool = False) -> Request:
+    """QLIMIT (an extension): read, set (``max_jobs`` per ``period_ms``) or
+    lift (``off``) a queue's rate limit; the reply is the limit after it."""
+    if (max_jobs is None) != (period_ms is None):
+        raise ValueError("give both max_jobs and period_ms")
+    if off and max_jobs is not None:
+        raise ValueError("off=True lifts the limit: give no max_jobs/period_ms")
+    args: list[Arg] = ["QLIMIT", queue]
+    if off:
+        args.append("OFF")
+    elif max_jobs is not None and period_ms is not None:
+        if int(max_jobs) < 1 or int(period_ms) < 1:
+            raise ValueError("max_jobs and period_ms must be >= 1 (pause() stops a queue)")
+        args += [int(max_jobs), int(period_ms)]
+    elif bcast:
+        raise ValueError("bcast needs a limit to set, or off=True")
+    if bcast:
+        args.append("BCAST")
+    if len(args) == 2:
+        return request(*args, parse=_limit)
+    limit = None if off else (int(max_jobs or 0), int(period_ms or 0))
+
+    def parse(reply: Any) -> tuple[int, int] | None:
+        _ok(reply)
+        return limit
+
+    return request(*args, parse=parse)
+
+
+def _limit(reply: Any) -> tuple[int, int] | None:
+    if reply is None:
+        return None
+    if not isinstance(reply, list) or len(reply) != 2:
+        raise ProtocolError(f"expected [max, period-ms], got {reply!r}")
+    return integer(reply[0]), integer(reply[1])
+
+
 def info(section: str | None = None) -> Request:
     args: list[Arg] = ["INFO"] if section is None else ["INFO", section]
     return request(*args, parse=parse_info)

@@ -754,6 +754,20 @@ class AsyncClient(ClientBase):
         """
         return await self._execute(w.pause(queue, options, bcast))
 
+    async def qlimit(self, queue: Arg, max_jobs: int | None = None,
+                     period_ms: int | None = None, *, off: bool = False,
+                     bcast: bool = False) -> tuple[int, int] | None:
+        """QLIMIT (an extension): the queue's rate limit as ``(max_jobs,
+        period_ms)``, or None.
+
+        With ``max_jobs`` and ``period_ms`` the node delivers at most that
+        many of the queue's jobs per period (GETJOB; consumers wait for the
+        next window); ``off=True`` lifts it.  The limit is per node:
+        ``bcast`` sets the same on every node of this server (not on
+        original nodes, which have no rate limits).
+        """
+        return await self._execute(w.qlimit(queue, max_jobs, period_ms, off, bcast))
+
     async def _scan(self, make: Callable[[int], Request]) -> AsyncIterator[Any]:
         """Follow a QSCAN/JSCAN cursor to 0.
 

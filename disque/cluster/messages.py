@@ -37,6 +37,9 @@ Bodies, by type (totlen must match exactly, or the message is dropped):
 * job messages (REPLJOB, YOURJOBS): numjobs u32, datasize u32, then
   ``datasize`` bytes of serialized jobs (``job.serialize_job``, little-endian).
 * queue messages (NEEDJOBS, PAUSE): aux u32, name length u32, name.
+* QLIMIT (ours: sent only to nodes whose messages carry :data:`CAP_BATCH`,
+  as the original logs every unknown type): max jobs u32, name length u32,
+  name, period ms u32.
 
 Framing errors (bad signature, a totlen below the header size or above the
 reader's limit) mean the peer does not speak the protocol or is hostile:
@@ -93,9 +96,11 @@ NEEDJOBS: Final = 12
 YOURJOBS: Final = 13
 WORKING: Final = 14
 PAUSE: Final = 15
+#: A queue's rate limit (QLIMIT ... BCAST), between our nodes only.
+QLIMIT: Final = 16
 TYPE_NAMES = ("ping", "pong", "meet", "fail", "repljob", "gotjob", "enqueue", "queued",
               "setack", "willqueue", "gotack", "deljob", "needjobs", "yourjobs", "working",
-              "pause")
+              "pause", "qlimit")
 GOSSIP_TYPES: Final = frozenset((PING, PONG, MEET))
 JOB_ID_TYPES: Final = frozenset((GOTJOB, ENQUEUE, QUEUED, SETACK, WILLQUEUE, GOTACK, DELJOB,
                                  WORKING))
@@ -167,7 +172,7 @@ class Message:
     """
 
     __slots__ = ("aux", "caps", "flags", "gossip", "job_id", "mflags", "node_id", "numjobs",
-                 "payload", "port", "queue", "sender", "type")
+                 "payload", "period", "port", "queue", "sender", "type")
 
     def __init__(self, msg_type: int, sender: str, port: int, flags: int, mflags: int,
                  gossip: tuple[GossipEntry, ...] = (), node_id: str = "",
@@ -186,6 +191,7 @@ class Message:
         self.numjobs = numjobs  # job messages; batched job-ID messages: entries
         self.payload = payload  # job messages: the serialized jobs; batched: the entries
         self.caps = caps        # mflags[1]: what the sender takes (CAP_BATCH)
+        self.period = 0         # QLIMIT: the period in ms (aux is the max)
 
     def __repr__(self) -> str:
         return (f"Message({TYPE_NAMES[self.type]} from {self.sender} port={self.port} "
@@ -256,6 +262,14 @@ def queue_message(msg_type: int, sender_id: str, port: int, flags: int, queue: b
     """Messages about a queue (NEEDJOBS, PAUSE): aux u32, name length u32, name."""
     return (header(msg_type, sender_id, port, flags, 8 + len(queue))
             + _TWO_U32.pack(aux & 0xFFFFFFFF, len(queue)) + queue)
+
+
+def qlimit_message(sender_id: str, port: int, flags: int, queue: bytes, max_jobs: int,
+                   period_ms: int) -> bytes:
+    """QLIMIT: a queue message (max jobs as aux) with the period after the name."""
+    return (header(QLIMIT, sender_id, port, flags, 12 + len(queue))
+            + _TWO_U32.pack(max_jobs & 0xFFFFFFFF, len(queue)) + queue
+            + _AUX.pack(period_ms & 0xFFFFFFFF))
 
 
 def jobs_message(msg_type: int, sender_id: str, port: int, flags: int, blobs: list[bytes],
@@ -452,6 +466,8 @@ def _body_length_ok(msg_type: int, count: int, frame: bytes) -> bool:
         return size == 40
     if msg_type in JOBS_TYPES or msg_type in QUEUE_TYPES:
         return size >= 8 and size == 8 + _TWO_U32.unpack_from(frame, HEADER_SIZE)[1]
+    if msg_type == QLIMIT:
+        return size >= 12 and size == 12 + _TWO_U32.unpack_from(frame, HEADER_SIZE)[1]
     return False
 
 
@@ -525,6 +541,11 @@ def decode(frame: bytes) -> Message | None:
     if msg_type == FAIL:
         return Message(msg_type, sender_id, port, flags, mflags, node_id=_text(frame[body:]))
     aux = _TWO_U32.unpack_from(frame, body)[0]
+    if msg_type == QLIMIT:
+        msg = Message(msg_type, sender_id, port, flags, mflags, aux=aux,
+                      queue=frame[body + 8:-4], caps=caps)
+        msg.period = _AUX.unpack_from(frame, len(frame) - 4)[0]
+        return msg
     return Message(msg_type, sender_id, port, flags, mflags, aux=aux, queue=frame[body + 8:],
                    caps=caps)
 

@@ -354,6 +354,20 @@ class ClusterState:
     def broadcast_pause(self, queue: bytes, flags: int) -> None:
         self.broadcast(self.queue_message(messages.PAUSE, queue, flags))
 
+    def broadcast_qlimit(self, queue: bytes, max_jobs: int, period_ms: int) -> int:
+        """QLIMIT to every linked node of ours (those whose messages carry
+        CAP_BATCH: the original logs every unknown type); how many."""
+        me = self.myself
+        message = messages.qlimit_message(me.id, me.port, self.wire_flags, queue, max_jobs,
+                                          period_ms)
+        sent = 0
+        for node in list(self.nodes.values()):
+            if (node.link is not None and node is not self.myself
+                    and node.caps & messages.CAP_BATCH):
+                node.link.send(message)
+                sent += 1
+        return sent
+
 
 _MYSELF_WIRE: Final = messages.WIRE_FLAGS[FLAG_MYSELF]
 _AUX: Final = struct.Struct(">I")

@@ -11,7 +11,14 @@ from ..job import ACTIVE, FLAG_BCAST_WILLQUEUE, WAIT_REPL, Job, JobState
 from ..job_options import MAX_PRIORITY, JobExt, dead_letter_queue, retry_seconds
 from ..jobs import register_job, unregister_job
 from ..protocol import NULL_ARRAY, Map, ReplyError, Status, status_reply
-from ..queue import dequeue_job, enqueue_job, fetch_job, fetch_jobs, nack_job
+from ..queue import (
+    dequeue_job,
+    enqueue_job,
+    fetch_job,
+    fetch_jobs,
+    nack_job,
+    wake_when_window_opens,
+)
 from ..queue_table import PAUSED_IN, PAUSED_OUT
 from ..replication import replicate_job
 from ..schedule import requeue_time, update_awake_time
@@ -382,7 +389,10 @@ def getjob(state: ServerState, client: CommandClient, argv: list[bytes]) -> Any:
         return NULL_ARRAY
     if state.cluster.leaving:
         return ReplyError(LEAVING_ERROR)
-    block_for_jobs(state, client, queues, timeout, fields)
+    blocked = block_for_jobs(state, client, queues, timeout, fields)
+    for q in blocked.queues:
+        if q.limit is not None and q.jobs:
+            wake_when_window_opens(state, q)  # jobs held back by the rate limit
     return BLOCKED
 
 

@@ -1,4 +1,4 @@
-"""Queue commands: QLEN QSTAT QPEEK PAUSE, and the iterators QSCAN JSCAN."""
+"""Queue commands: QLEN QSTAT QPEEK PAUSE QLIMIT, and the iterators QSCAN JSCAN."""
 
 from __future__ import annotations
 
@@ -8,8 +8,9 @@ from ..federation import import_from, import_rate
 from ..job import JobState
 from ..job_options import MAX_PRIORITY
 from ..keyspace import SLICES
-from ..protocol import Map
-from ..queue import set_pause
+from ..protocol import NULL_ARRAY, OK, Map
+from ..queue import set_pause, set_rate_limit
+from ..queue_limit import MAX_LIMIT_JOBS, MAX_LIMIT_PERIOD_MS
 from ..queue_order import priority_of
 from ..queue_table import PAUSED_IN, PAUSED_OUT, pause_label
 from ..waiters import getjob_entry
@@ -51,6 +52,12 @@ def qstat(state: ServerState, client: ClientConnection, argv: list[bytes]) -> An
         # Extension (MAXDELIVERIES): only once this node dead-lettered jobs
         # of the queue, so an original client's QSTAT stays the original's.
         reply += [b"dead-lettered", q.dead_lettered]
+    limit = q.limit
+    if limit is not None:
+        # Extension (QLIMIT): only on a rate-limited queue.
+        reply += [b"rate-limit", [limit.max_jobs, limit.period_ms],
+                  b"rate-limit-left", limit.left(now),
+                  b"rate-limited", limit.limited]
     levels = q.jobs.priorities()
     if levels:
         # Extension (PRIORITY): queued jobs per priority above 0, highest
@@ -101,6 +108,47 @@ def pause(state: ServerState, client: ClientConnection, argv: list[bytes]) -> An
     if bcast:
         state.cluster.broadcast_pause(argv[1], flags)
     return pause_label(flags).encode()
+
+
+# --------------------------------------------------------------------------
+# QLIMIT (an extension: queue_limit.py, docs/EXTENSIONS.md)
+# --------------------------------------------------------------------------
+
+QLIMIT_MAX_ERROR = (f"ERR QLIMIT max must be a number of jobs between 1 and {MAX_LIMIT_JOBS} "
+                    "(PAUSE queue out stops a queue's output)")
+QLIMIT_PERIOD_ERROR = (f"ERR QLIMIT period must be between 1 and {MAX_LIMIT_PERIOD_MS} "
+                       "milliseconds")
+
+
+@command("qlimit", -2, "write fast")
+def qlimit(state: ServerState, client: ClientConnection, argv: list[bytes]) -> Any:
+    """QLIMIT queue [max period-ms | OFF] [BCAST]: at most ``max`` jobs of the
+    queue delivered per ``period-ms`` on this node (BCAST: on every node of
+    ours too).  Without a limit to set: ``[max, period-ms]``, or null."""
+    args = argv[2:]
+    bcast = bool(args) and args[-1].lower() == b"bcast"
+    if bcast:
+        args = args[:-1]
+    q = state.queues.lookup(argv[1])
+    if not args and not bcast:
+        limit = q.limit if q is not None else None
+        return [limit.max_jobs, limit.period_ms] if limit is not None else NULL_ARRAY
+    off = args[0].lower() == b"off" if args else False
+    if off and len(args) == 1:
+        max_jobs = period_ms = 0
+    elif len(args) == 2 and not off:
+        max_jobs = parse_int(args[0], QLIMIT_MAX_ERROR, 1, MAX_LIMIT_JOBS, QLIMIT_MAX_ERROR)
+        period_ms = parse_int(args[1], QLIMIT_PERIOD_ERROR, 1, MAX_LIMIT_PERIOD_MS,
+                              QLIMIT_PERIOD_ERROR)
+    else:
+        raise CommandError(SYNTAX_ERROR)
+    if q is None and max_jobs:
+        q = state.queue_for_write(argv[1])
+    if q is not None:
+        set_rate_limit(state, q, max_jobs, period_ms)
+    if bcast:
+        state.cluster.broadcast_qlimit(argv[1], max_jobs, period_ms)
+    return OK
 
 
 # --------------------------------------------------------------------------

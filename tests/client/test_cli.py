@@ -137,6 +137,7 @@ def test_monitor_queues(server: DisqueProcess) -> None:
         c.add_job("sms", b"y")
         c.add_job("sms", b"urgent", priority=10)
         c.pause("sms", "in")
+        c.qlimit("emails", 20, 500)
     result = disque(server.port, "monitor-queues", "--interval", "0.05", "--count", "2")
     assert result.returncode == 0, result.stderr
     tables = result.stdout.split("\n\n")
@@ -146,10 +147,11 @@ def test_monitor_queues(server: DisqueProcess) -> None:
         assert lines[0].startswith(f"127.0.0.1:{server.port}") and "queues: 2" in lines[0]
         assert lines[1].split() == ["QUEUE", "LEN", "AGE", "IDLE", "BLOCKED", "IMPORT-RATE",
                                     "IN/S", "OUT/S", "JOBS-IN", "JOBS-OUT", "DEAD-LETTERED",
-                                    "PAUSE", "PRIORITIES"]
+                                    "PAUSE", "PRIORITIES", "RATE-LIMIT"]
         emails, sms = (line.split() for line in lines[2:])
-        assert (emails[0], emails[1], emails[-2], emails[-1]) == ("emails", "3", "none", "-")
-        assert (sms[0], sms[1], sms[-2], sms[-1]) == ("sms", "2", "in", "10:1")
+        assert (emails[0], emails[1], *emails[-3:]) == ("emails", "3", "none", "-",
+                                                         "20/500ms:20")
+        assert (sms[0], sms[1], *sms[-3:]) == ("sms", "2", "in", "10:1", "-")
     assert "0.0" in tables[1]  # rates appear from the second refresh on
     filtered = disque(server.port, "monitor-queues", "--count", "1", "--minlen", "3")
     assert "emails" in filtered.stdout and "sms" not in filtered.stdout

@@ -326,3 +326,23 @@ def test_priorities(client: Client) -> None:
     assert [j.id for j in client.get_jobs("pq", count=4)] == [urgent, *bulk, plain]
     with pytest.raises(ValueError, match="priority must be between 0 and 31"):
         client.add_job("pq", b"x", priority=32)
+
+
+def test_rate_limits(client: Client) -> None:
+    """QLIMIT (an extension): set, read, enforced by GETJOB, lifted."""
+    assert client.qlimit("rl") is None
+    assert client.qlimit("rl", 2, 60_000) == (2, 60_000)
+    assert client.qlimit("rl") == (2, 60_000)
+    client.add_jobs("rl", [b"a", b"b", b"c"])
+    assert len(client.get_jobs("rl", count=3, nohang=True)) == 2
+    assert client.get_jobs("rl", nohang=True) == []
+    stat = client.qstat("rl")
+    assert stat["rate-limit"] == [2, 60_000] and stat["rate-limited"] == 2
+    assert client.qlimit("rl", off=True) is None
+    assert len(client.get_jobs("rl", nohang=True)) == 1
+    with pytest.raises(ValueError, match="both"):
+        client.qlimit("rl", 5)
+    with pytest.raises(ValueError, match=">= 1"):
+        client.qlimit("rl", 0, 1000)
+    with pytest.raises(ResponseError, match="QLIMIT period"):
+        client.qlimit("rl", 5, 100_000_000)

@@ -62,6 +62,8 @@ def test_gossip_entry_layout_and_round_trip() -> None:
      {"type": m.PAUSE, "queue": b"myqueue", "aux": 3}),
     (m.jobs_message(m.REPLJOB, SENDER, 1, 0, [b"blob1", b"blob22"]),
      {"type": m.REPLJOB, "numjobs": 2, "payload": b"blob1blob22"}),
+    (m.qlimit_message(SENDER, 1, 0, b"api", 50, 1000),
+     {"type": m.QLIMIT, "queue": b"api", "aux": 50, "period": 1000}),
 ])
 def test_bodies_round_trip(frame: bytes, fields: dict) -> None:
     msg = m.decode(frame)
@@ -92,6 +94,8 @@ def test_wrong_lengths_for_the_type_are_dropped() -> None:
     assert m.decode(queue + b"d") is None                      # name length says 3
     jobs = m.jobs_message(m.REPLJOB, SENDER, 1, 0, [b"abc"])
     assert m.decode(jobs[:-1]) is None
+    qlimit = m.qlimit_message(SENDER, 1, 0, b"abc", 5, 100)
+    assert m.decode(_with_totlen(qlimit[:-1], len(qlimit) - 1)) is None  # no whole period
     assert m.decode(ping[:8] + struct.pack(">H", 2) + ping[10:]) is None  # version 2
     assert m.decode(ping[:12] + struct.pack(">H", 99) + ping[14:]) is None  # unknown type
 

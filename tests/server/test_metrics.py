@@ -76,6 +76,21 @@ def test_queued_jobs_per_priority(node) -> None:
     assert value(samples, "disque_queue_priority_length", queue="pq", priority="20") is None
 
 
+def test_rate_limits(node) -> None:
+    client = node.client()
+    assert value(scrape(node.metrics_port), "disque_queue_rate_limit_jobs", queue="api") is None
+    client.execute_command("QLIMIT", "api", 2, 1500)
+    for i in range(3):
+        client.execute_command("ADDJOB", "api", f"j{i}", 0)
+    client.execute_command("GETJOB", "NOHANG", "COUNT", 3, "FROM", "api")  # 2 of 3: held back
+    samples = scrape(node.metrics_port)
+    assert value(samples, "disque_queue_rate_limit_jobs", queue="api") == 2
+    assert value(samples, "disque_queue_rate_limit_period_seconds", queue="api") == 1.5
+    assert value(samples, "disque_queue_rate_limited_total", queue="api") == 1
+    client.execute_command("QLIMIT", "api", "OFF")
+    assert value(scrape(node.metrics_port), "disque_queue_rate_limit_jobs", queue="api") is None
+
+
 def test_a_blocked_getjob_counts_as_a_blocked_client(node) -> None:
     blocked = socket.create_connection(("127.0.0.1", node.port))
     try:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -178,4 +179,25 @@ def test_dead_letter_queues_are_read_and_counted(spark, server, tmp_path: Path) 
                     poison: ("events:dead", "poison")}
     progress = json.loads(query.lastProgress["sources"][0]["latestOffset"])
     assert progress["deadLettered"] == 1
+    assert registered(client) == 0
+
+
+def test_a_rate_limited_queue_is_read_at_its_rate_and_reported(spark, server,
+                                                                tmp_path: Path) -> None:
+    """QLIMIT (an extension) holds the source to the queue's rate; the
+    progress reports the fetches the limit held back."""
+    client = Client(f"127.0.0.1:{server.port}")
+    produced = client.add_jobs("limited", [f"job-{i}" for i in range(12)])
+    assert client.qlimit("limited", 5, 1000) == (5, 1000)
+    started = time.monotonic()
+    query = (stream(spark, server, tmp_path, queues="limited", bodyFormat="string")
+             .writeStream.format("memory").queryName("limited_rows")
+             .option("checkpointLocation", str(tmp_path / "checkpoint"))
+             .trigger(availableNow=True).start())
+    query.awaitTermination(180)
+    assert query.exception() is None
+    assert sorted(memory_ids(spark, "limited_rows")) == sorted(produced)
+    assert time.monotonic() - started >= 2.0  # three windows of 5: at least two waits
+    progress = json.loads(query.lastProgress["sources"][0]["latestOffset"])
+    assert progress["rateLimited"] >= 1
     assert registered(client) == 0
