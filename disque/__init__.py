@@ -13,7 +13,7 @@ __all__ = [
     "Client", "AsyncClient", "Job", "Hello", "NodeInfo",
     "DisqueError", "ConnectionFailed", "ProtocolError", "ResponseError", "NoJob", "BadId",
     "NoRepl", "Paused", "Leaving", "MaxLen", "TooLate", "OutOfMemory", "Acked", "Loading",
-    "Misconf", "AuthError", "NoAuth", "IdmpConflict", "IdmpBusy",
+    "Misconf", "AuthError", "NoAuth", "IdmpConflict", "IdmpBusy", "NoPerm",
 ]
 
 _CLIENT_NAMES = frozenset(__all__) - {"__version__"}

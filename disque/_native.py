@@ -43,8 +43,9 @@ __all__ = ["COMPILED_MODULES", "ENV_VAR", "HASHES_FILE", "MODE", "REASON", "acti
 #: The modules mypyc compiles: the node's per-command path.  The build
 #: (setup.py) reads this tuple from this file.
 COMPILED_MODULES: tuple[str, ...] = (
-    # Values: the wire, the job and its options.
+    # Values: the wire, the job and its options, the users.
     "disque.protocol",
+    "disque.acl",
     "disque.clock",
     "disque.job",
     "disque.job_options",

@@ -222,6 +222,8 @@ DIRECTIVES: dict[str, Directive] = {d.name: d for d in [
               doc="CA certificates that client certificates must chain to (PEM)"),
     Directive("tls-auth-clients", _choice("yes", "no", "optional"), "yes", mutable=False,
               doc="require (yes), ignore (no) or check if sent (optional) client certificates"),
+    Directive("aclfile", _string, "", mutable=False,
+              doc='users and their permissions, loaded at start, written by ACL SAVE; "" = none'),
 ]}
 
 

@@ -40,6 +40,7 @@ from .protocol import CommandParser, ProtocolError, ReplyError, encode
 from .waiters import NO_REPLY, Blocked, unblock
 
 if TYPE_CHECKING:
+    from .acl import User
     from .state import ServerState
 
 __all__ = ["ClientConnection", "ReplyBatch"]
@@ -158,7 +159,9 @@ class ClientConnection(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         config = state.config
         self.parser = CommandParser(config.proto_max_bulk_len, config.client_query_buffer_limit)
-        self.authenticated = not config.requirepass
+        #: The user this connection authenticated as (acl.py); None until
+        #: AUTH when ``default`` needs a password.
+        self.user: User | None = state.acl.initial_user()
         self.resp3 = False
         self.name = b""
         self.lib_name = b""
@@ -432,6 +435,7 @@ class ClientConnection(asyncio.Protocol):
                 f"name={self.name.decode('latin-1')} age={int(now - self.created)} "
                 f"idle={int(now - self.last_interaction)} flags={flags} "
                 f"resp={3 if self.resp3 else 2} cmd={self.last_command} "
+                f"user={self.user.name if self.user is not None else ''} "
                 f"lib-name={self.lib_name.decode('latin-1')} "
                 f"lib-ver={self.lib_ver.decode('latin-1')}")
 

@@ -34,6 +34,8 @@ the original's texts after it vary between versions); the full text stays in
         │                         job with a different body (extension)
         ├── IdmpBusy     IDMPBUSY the first ADDJOB with that IDMP key still waits
         │                         for its copies: retry later (extension)
+        ├── NoPerm       NOPERM   the user may not run the command or touch the
+        │                         queue (users with permissions, an extension)
         └── AuthError    AUTH failed (``ERR invalid password``, ``WRONGPASS``, or a
             │            password given to a node that has none)
             └── NoAuth   NOAUTH   a password is required and none was given
@@ -46,8 +48,8 @@ from __future__ import annotations
 __all__ = [
     "DisqueError", "ConnectionFailed", "ProtocolError", "ResponseError",
     "NoJob", "BadId", "NoRepl", "Paused", "Leaving", "MaxLen", "TooLate",
-    "OutOfMemory", "Acked", "Loading", "Misconf", "IdmpConflict", "IdmpBusy", "AuthError",
-    "NoAuth",
+    "OutOfMemory", "Acked", "Loading", "Misconf", "IdmpConflict", "IdmpBusy", "NoPerm",
+    "AuthError", "NoAuth",
     "ERROR_CLASSES", "error_from_reply",
 ]
 
@@ -143,6 +145,11 @@ class IdmpBusy(ResponseError):
     its copies; retry (it either answers with the job or frees the key)."""
 
 
+class NoPerm(ResponseError):
+    """``-NOPERM``: the connection's user may not run this command or touch
+    this queue (ACL, an extension); nothing was done."""
+
+
 class AuthError(ResponseError):
     """Authentication failed or is missing."""
 
@@ -166,6 +173,7 @@ ERROR_CLASSES: dict[str, type[ResponseError]] = {
     "MISCONF": Misconf,
     "IDMPCONFLICT": IdmpConflict,
     "IDMPBUSY": IdmpBusy,
+    "NOPERM": NoPerm,
     "NOAUTH": NoAuth,
     "WRONGPASS": AuthError,
 }

@@ -103,6 +103,11 @@ def _extensions(state: ServerState) -> list[tuple[str, object]]:
         ("idmp_expired_keys", dedup.expired),
         ("idmp_evicted_keys", dedup.evicted),
         ("waitjob_clients", sum(len(w) for w in state.job_waiters.values())),
+        # Users (ACL), named as Redis's INFO stats names them.
+        ("acl_users", len(state.acl.users)),
+        ("acl_access_denied_auth", state.acl.denial_total("auth")),
+        ("acl_access_denied_cmd", state.acl.denial_total("command")),
+        ("acl_access_denied_key", state.acl.denial_total("queue")),
     ]
 
 

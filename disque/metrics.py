@@ -127,6 +127,15 @@ class NodeCollector(Collector):
                          stats.dead_lettered_jobs))
         for name, doc, total in counters:
             yield CounterMetricFamily(name, doc, value=total)
+        denials = CounterMetricFamily(
+            "disque_acl_denials", "Commands refused by users' permissions (-NOPERM: reason "
+            "command or queue) and failed AUTHs (reason auth; user empty when unknown)",
+            labels=["user", "reason"])
+        for (user, reason), count in state.acl.denials.items():
+            denials.add_metric([user, reason], count)
+        yield denials
+        yield GaugeMetricFamily("disque_acl_users", "Users (ACL), default included",
+                                value=len(state.acl.users))
 
     # -- queues ---------------------------------------------------------------
 

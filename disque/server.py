@@ -33,11 +33,13 @@ from collections.abc import Callable
 from typing import Any
 
 from . import __version__, _native
+from .acl import AclError
 from .bus_handlers import register_job_messages
 from .clock import FOLLOW_RATE
 from .cluster import ClusterState, NodesFileError
 from .cluster.auth import BusAuth
 from .cluster.bus import BUS_PORT_OFFSET, ClusterBus
+from .commands.acl import load_acl_file
 from .config import Config, ConfigError
 from .connection import ClientConnection, ReplyBatch
 from .cyclic_gc import CollectorPolicy
@@ -111,6 +113,14 @@ class DisqueServer:
         state.schedule_changed = self._schedule_changed
         state.shutdown_requested = self._shutdown_requested
         self.state = state
+        if config.aclfile:
+            try:
+                load_acl_file(state)
+            except (OSError, AclError) as err:
+                reason = err.strerror if isinstance(err, OSError) and err.strerror else err
+                raise SystemExit(f"Error loading the ACL file '{config.aclfile}': "
+                                 f"{reason}") from None
+            log.info("ACL file %s loaded: %d users", config.aclfile, len(state.acl.users))
         tls_context = None
         if config.tls_port:
             try:  # before the AOF loads: a bad TLS setup fails at once

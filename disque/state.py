@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Final, Protocol
 
 from . import _native
 from .acked_ids import CollectedAcks, RecentAcks
+from .acl import Acl, User
 from .clock import Clock
 from .cluster import ClusterState
 from .config import Config
@@ -75,6 +76,7 @@ class ConnectedClient(Protocol):
     laddr: str
     blocked: Blocked | None
     last_interaction: float
+    user: User | None
 
     @property
     def is_blocked(self) -> bool: ...
@@ -158,8 +160,12 @@ class ServerState:
         self.job_waiters: dict[bytes, dict[Blocked, None]] = {}
         #: ADDJOB to replication achieved, for the metrics endpoint.
         self.replication_latency = LatencyHistogram(REPLICATION_BUCKETS_S)
+        #: Users and their permissions (acl.py, an extension); ``default``'s
+        #: password is requirepass.
+        self.acl = Acl(config.requirepass)
         config.on_change("maxmemory", self._set_maxmemory)
         config.on_change("idmp-max-keys", self._set_idmp_max_keys)
+        config.on_change("requirepass", self.acl.set_default_password)
 
     def _set_maxmemory(self, value: int) -> None:
         self.memory.maxmemory = value

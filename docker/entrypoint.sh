@@ -45,7 +45,7 @@ appendfsync aof-enqueue-jobs-once aof-load-truncated
 auto-aof-rewrite-percentage auto-aof-rewrite-min-size shutdown-timeout idmp-max-keys
 cluster-config-file
 cluster-node-timeout cluster-secret metrics-port metrics-bind tls-port
-tls-cert-file tls-key-file tls-ca-cert-file tls-auth-clients
+tls-cert-file tls-key-file tls-ca-cert-file tls-auth-clients aclfile
 "
 
 # DISQUE_* variables that are settings of this script (or of the disque CLI),

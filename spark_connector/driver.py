@@ -23,7 +23,7 @@ from pyspark.sql.streaming.datasource import (
     ReadMinRows,
 )
 
-from disque.exceptions import ConnectionFailed, DisqueError
+from disque.exceptions import ConnectionFailed, DisqueError, NoPerm
 
 from .ahead import FetchAhead
 from .executor_read import LEASE_UNTIL, SERVED_BY, seconds_left
@@ -364,6 +364,8 @@ class DriverSide:
             client = self.nodes.client(address)
             try:
                 stats = [(q, client.qstat(q) or {}) for q in self.config.queues]
+            except NoPerm:
+                raise  # the user's permissions, not the node: fail the query saying so
             except (ConnectionFailed, DisqueError) as exc:
                 log.info("QSTAT on %s failed: %s", address, exc)
                 self.nodes.mark_down(address)
@@ -472,6 +474,8 @@ class DriverSide:
             fetched = fetch_jobs(client, self.config.queues, limit,
                                  batch_size=self.config.fetch_batch_size, block_ms=block_ms,
                                  lease=address not in self._no_lease, seen=seen)
+        except NoPerm:
+            raise  # the user's permissions, not the node: fail the query saying so
         except (ConnectionFailed, DisqueError) as exc:
             log.warning("fetch from %s failed, other nodes still read: %s", address, exc)
             self.nodes.mark_down(address)
@@ -628,6 +632,8 @@ class DriverSide:
                         self.acker.fastack_many(ids)
                     else:
                         self.acker.ack_many(ids)
+            except NoPerm:
+                raise  # retrying cannot help: fail the query saying so
             except DisqueError as exc:
                 # Node down, -MISCONF (its disk is full), -LOADING...: the
                 # batch stays staged and leased, and the ACK is retried at

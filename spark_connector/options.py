@@ -149,6 +149,9 @@ class ConnectionConfig:
 
     nodes: tuple[str, ...] = ("127.0.0.1:7711",)
     password: str | None = None
+    #: The user to authenticate as (option ``user``; users are an extension
+    #: of this server); None: the default user, whose password is requirepass.
+    user: str | None = None
     connect_timeout_s: float = 2.0
     socket_timeout_s: float = 30.0
     reconnect_timeout_s: float = DEFAULT_RECONNECT_TIMEOUT_MS / 1000
@@ -177,9 +180,12 @@ class ConnectionConfig:
         reconnect_ms = option_duration_ms(options, "reconnectTimeout",
                                           DEFAULT_RECONNECT_TIMEOUT_MS)
         assert connect_ms is not None and socket_ms is not None and reconnect_ms is not None
-        return cls(tuple(nodes), option_str(options, "password"),
-                   connect_ms / 1000, socket_ms / 1000, reconnect_ms / 1000,
-                   option_bool(options, "discoverNodes", True))
+        password = option_str(options, "password")
+        user = option_str(options, "user")
+        if user is not None and password is None:
+            raise OptionError("user", "needs the password option (AUTH user password)")
+        return cls(tuple(nodes), password, user, connect_ms / 1000, socket_ms / 1000,
+                   reconnect_ms / 1000, option_bool(options, "discoverNodes", True))
 
     def client(self, *, node: str | None = None, client_name: str = "spark-disque",
                reconnect_timeout_s: float | None = None,
@@ -196,7 +202,8 @@ class ConnectionConfig:
         if reconnect_timeout_s is None:
             reconnect_timeout_s = self.reconnect_timeout_s
         seeds = ",".join([node, *fallbacks]) if node else ",".join(self.nodes)
-        return Client(seeds, password=self.password, randomize=not (node and fallbacks),
+        return Client(seeds, password=self.password, username=self.user,
+                      randomize=not (node and fallbacks),
                       connect_timeout=self.connect_timeout_s,
                       socket_timeout=self.socket_timeout_s, client_name=client_name,
                       reconnect_timeout=reconnect_timeout_s)

@@ -193,7 +193,8 @@ class PartitionWriter:
             self._client = Client(
                 # Own node first, the others as fallbacks in a fixed order.
                 self._node_order(), randomize=False,
-                password=connection.password, connect_timeout=connection.connect_timeout_s,
+                password=connection.password, username=connection.user,
+                connect_timeout=connection.connect_timeout_s,
                 socket_timeout=connection.socket_timeout_s,
                 # One round over the nodes per attempt: the backoff between
                 # attempts is ours (retryBackoff), so it is the same whether

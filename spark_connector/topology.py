@@ -273,8 +273,8 @@ def _ping(connection: ConnectionConfig, node: str | None, unreachable: str) -> N
     try:
         client.ping()
     except AuthError as exc:
-        raise OptionError("password", f"was refused by {client.address or where}: "
-                          f"{exc}") from None
+        raise OptionError("user" if connection.user is not None else "password",
+                          f"was refused by {client.address or where}: {exc}") from None
     except ConnectionFailed as exc:
         raise OptionError("nodes", f"{unreachable} (tried for "
                           f"{connection.reconnect_timeout_s:g} s, reconnectTimeout): "

@@ -156,6 +156,10 @@ BLOCKS: dict[tuple[str, str], str] = {
         "a CLI session; tests/server/test_rate_limit.py "
         "(test_getjob_delivers_at_most_max_per_window) checks these replies and QSTAT's "
         "fields, tests/cluster/test_rate_limit.py the BCAST",
+    ("docs/EXTENSIONS.md", "ACL SETUSER name [rule ...]"): "a syntax synopsis",
+    ("docs/EXTENSIONS.md", "127.0.0.1:7711> ACL SETUSER orders-worker"):
+        "a CLI session (IDs differ per run); tests/server/test_acl.py "
+        "(test_a_user_limited_to_commands_and_queues) checks these replies",
     ("docs/EXTENSIONS.md", "WAITJOB id ms-timeout"): "a syntax synopsis",
     ("docs/EXTENSIONS.md", "ADDJOBS queue ms-timeout"): "a syntax synopsis",
     ("docs/EXTENSIONS.md", "WORKINGS id [id ...]"): "a syntax synopsis",

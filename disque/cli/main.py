@@ -23,6 +23,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("-p", dest="port", type=int, default=7711, help="server port (7711)")
     parser.add_argument("-a", dest="password", default=None,
                         help="password (also $DISQUE_PASSWORD)")
+    parser.add_argument("--user", dest="user", default=None,
+                        help="user to authenticate as, with -a (ACL; default: the default user)")
     tls = parser.add_argument_group("TLS (a node's tls-port; like redis-cli)")
     tls.add_argument("--tls", action="store_true", help="connect with TLS")
     tls.add_argument("--cacert", default=None,
@@ -49,6 +51,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     options = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
     if (options.cert is None) != (options.key is None):
         parser.error("--cert and --key go together (a client certificate and its key)")
+    if options.user is not None and not (options.password or os.environ.get("DISQUE_PASSWORD")):
+        parser.error("--user needs a password (-a or $DISQUE_PASSWORD)")
     out = sys.stdout.buffer
     cli = Cli(options, out, sys.stderr)
     args = [os.fsencode(a) for a in options.command]

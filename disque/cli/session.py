@@ -174,7 +174,8 @@ class Cli:
         password = options.password or os.environ.get("DISQUE_PASSWORD") or None
         # No read timeout (GETJOB may block for as long as the user asked);
         # one re-send after a lost connection, like redis-cli's reconnect.
-        self.client = CliClient(self.address, password=password, socket_timeout=None,
+        self.client = CliClient(self.address, password=password, username=options.user,
+                                socket_timeout=None,
                                 connect_timeout=5.0, max_retries=1, reconnect_timeout=0,
                                 randomize=False,
                                 connection_kwargs={"parser_class": CliParser},
@@ -213,7 +214,7 @@ class Cli:
         try:
             reply: Any
             if name == b"auth" and len(args) in (2, 3):
-                reply = self._auth(args[-1])
+                reply = self._auth(args[-1], args[1] if len(args) == 3 else None)
             else:
                 reply = self.client.execute_command(*args)
         except ResponseError as exc:
@@ -250,13 +251,15 @@ class Cli:
         self.out.flush()
         return EXIT_ERROR if isinstance(reply, DisqueError) else EXIT_OK
 
-    def _auth(self, password: bytes) -> Status:
-        """AUTH typed at the prompt: the client must re-handshake with it.
+    def _auth(self, password: bytes, user: bytes | None = None) -> Status:
+        """AUTH [user] password typed at the prompt: the client must
+        re-handshake with it.
 
         The client sends AUTH itself before HELLO on every connection, so a
         node that requires a password cannot be used until it knows it.
         """
         self.client.password = os.fsdecode(password)
+        self.client.username = os.fsdecode(user) if user is not None else None
         self.client.close()
         self.client.connect()
         return Status(b"OK")

@@ -27,6 +27,7 @@ from ..exceptions import (
     Misconf,
     NoAuth,
     NoJob,
+    NoPerm,
     NoRepl,
     OutOfMemory,
     Paused,
@@ -48,7 +49,7 @@ __all__ = [
     "is_unknown_command",
     "DisqueError", "ConnectionFailed", "ProtocolError", "ResponseError", "NoJob", "BadId",
     "NoRepl", "Paused", "Leaving", "MaxLen", "TooLate", "OutOfMemory", "Acked", "Loading",
-    "Misconf", "AuthError", "NoAuth", "IdmpConflict", "IdmpBusy",
+    "Misconf", "AuthError", "NoAuth", "IdmpConflict", "IdmpBusy", "NoPerm",
 ]
 
 

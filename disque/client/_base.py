@@ -68,6 +68,7 @@ class ClientBase:
         addresses: str | tuple[str, int] | Iterable[str | tuple[str, int]] = "127.0.0.1:7711",
         *,
         password: str | None = None,
+        username: str | None = None,
         socket_timeout: float | None = DEFAULTS["socket_timeout"],
         connect_timeout: float | None = DEFAULTS["connect_timeout"],
         max_retries: int = DEFAULTS["max_retries"],
@@ -102,7 +103,11 @@ class ClientBase:
             "ssl_keyfile": tls_key_file, "ssl_cert_reqs": "required" if tls_verify else "none",
             "ssl_check_hostname": tls_check_hostname and tls_verify,
         } if self.tls else {}
+        if username is not None and password is None:
+            raise ValueError("username needs a password (AUTH username password)")
         self.password = password
+        #: The user (ACL, an extension) AUTH names; None: the default user.
+        self.username = username
         self.socket_timeout = socket_timeout
         self.connect_timeout = connect_timeout
         self.max_retries = max_retries

@@ -67,6 +67,10 @@ class AsyncClient(ClientBase):
         ``"host:port"`` / ``(host, port)``.  Default ``127.0.0.1:7711``.
     password
         Sent with ``AUTH`` on every new connection (``requirepass``).
+    username
+        The user to authenticate as (``AUTH username password``; users are
+        an extension of this server, docs/EXTENSIONS.md); None: ``default``,
+        whose password is ``requirepass``.
     socket_timeout
         Seconds to wait for a reply (30).  Blocking commands (GETJOB with a
         timeout, synchronous ADDJOB) get their own timeout added on top, and
@@ -199,7 +203,9 @@ class AsyncClient(ClientBase):
         try:
             await conn.connect()
             if self.password is not None:
-                await self._roundtrip(conn, w.request("AUTH", self.password))
+                credentials = ((self.password,) if self.username is None
+                               else (self.username, self.password))
+                await self._roundtrip(conn, w.request("AUTH", *credentials))
             if self.client_name:
                 await self._roundtrip(conn, w.request("CLIENT", "SETNAME", self.client_name))
             try:

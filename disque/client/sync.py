@@ -68,6 +68,10 @@ class Client(ClientBase):
         ``"host:port"`` / ``(host, port)``.  Default ``127.0.0.1:7711``.
     password
         Sent with ``AUTH`` on every new connection (``requirepass``).
+    username
+        The user to authenticate as (``AUTH username password``; users are
+        an extension of this server, docs/EXTENSIONS.md); None: ``default``,
+        whose password is ``requirepass``.
     socket_timeout
         Seconds to wait for a reply (30).  Blocking commands (GETJOB with a
         timeout, synchronous ADDJOB) get their own timeout added on top, and
@@ -200,7 +204,9 @@ class Client(ClientBase):
         try:
             conn.connect()
             if self.password is not None:
-                self._roundtrip(conn, w.request("AUTH", self.password))
+                credentials = ((self.password,) if self.username is None
+                               else (self.username, self.password))
+                self._roundtrip(conn, w.request("AUTH", *credentials))
             if self.client_name:
                 self._roundtrip(conn, w.request("CLIENT", "SETNAME", self.client_name))
             try:

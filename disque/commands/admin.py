@@ -3,8 +3,6 @@ DEBUG COMMAND CLIENT TIME SHUTDOWN."""
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -22,47 +20,56 @@ if TYPE_CHECKING:
 PONG = Status("PONG")
 
 
-@command("ping", -1, "fast noauth")
+@command("ping", -1, "fast noauth", categories="connection")
 def ping(state: ServerState, client: ClientConnection, argv: list[bytes]) -> Any:
     if len(argv) > 2:
         raise CommandError("ERR wrong number of arguments for 'ping' command")
-    if not client.authenticated and len(argv) == 2:
+    if client.user is None and len(argv) == 2:
         # Health checks may PING before AUTH; only the bare form is allowed.
         raise CommandError("NOAUTH Authentication required.")
     return argv[1] if len(argv) == 2 else PONG
 
 
-@command("echo", 2, "fast")
+@command("echo", 2, "fast", categories="connection")
 def echo(state: ServerState, client: ClientConnection, argv: list[bytes]) -> Any:
     return argv[1]
 
 
-@command("quit", -1, "fast noauth")
+@command("quit", -1, "fast noauth", categories="connection")
 def quit_(state: ServerState, client: ClientConnection, argv: list[bytes]) -> Any:
     client.close_after_reply()
     return OK
 
 
+WRONGPASS = "WRONGPASS invalid username-password pair or user is disabled."
+
+
 def _check_password(state: ServerState, client: ClientConnection, user: bytes | None,
                     password: bytes) -> None:
-    expected = state.config.requirepass
-    if not expected:
+    """AUTH [user] password: authenticate as ``user`` (``default`` without one).
+
+    ``default`` keeps the original's replies (``requirepass`` is its
+    password); a named user answers as Redis's ACL does.  Passwords are
+    compared as SHA-256 digests with ``hmac.compare_digest``: the time does
+    not depend on how much of a guess is right, nor on its length.  A
+    failed AUTH leaves the connection unauthenticated (the original's rule),
+    or ``default`` when that needs no password.
+    """
+    acl = state.acl
+    name = (user or b"default").decode("utf-8", "surrogateescape")
+    target = acl.users.get(name)
+    if target is acl.default and target.nopass:
         raise CommandError("ERR Client sent AUTH, but no password is set")
-    # Constant time: compare_digest takes as long whatever the first differing
-    # byte, and comparing digests rather than the passwords hides the length
-    # too (compare_digest returns early on a length mismatch).  CONFIG SET
-    # keeps client bytes as surrogate-escaped text: compare bytes.
-    if (user is not None and user != b"default") or not hmac.compare_digest(
-            hashlib.sha256(password).digest(),
-            hashlib.sha256(expected.encode("utf-8", "surrogateescape")).digest()):
-        client.authenticated = False
-        raise CommandError("ERR invalid password")
-    client.authenticated = True
+    if target is None or not target.enabled or not target.password_ok(password):
+        client.user = acl.initial_user()
+        acl.denied(name if target is not None else "", "auth")
+        raise CommandError("ERR invalid password" if name == "default" else WRONGPASS)
+    client.user = target
 
 
-@command("auth", -2, "fast noauth")
+@command("auth", -2, "fast noauth", categories="connection")
 def auth(state: ServerState, client: ClientConnection, argv: list[bytes]) -> Any:
-    """AUTH password | AUTH default password."""
+    """AUTH password | AUTH user password."""
     if len(argv) > 3:
         raise CommandError(SYNTAX_ERROR)
     user = argv[1] if len(argv) == 3 else None
@@ -70,11 +77,11 @@ def auth(state: ServerState, client: ClientConnection, argv: list[bytes]) -> Any
     return OK
 
 
-@command("hello", -1, "fast noauth")
+@command("hello", -1, "fast noauth", categories="connection")
 def hello(state: ServerState, client: ClientConnection, argv: list[bytes]) -> Any:
     """Bare HELLO: the Disque handshake.  HELLO 2|3 [AUTH u p] [SETNAME n]: RESP negotiation."""
     if len(argv) == 1:
-        if not client.authenticated:
+        if client.user is None:
             raise CommandError("NOAUTH Authentication required.")
         return disque_hello(state, client)
     version = parse_int(argv[1], "ERR Protocol version is not an integer or out of range")
@@ -93,7 +100,7 @@ def hello(state: ServerState, client: ClientConnection, argv: list[bytes]) -> An
         else:
             option = argv[i].decode("utf-8", "replace")
             raise CommandError(f"ERR Syntax error in HELLO option '{option}'")
-    if not client.authenticated:
+    if client.user is None:
         raise CommandError("NOAUTH HELLO must be called with the client already authenticated, "
                            "otherwise the HELLO <proto> AUTH <user> <pass> option can be used to "
                            "authenticate the client and select the RESP protocol version at the "
@@ -132,7 +139,7 @@ def disque_hello(state: ServerState, client: ClientConnection) -> list[Any]:
     return [1, cluster.myself_id.encode(), *entries]
 
 
-@command("info", -1, "")
+@command("info", -1, "", categories="dangerous")
 def info(state: ServerState, client: ClientConnection, argv: list[bytes]) -> Any:
     if len(argv) > 2:
         raise CommandError(SYNTAX_ERROR)
@@ -140,7 +147,7 @@ def info(state: ServerState, client: ClientConnection, argv: list[bytes]) -> Any
     return info_text(state, section)
 
 
-@command("time", 1, "fast")
+@command("time", 1, "fast", categories="connection")
 def time_(state: ServerState, client: ClientConnection, argv: list[bytes]) -> Any:
     now_us = time.time_ns() // 1000
     return [str(now_us // 1_000_000).encode(), str(now_us % 1_000_000).encode()]
@@ -209,7 +216,7 @@ def _command_entry(cmd) -> list[Any]:
     return [cmd.name.encode(), cmd.arity, [Status(f) for f in sorted(cmd.flags)], 0, 0, 0]
 
 
-@command("command", -1, "")
+@command("command", -1, "", categories="connection")
 def command_(state: ServerState, client: ClientConnection, argv: list[bytes]) -> Any:
     """COMMAND, COMMAND COUNT, COMMAND INFO name..., COMMAND DOCS (empty)."""
     unique = {id(c): c for c in COMMANDS.values()}.values()
@@ -240,10 +247,11 @@ def _valid_client_name(name: bytes) -> bytes:
     return name
 
 
-@command("client", -2, "admin noauth")
+@command("client", -2, "admin noauth", categories="connection",
+         free_subcommands="setinfo setname getname id info")
 def client_(state: ServerState, client: ClientConnection, argv: list[bytes]) -> Any:
     sub = argv[1].lower()
-    if not client.authenticated and sub != b"setinfo":
+    if client.user is None and sub != b"setinfo":
         raise CommandError("NOAUTH Authentication required.")
     n = len(argv)
     if sub == b"list" and n == 2:
@@ -303,6 +311,9 @@ def _client_kill(state: ServerState, me: ClientConnection, args: list[bytes]) ->
         if b"addr" in filters and other.addr.encode() != filters[b"addr"]:
             continue
         if b"laddr" in filters and other.laddr.encode() != filters[b"laddr"]:
+            continue
+        if b"user" in filters and (other.user is None
+                                   or other.user.name.encode() != filters[b"user"]):
             continue
         other.kill()
         killed += 1

@@ -25,11 +25,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from ..acl import User
 from ..eviction import free_memory_if_needed
 from ..protocol import Encoded, ReplyError, Status
 from ..waiters import NO_REPLY, Blocked, Waiter, park, unblock
 from .jobs import addjob, parse_addjob
-from .registry import BLOCKED, OOM, CommandClient, CommandError, command
+from .registry import BLOCKED, KEYS_QUEUE, OOM, CommandClient, CommandError, command
 
 if TYPE_CHECKING:
     from ..state import ServerState
@@ -50,13 +51,14 @@ class _Member:
     """The stand-in client of one body's ADDJOB while its copies are made:
     its reply lands in the batch's reply instead of a connection."""
 
-    __slots__ = ("authenticated", "batch", "blocked", "index", "last_command", "resp3")
+    __slots__ = ("batch", "blocked", "index", "last_command", "resp3", "user")
 
-    def __init__(self, batch: BlockedBatch, index: int) -> None:
+    def __init__(self, batch: BlockedBatch, index: int, user: User | None) -> None:
         self.batch = batch
         self.index = index
         self.blocked: Blocked | None = None
-        self.authenticated = True
+        #: The user of the ADDJOBS (ADDJOB checks a DEADLETTER queue against it).
+        self.user = user
         self.last_command = "addjobs"
         self.resp3 = False
 
@@ -129,7 +131,7 @@ def _split(argv: list[bytes]) -> tuple[list[bytes], list[bytes]]:
     raise CommandError("ERR syntax error: ADDJOBS needs BODIES followed by at least one body")
 
 
-@command("addjobs", -5, "write denyoom")
+@command("addjobs", -5, "write denyoom", keys=KEYS_QUEUE)
 def addjobs(state: ServerState, client: CommandClient, argv: list[bytes]) -> Any:
     """ADDJOBS queue ms-timeout [ADDJOB's options] BODIES body [body ...]"""
     options, bodies = _split(argv)
@@ -147,7 +149,7 @@ def addjobs(state: ServerState, client: CommandClient, argv: list[bytes]) -> Any
     replies = batch.replies
     memory = state.memory
     argv = [*head, b"", *tail]
-    member = _Member(batch, 0)
+    member = _Member(batch, 0, client.user)
     for index, body in enumerate(bodies):
         if index and memory.level() >= 2 and free_memory_if_needed(state) >= 3:
             replies[index] = OOM
@@ -158,7 +160,8 @@ def addjobs(state: ServerState, client: CommandClient, argv: list[bytes]) -> Any
         if reply is BLOCKED:
             batch.members.append(member)
             batch.remaining += 1
-            member = _Member(batch, index + 1)  # that one waits: the next needs its own
+            # That one waits: the next needs its own.
+            member = _Member(batch, index + 1, client.user)
             continue
         if index == 0 and isinstance(reply, ReplyError) and \
                 reply.message.startswith(_WHOLE_COMMAND_ERRORS):

@@ -26,6 +26,9 @@ from ..waiters import WITH_COUNTERS, WITH_LEASE, block_for_jobs, getjob_entry
 from ..waitjob import completion_of, wait_for
 from .registry import (
     BLOCKED,
+    KEYS_FROM,
+    KEYS_JOBS,
+    KEYS_QUEUE,
     SYNTAX_ERROR,
     CommandClient,
     CommandError,
@@ -33,6 +36,7 @@ from .registry import (
     parse_int,
     parse_job_ids,
     parse_timeout_ms,
+    queue_refusal,
 )
 
 if TYPE_CHECKING:
@@ -219,11 +223,17 @@ def idmp_record(state: ServerState, opts: AddJobOptions, queue: bytes, body: byt
         state.events.idmp_settled(state, entry)
 
 
-@command("addjob", -4, "write denyoom")
+@command("addjob", -4, "write denyoom", keys=KEYS_QUEUE)
 def addjob(state: ServerState, client: CommandClient, argv: list[bytes]) -> Any:
     """ADDJOB queue body ms-timeout [REPLICATE n] [DELAY s] [RETRY s] [TTL s] [MAXLEN n] [ASYNC]
     [BACKOFF s] [MAXDELIVERIES n] [DEADLETTER queue] [PRIORITY p] [IDMP key [IDMP-WINDOW s]]"""
     opts = parse_addjob(argv)
+    if opts.dead_letter is not None:
+        user = client.user
+        if user is not None and not user.all_queues:
+            refused = queue_refusal(state, user, opts.dead_letter)  # the job may move there
+            if refused is not None:
+                return refused
     now = state.clock.now_ms()
     if opts.idmp is not None:
         # First, so that a retry gets its ID even if the queue is now paused or full.
@@ -337,7 +347,7 @@ def _take_jobs(state: ServerState, queues: list[bytes], count: int,
             return emitted
 
 
-@command("getjob", -3, "write")
+@command("getjob", -3, "write", keys=KEYS_FROM, categories="blocking")
 def getjob(state: ServerState, client: CommandClient, argv: list[bytes]) -> Any:
     """GETJOB [NOHANG] [TIMEOUT ms] [COUNT n] [WITHCOUNTERS] [WITHLEASE] FROM q1 q2 ...
 
@@ -409,13 +419,21 @@ def _ask_when_emptied(state: ServerState, queues: list[bytes]) -> None:
 # ACKs
 # --------------------------------------------------------------------------
 
-@command("ackjob", -2, "write fast")
+@command("ackjob", -2, "write fast", keys=KEYS_JOBS)
 def ackjob(state: ServerState, client: CommandClient, argv: list[bytes]) -> Any:
-    """ACKJOB id ...: acknowledge; returns how many known jobs were newly acked."""
+    """ACKJOB id ...: acknowledge; returns how many known jobs were newly acked.
+
+    A user limited to some queues acks only jobs this node holds: a dummy
+    ACK for an unknown ID would reach jobs of any queue on other nodes.
+    """
     known = 0
+    user = client.user
+    restricted = user is not None and not user.all_queues
     for job_id in parse_job_ids(argv[1:]):
         job = state.jobs.get(job_id)
         if job is None:
+            if restricted:
+                continue
             job = ack.create_dummy_ack(state, job_id)
         elif ack.acknowledge_job(state, job, gc_follows=True):
             known += 1
@@ -424,10 +442,16 @@ def ackjob(state: ServerState, client: CommandClient, argv: list[bytes]) -> Any:
     return known
 
 
-@command("fastack", -2, "write fast")
+@command("fastack", -2, "write fast", keys=KEYS_JOBS)
 def fastack(state: ServerState, client: CommandClient, argv: list[bytes]) -> Any:
-    """FASTACK id ...: best-effort cluster-wide delete; returns known jobs deleted."""
-    return sum(ack.fast_ack(state, job_id) for job_id in parse_job_ids(argv[1:]))
+    """FASTACK id ...: best-effort cluster-wide delete; returns known jobs deleted.
+
+    A user limited to some queues deletes only jobs this node holds (see ACKJOB).
+    """
+    user = client.user
+    restricted = user is not None and not user.all_queues
+    return sum(ack.fast_ack(state, job_id) for job_id in parse_job_ids(argv[1:])
+               if not restricted or state.jobs.get(job_id) is not None)
 
 
 # --------------------------------------------------------------------------
@@ -458,7 +482,7 @@ def _parse_nack(argv: list[bytes]) -> tuple[list[bytes], int | None]:
     return parse_job_ids(argv[1:]), None
 
 
-@command("nack", -2, "write denyoom fast")
+@command("nack", -2, "write denyoom fast", keys=KEYS_JOBS)
 def nack(state: ServerState, client: CommandClient, argv: list[bytes]) -> Any:
     """NACK id ... [DELAY s]: requeue now (or in ``s`` seconds, or after the
     job's BACKOFF), counting a negative acknowledge."""
@@ -471,13 +495,13 @@ def nack(state: ServerState, client: CommandClient, argv: list[bytes]) -> Any:
     return nacked
 
 
-@command("enqueue", -2, "write denyoom fast")
+@command("enqueue", -2, "write denyoom fast", keys=KEYS_JOBS)
 def enqueue(state: ServerState, client: CommandClient, argv: list[bytes]) -> Any:
     """ENQUEUE id ...: queue jobs that are not queued."""
     return _enqueue_ids(state, argv[1:])
 
 
-@command("dequeue", -2, "write fast")
+@command("dequeue", -2, "write fast", keys=KEYS_JOBS)
 def dequeue(state: ServerState, client: CommandClient, argv: list[bytes]) -> Any:
     """DEQUEUE id ...: take queued jobs out of their queue."""
     dequeued = 0
@@ -488,7 +512,7 @@ def dequeue(state: ServerState, client: CommandClient, argv: list[bytes]) -> Any
     return dequeued
 
 
-@command("deljob", -2, "write fast")
+@command("deljob", -2, "write fast", keys=KEYS_JOBS)
 def deljob(state: ServerState, client: CommandClient, argv: list[bytes]) -> Any:
     """DELJOB id ...: delete jobs from this node only."""
     deleted = 0
@@ -500,7 +524,7 @@ def deljob(state: ServerState, client: CommandClient, argv: list[bytes]) -> Any:
     return deleted
 
 
-@command("working", 2, "write fast")
+@command("working", 2, "write fast", keys=KEYS_JOBS)
 def working(state: ServerState, client: CommandClient, argv: list[bytes]) -> Any:
     """WORKING id: postpone the next requeue by RETRY; returns RETRY in seconds."""
     (job_id,) = parse_job_ids(argv[1:])
@@ -512,7 +536,7 @@ def working(state: ServerState, client: CommandClient, argv: list[bytes]) -> Any
 MAX_WORKING_IDS = 10_000
 
 
-@command("workings", -2, "write fast")
+@command("workings", -2, "write fast", keys=KEYS_JOBS)
 def workings(state: ServerState, client: CommandClient, argv: list[bytes]) -> Any:
     """WORKINGS id [id ...] (an extension): WORKING for each ID, in one command.
 
@@ -553,7 +577,7 @@ def _working(state: ServerState, job_id: bytes) -> Any:
 # WAITJOB (an extension: waitjob.py, docs/EXTENSIONS.md)
 # --------------------------------------------------------------------------
 
-@command("waitjob", 3, "")
+@command("waitjob", 3, "", keys=KEYS_JOBS, categories="blocking")
 def waitjob(state: ServerState, client: CommandClient, argv: list[bytes]) -> Any:
     """WAITJOB id ms-timeout: block until the job is acked (+ACKED), null on timeout."""
     (job_id,) = parse_job_ids(argv[1:2])
@@ -606,7 +630,7 @@ def show_reply(job: Job, now: int) -> Map:
     return reply
 
 
-@command("show", 2, "fast")
+@command("show", 2, "fast", keys=KEYS_JOBS)
 def show(state: ServerState, client: CommandClient, argv: list[bytes]) -> Any:
     """SHOW id: everything about a job, or NULL."""
     (job_id,) = parse_job_ids(argv[1:])

@@ -15,21 +15,21 @@ from ..queue_order import priority_of
 from ..queue_table import PAUSED_IN, PAUSED_OUT, pause_label
 from ..waiters import getjob_entry
 from .jobs import show_reply
-from .registry import SYNTAX_ERROR, CommandError, command, parse_int
+from .registry import KEYS_QUEUE, SYNTAX_ERROR, CommandError, command, parse_int
 
 if TYPE_CHECKING:
     from ..connection import ClientConnection
     from ..state import ServerState
 
 
-@command("qlen", 2, "fast")
+@command("qlen", 2, "fast", keys=KEYS_QUEUE)
 def qlen(state: ServerState, client: ClientConnection, argv: list[bytes]) -> Any:
     """QLEN queue: jobs queued in this node (0 if the queue does not exist)."""
     q = state.queues.lookup(argv[1])
     return len(q) if q is not None else 0
 
 
-@command("qstat", 2, "fast")
+@command("qstat", 2, "fast", keys=KEYS_QUEUE)
 def qstat(state: ServerState, client: ClientConnection, argv: list[bytes]) -> Any:
     """QSTAT queue: key/value statistics, or NULL."""
     q = state.queues.lookup(argv[1])
@@ -66,7 +66,7 @@ def qstat(state: ServerState, client: ClientConnection, argv: list[bytes]) -> An
     return reply
 
 
-@command("qpeek", 3, "fast")
+@command("qpeek", 3, "fast", keys=KEYS_QUEUE)
 def qpeek(state: ServerState, client: ClientConnection, argv: list[bytes]) -> Any:
     """QPEEK queue count: the ``count`` jobs GETJOB hands out next, or the
     ``-count`` it hands out last (the last first)."""
@@ -80,7 +80,7 @@ def qpeek(state: ServerState, client: ClientConnection, argv: list[bytes]) -> An
 _PAUSE_OPTIONS = {b"in": PAUSED_IN, b"out": PAUSED_OUT, b"all": PAUSED_IN | PAUSED_OUT}
 
 
-@command("pause", -3, "write fast")
+@command("pause", -3, "write fast", keys=KEYS_QUEUE)
 def pause(state: ServerState, client: ClientConnection, argv: list[bytes]) -> Any:
     """PAUSE queue in|out|all|none|state|bcast ...: returns the resulting state."""
     new_flags = 0
@@ -120,7 +120,7 @@ QLIMIT_PERIOD_ERROR = (f"ERR QLIMIT period must be between 1 and {MAX_LIMIT_PERI
                        "milliseconds")
 
 
-@command("qlimit", -2, "write fast")
+@command("qlimit", -2, "write fast", keys=KEYS_QUEUE)
 def qlimit(state: ServerState, client: ClientConnection, argv: list[bytes]) -> Any:
     """QLIMIT queue [max period-ms | OFF] [BCAST]: at most ``max`` jobs of the
     queue delivered per ``period-ms`` on this node (BCAST: on every node of
@@ -179,7 +179,7 @@ def _check_cursor(cursor: int) -> int:
     return cursor
 
 
-@command("qscan", -1, "")
+@command("qscan", -1, "", categories="keyspace")
 def qscan(state: ServerState, client: ClientConnection, argv: list[bytes]) -> Any:
     """QSCAN [cursor] [COUNT n] [BUSYLOOP] [MINLEN n] [MAXLEN n] [IMPORTRATE n]
     [MINPRIORITY p]: MINPRIORITY (an extension) keeps the queues holding a
@@ -218,12 +218,17 @@ def qscan(state: ServerState, client: ClientConnection, argv: list[bytes]) -> An
             raise CommandError(SYNTAX_ERROR)
 
     now = state.clock.now_ms()
+    # A user limited to some queues sees only those (their names are not
+    # for every team to read).
+    user = client.user
+    visible = user.may_access if user is not None and not user.all_queues else None
 
     def accept(q) -> bool:
         qlen = len(q)
         return ((minlen < 0 or qlen >= minlen) and (maxlen < 0 or qlen <= maxlen)
                 and (importrate < 0 or import_rate(q, now) >= importrate)
-                and (not min_priority or q.jobs.top_priority() >= min_priority))
+                and (not min_priority or q.jobs.top_priority() >= min_priority)
+                and (visible is None or visible(q.name)))
 
     return _run_scan(state.queues.scan, cursor or 0, count, busyloop, accept,
                      lambda q: q.name)
@@ -232,7 +237,7 @@ def qscan(state: ServerState, client: ClientConnection, argv: list[bytes]) -> An
 _REPLY_TYPES = (b"all", b"id")
 
 
-@command("jscan", -1, "")
+@command("jscan", -1, "", categories="keyspace")
 def jscan(state: ServerState, client: ClientConnection, argv: list[bytes]) -> Any:
     """JSCAN [cursor] [COUNT n] [BUSYLOOP] [QUEUE q] [STATE s ...] [MINPRIORITY p]
     [REPLY all|id]: MINPRIORITY (an extension) keeps jobs of priority ``p`` or higher."""
@@ -278,9 +283,14 @@ def jscan(state: ServerState, client: ClientConnection, argv: list[bytes]) -> An
         else:
             raise CommandError(SYNTAX_ERROR)
 
+    # A user limited to some queues sees only their jobs (bodies included).
+    user = client.user
+    visible = user.may_access if user is not None and not user.all_queues else None
+
     def accept(job) -> bool:
         return ((queue is None or job.queue == queue) and (not states or job.state in states)
-                and (not min_priority or priority_of(job) >= min_priority))
+                and (not min_priority or priority_of(job) >= min_priority)
+                and (visible is None or (job.queue is not None and visible(job.queue))))
 
     now = state.clock.now_ms()
     render = (lambda job: show_reply(job, now)) if reply_all else (lambda job: job.id)

@@ -1,18 +1,25 @@
 """The command table and the checks every command goes through.
 
 Each command is declared once with :func:`command`: its name, its arity
-(``N`` exactly N arguments including the name, ``-N`` at least N) and its
-flags.  :func:`execute` does, in this order, what processCommand does in the
-original: unknown command, arity, authentication, memory.  Handlers then
-only parse their own options and act; they raise :class:`CommandError` for
-an error reply.
+(``N`` exactly N arguments including the name, ``-N`` at least N), its
+flags, and for the users' permissions (``acl.py``) where it names queues
+and its categories beyond those its flags give.  :func:`execute` does, in
+this order, what processCommand does in the original: unknown command,
+arity, authentication, then the user's permissions (an extension), memory.
+Handlers then only parse their own options and act; they raise
+:class:`CommandError` for an error reply.
 
 Flags:
   ``write``    changes jobs or queues
   ``denyoom``  may use more memory: refused with -OOM at the memory limit
-  ``noauth``   allowed before AUTH
+  ``noauth``   allowed before AUTH (and, but for CLIENT, whatever the user)
   ``admin``    administrative
   ``fast``     O(1)-ish, never blocks
+
+ACL categories, as Redis names them: ``admin`` and ``dangerous`` for admin
+commands, ``write`` for write commands, ``read`` for the rest unless a
+command is declared ``connection`` or ``dangerous``; ``fast`` or ``slow``;
+plus what a command declares (``blocking``, ``keyspace``).
 """
 
 from __future__ import annotations
@@ -21,8 +28,9 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
+from ..acl import User
 from ..eviction import free_memory_if_needed
-from ..job import are_valid_job_ids
+from ..job import are_valid_job_ids, is_valid_job_id
 from ..protocol import ReplyError
 
 if TYPE_CHECKING:
@@ -33,7 +41,8 @@ __all__ = [
     "CommandClient",
     "Command", "CommandError", "COMMANDS", "command", "execute", "BLOCKED",
     "parse_int", "parse_job_ids", "parse_timeout_ms", "range_error", "SYNTAX_ERROR",
-    "INT_ERROR",
+    "INT_ERROR", "KEYS_NONE", "KEYS_QUEUE", "KEYS_FROM", "KEYS_JOBS", "acl_catalog",
+    "queue_refusal",
 ]
 
 log = logging.getLogger("disque.commands")
@@ -44,7 +53,9 @@ class CommandClient(Protocol):
     compiled core a class annotation is checked at run time, and the
     in-process test harness drives commands with a stand-in."""
 
-    authenticated: bool
+    #: The user the connection authenticated as; None before AUTH (when
+    #: ``default`` needs a password).
+    user: User | None
     last_command: str
     blocked: Blocked | None
     resp3: bool
@@ -77,15 +88,28 @@ class CommandError(Exception):
         self.message = message
 
 
+#: Where a command names the queues it touches, for the users' ``~patterns``.
+KEYS_NONE: Final = 0
+#: The first argument is a queue (ADDJOB, QLEN, PAUSE ...).
+KEYS_QUEUE: Final = 1
+#: The arguments after FROM are queues (GETJOB).
+KEYS_FROM: Final = 2
+#: The job IDs among the arguments: their jobs' queues (ACKJOB, SHOW ...).
+KEYS_JOBS: Final = 3
+
+
 class Command:
     """One entry of the command table.  A plain class, not a dataclass: the
     compiled core then reads its fields natively on every command (a frozen
     dataclass's were generic attribute lookups, ~2k instructions a command)."""
 
-    __slots__ = ("arity", "denyoom", "flags", "handler", "name", "noauth", "write")
+    __slots__ = ("acl_exempt", "arity", "categories", "denyoom", "flags", "free_subcommands",
+                 "handler", "keys", "name", "noauth", "write")
 
     def __init__(self, name: str, handler: Handler, arity: int, flags: frozenset[str],
-                 write: bool = False, denyoom: bool = False, noauth: bool = False) -> None:
+                 write: bool = False, denyoom: bool = False, noauth: bool = False,
+                 keys: int = KEYS_NONE, categories: frozenset[str] = frozenset(),
+                 free_subcommands: frozenset[bytes] = frozenset()) -> None:
         self.name = name
         self.handler = handler
         self.arity = arity
@@ -94,6 +118,15 @@ class Command:
         self.write = write
         self.denyoom = denyoom
         self.noauth = noauth
+        #: Where the command names queues (KEYS_*).
+        self.keys = keys
+        #: Its ACL categories (without the ``@``).
+        self.categories = categories
+        #: Subcommands any authenticated user may run (CLIENT SETNAME, ACL WHOAMI ...).
+        self.free_subcommands = free_subcommands
+        #: Run whatever the user's permissions (AUTH, HELLO, PING, QUIT: as
+        #: Redis's no-auth commands).
+        self.acl_exempt = noauth and not free_subcommands
 
     def __repr__(self) -> str:
         return f"Command({self.name!r}, arity={self.arity}, flags={sorted(self.flags)})"
@@ -105,16 +138,47 @@ class Command:
 COMMANDS: dict[bytes, Command] = {}
 
 
-def command(name: str, arity: int, flags: str = "") -> Callable[[Handler], Handler]:
-    """Declare a command: ``@command("addjob", -4, "write denyoom")``."""
+def command(name: str, arity: int, flags: str = "", *, keys: int = KEYS_NONE,
+            categories: str = "", free_subcommands: str = "") -> Callable[[Handler], Handler]:
+    """Declare a command: ``@command("addjob", -4, "write denyoom", keys=KEYS_QUEUE)``."""
     def register(handler: Handler) -> Handler:
         names = frozenset(flags.split())
         cmd = Command(name, handler, arity, names, "write" in names, "denyoom" in names,
-                      "noauth" in names)
+                      "noauth" in names, keys, _categories(names, categories),
+                      frozenset(sub.encode() for sub in free_subcommands.split()))
         COMMANDS[name.encode()] = cmd
         COMMANDS[name.upper().encode()] = cmd
+        _CATALOG.clear()
         return handler
     return register
+
+
+def _categories(flags: frozenset[str], declared: str) -> frozenset[str]:
+    found = set(declared.split())
+    if "admin" in flags:
+        found |= {"admin", "dangerous"}
+    elif "write" in flags:
+        found.add("write")
+    elif not found & {"connection", "dangerous"}:
+        found.add("read")
+    found.add("fast" if "fast" in flags else "slow")
+    return frozenset(found)
+
+
+_CATALOG: dict[str, frozenset[str]] = {}
+
+
+def acl_catalog() -> dict[str, frozenset[str]]:
+    """ACL category -> the names of its commands, and ``"all"`` -> every name."""
+    if not _CATALOG:
+        everything = {cmd.name: cmd for cmd in COMMANDS.values()}
+        found: dict[str, set[str]] = {}
+        for cmd in everything.values():
+            for category in cmd.categories:
+                found.setdefault(category, set()).add(cmd.name)
+        _CATALOG.update({category: frozenset(names) for category, names in found.items()})
+        _CATALOG["all"] = frozenset(everything)
+    return _CATALOG
 
 
 def lookup(name: bytes) -> Command | None:
@@ -134,8 +198,14 @@ def execute(state: ServerState, client: CommandClient, argv: list[bytes]) -> Any
     client.last_command = cmd.name
     if not cmd.arity_ok(len(argv)):
         return ReplyError(f"ERR wrong number of arguments for '{cmd.name}' command")
-    if not client.authenticated and not cmd.noauth:
-        return NOAUTH
+    user = client.user
+    if user is None:
+        if not cmd.noauth:
+            return NOAUTH
+    elif not user.unrestricted and not cmd.acl_exempt:
+        refused = _acl_refusal(state, user, cmd, argv)
+        if refused is not None:
+            return refused
     if cmd.denyoom and state.memory.level() >= 2 and free_memory_if_needed(state) >= 3:
         return OOM
     aof = state.persistence if cmd.write else None
@@ -152,6 +222,52 @@ def execute(state: ServerState, client: CommandClient, argv: list[bytes]) -> Any
                            f"{type(err).__name__}: {err}")
     # The command's AOF records are written before it may answer.
     return reply if aof is None else aof.after_command(reply)
+
+
+# --------------------------------------------------------------------------
+# Users' permissions (an extension: acl.py, docs/EXTENSIONS.md)
+# --------------------------------------------------------------------------
+
+def _acl_refusal(state: ServerState, user: User, cmd: Command,
+                 argv: list[bytes]) -> ReplyError | None:
+    """-NOPERM if ``user`` may not run ``cmd`` or touch a queue it names."""
+    if not user.may_run(cmd.name) and not (len(argv) > 1 and cmd.free_subcommands
+                                           and argv[1].lower() in cmd.free_subcommands):
+        state.acl.denied(user.name, "command")
+        return ReplyError(f"NOPERM User {user.name} has no permissions to run the "
+                          f"'{cmd.name}' command")
+    keys = cmd.keys
+    if user.all_queues or keys == KEYS_NONE:
+        return None
+    if keys == KEYS_QUEUE:
+        return queue_refusal(state, user, argv[1])
+    if keys == KEYS_FROM:
+        for i in range(1, len(argv)):
+            if argv[i].lower() == b"from":
+                for name in argv[i + 1:]:
+                    refused = queue_refusal(state, user, name)
+                    if refused is not None:
+                        return refused
+                break
+        return None
+    for arg in argv[1:]:  # KEYS_JOBS
+        if len(arg) == 40 and is_valid_job_id(arg):
+            job = state.jobs.get(arg)
+            if job is not None and job.queue is not None and not user.may_access(job.queue):
+                state.acl.denied(user.name, "queue")
+                return ReplyError(f"NOPERM User {user.name} has no permissions to access "
+                                  f"the queue of job {arg.decode()}")
+    return None
+
+
+def queue_refusal(state: ServerState, user: User, queue: bytes) -> ReplyError | None:
+    """-NOPERM if no pattern of ``user`` matches ``queue`` (counted)."""
+    if user.may_access(queue):
+        return None
+    state.acl.denied(user.name, "queue")
+    name = queue[:128].decode("utf-8", "replace")
+    return ReplyError(f"NOPERM User {user.name} has no permissions to access the "
+                      f"'{name}' queue")
 
 
 # --------------------------------------------------------------------------

@@ -107,6 +107,21 @@ def test_password(server_factory) -> None:
     assert wrong.returncode == 1 and "invalid password" in wrong.stdout
 
 
+def test_user(server_factory) -> None:
+    """--user (ACL, an extension): AUTH user password, like redis-cli's --user."""
+    node = server_factory("--requirepass", "pw")
+    assert disque(node.port, "-a", "pw", "ACL", "SETUSER", "alice", "on", ">apw", "~jobs:*",
+                  "+@all").stdout == "OK\n"
+    assert disque(node.port, "--user", "alice", "-a", "apw", "ACL", "WHOAMI").stdout == "alice\n"
+    refused = disque(node.port, "--user", "alice", "-a", "apw", "--no-raw", "QLEN", "other")
+    assert refused.stdout == ("(error) NOPERM User alice has no permissions to access the "
+                              "'other' queue\n")
+    wrong = disque(node.port, "--user", "alice", "-a", "nope", "ping")
+    assert wrong.returncode == 1 and "WRONGPASS" in wrong.stdout
+    lacking = disque(node.port, "--user", "alice", "ping")
+    assert lacking.returncode == 2 and "--user needs a password" in lacking.stderr
+
+
 def test_ping_without_password_answers_like_redis_cli(server_factory) -> None:
     # The node answers PING before AUTH (health checks); the CLI must show
     # that answer, as redis-cli does, not fail its own handshake first.

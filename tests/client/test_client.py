@@ -346,3 +346,24 @@ def test_rate_limits(client: Client) -> None:
         client.qlimit("rl", 0, 1000)
     with pytest.raises(ResponseError, match="QLIMIT period"):
         client.qlimit("rl", 5, 100_000_000)
+
+
+def test_users(server: DisqueProcess) -> None:
+    """username (ACL, an extension): AUTH username password on every connection."""
+    with Client(address(server)) as admin:
+        admin.execute_command("ACL", "SETUSER", "worker", "on", ">wpw", "~jobs:*", "+@all")
+    with Client(address(server), username="worker", password="wpw") as worker:
+        job_id = worker.add_job("jobs:a", b"x")
+        assert worker.execute_command("ACL", "WHOAMI") == b"worker"
+        assert worker.ack(job_id) == 1  # routed by job ID: a second connection, same user
+        from disque import NoPerm
+
+        with pytest.raises(NoPerm, match="no permissions to access the 'other' queue"):
+            worker.add_job("other", b"x")
+    with pytest.raises(ValueError, match="username needs a password"):
+        Client(address(server), username="worker")
+    from disque.exceptions import AuthError
+
+    with pytest.raises(AuthError), \
+            Client(address(server), username="worker", password="nope") as bad:
+        bad.ping()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from disque.acl import User
 from disque.clock import ManualClock
 from disque.cluster import ClusterNode, ClusterState
 from disque.commands import execute
@@ -24,8 +25,8 @@ NODE_ID = "a" * 40
 class LocalClient:
     """The attributes the command table reads from a connection."""
 
-    def __init__(self) -> None:
-        self.authenticated = True
+    def __init__(self, user: User) -> None:
+        self.user: User | None = user
         self.last_command = ""
         self.blocked: BlockedGet | None = None
         self.replies: list[Any] = []
@@ -55,7 +56,7 @@ class Node:
         self.clock = ManualClock()
         cluster = ClusterState(ClusterNode(NODE_ID, "127.0.0.1", 7711), None)
         self.state = ServerState(cfg, cluster, NodeEvents(), clock=self.clock)
-        self.client = LocalClient()
+        self.client = LocalClient(self.state.acl.default)
 
     def __call__(self, *args: Any) -> Any:
         argv = [a if isinstance(a, bytes) else str(a).encode() for a in args]
