@@ -37,6 +37,11 @@ out in the difference.  N must exceed ``--large``.  ``--prefill-options``
 adds ADDJOB options to the fill (``"PRIORITY 5"``: a queue of prioritized
 jobs).
 
+``--as-user RULES`` makes the measured node's ``aclfile`` hold one user,
+``bench``, with those ACL rules (``"~q* +@read +@write"``: the permission
+check a user limited to some commands and queues pays on every command),
+and ``redis-benchmark`` authenticates as that user.
+
 ``--cluster 3`` joins the measured node to two plain nodes first (the
 commands go to the measured node; with ``--measure peer`` they go to a plain
 node and the measured one is a peer receiving REPLJOBs): the cost of one
@@ -73,7 +78,8 @@ EXIT_FUNCTION = "Py_FinalizeEx"
 def count_instructions(root: Path, command: list[str], requests: int, pipeline: int,
                        node: str, cluster: int = 1, measure: str = "creator",
                        profile: str | None = None, prefill: int = 0,
-                       prefill_queue: str = "q", prefill_options: tuple[str, ...] = ()) -> int:
+                       prefill_queue: str = "q", prefill_options: tuple[str, ...] = (),
+                       as_user: str | None = None) -> int:
     """Instructions of one node process that served ``requests`` of ``command``.
 
     Counted from the process's start until the interpreter's exit begins
@@ -95,7 +101,14 @@ def count_instructions(root: Path, command: list[str], requests: int, pipeline: 
     # the run's wall-clock time, which under callgrind on a busy machine
     # varies by seconds; at one tick a second it no longer shows in the
     # per-command figure.  (The bus's own 100 ms cron does not follow hz.)
-    server = DisqueProcess(workdir, *NODE_ARGS, "--hz", "1",
+    node_args: list[str] = []
+    auth: dict[str, str] = {}
+    if as_user is not None:
+        aclfile = root / f"bench-{requests}.acl"
+        aclfile.write_text(f"user bench on >bench {as_user}\n")
+        node_args = ["--aclfile", str(aclfile)]
+        auth = {"user": "bench", "password": "bench"}
+    server = DisqueProcess(workdir, *NODE_ARGS, "--hz", "1", *node_args,
                            program=program).start(timeout=120)
     peers = [DisqueProcess(root / f"peer{i}-{requests}", *NODE_ARGS).start()
              for i in range(cluster - 1)]
@@ -113,7 +126,7 @@ def count_instructions(root: Path, command: list[str], requests: int, pipeline: 
             run_benchmark(benchmark_command(target.port, fill, requests=prefill, pipeline=16),
                           timeout=1800)
         run_benchmark(benchmark_command(target.port, command, requests=requests,
-                                        pipeline=pipeline), timeout=1800)
+                                        pipeline=pipeline, **auth), timeout=1800)
         try:
             raw_command(server.port, "SHUTDOWN", "NOSAVE", timeout=60)
         except ConnectionError:
@@ -141,7 +154,8 @@ def count_instructions(root: Path, command: list[str], requests: int, pipeline: 
 def measure(command: list[str], small: int, large: int, pipeline: int,
             node: str = "disque", cluster: int = 1, side: str = "creator",
             profile: str | None = None, prefill: int = 0,
-            prefill_queue: str = "q", prefill_options: tuple[str, ...] = ()) -> dict[str, Any]:
+            prefill_queue: str = "q", prefill_options: tuple[str, ...] = (),
+            as_user: str | None = None) -> dict[str, Any]:
     if large <= small:
         raise ValueError("--large must be greater than --small")
     if prefill and prefill <= large:
@@ -150,12 +164,13 @@ def measure(command: list[str], small: int, large: int, pipeline: int,
     try:
         low = count_instructions(root, command, small, pipeline, node, cluster, side,
                                  prefill=prefill, prefill_queue=prefill_queue,
-                                 prefill_options=prefill_options)
+                                 prefill_options=prefill_options, as_user=as_user)
         high = count_instructions(root, command, large, pipeline, node, cluster, side,
-                                  profile, prefill, prefill_queue, prefill_options)
+                                  profile, prefill, prefill_queue, prefill_options, as_user)
     finally:
         shutil.rmtree(root, ignore_errors=True)
     return {"command": command, "node": node, "cluster": cluster, "measured": side,
+            "as_user": as_user,
             "pipeline": pipeline, "small": small, "prefill": prefill,
             "large": large, "instructions_small": low, "instructions_large": high,
             "per_command": (high - low) / (large - small)}
@@ -182,6 +197,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prefill-queue", default="q", metavar="QUEUE")
     parser.add_argument("--prefill-options", default="", metavar="OPTIONS",
                         help='ADDJOB options of the prefill, e.g. "PRIORITY 5"')
+    parser.add_argument("--as-user", metavar="RULES",
+                        help='send the commands as a user with these ACL rules, e.g. '
+                             '"~q* +@read +@write"')
     args = parser.parse_args(argv)
     missing = [tool for tool in ("valgrind", "redis-benchmark") if shutil.which(tool) is None]
     if missing:
@@ -192,8 +210,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--cluster needs N >= 1, and a disque node")
     result = measure(args.command, args.small, args.large, args.pipeline, args.node,
                      args.cluster, args.measure, args.profile, args.prefill,
-                     args.prefill_queue, tuple(args.prefill_options.split()))
+                     args.prefill_queue, tuple(args.prefill_options.split()), args.as_user)
     where = f", {args.measure} of {args.cluster} nodes" if args.cluster > 1 else ""
+    if args.as_user:
+        where += f", as a user with {args.as_user!r}"
     print(f"{args.node} node{where}, {' '.join(args.command)} -P {args.pipeline}: "
           f"{result['per_command']:,.0f} instructions per command "
           f"(({result['instructions_large']:,} - {result['instructions_small']:,}) / "

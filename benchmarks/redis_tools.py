@@ -115,9 +115,15 @@ def machine_cpu_ticks() -> list[int]:
 
 
 def benchmark_command(port: int, command: list[str], *, requests: int, clients: int = 50,
-                      pipeline: int = 1, keyspace: int = 0) -> list[str]:
+                      pipeline: int = 1, keyspace: int = 0,
+                      user: str | None = None, password: str | None = None) -> list[str]:
+    """``user`` (with ``password``): every connection sends ``AUTH user password``."""
     cmd = [REDIS_BENCHMARK, "-h", "127.0.0.1", "-p", str(port), "-c", str(clients),
            "-n", str(requests)]
+    if user is not None:
+        cmd += ["--user", user]
+    if password is not None:
+        cmd += ["-a", password]
     if pipeline > 1:
         cmd += ["-P", str(pipeline)]
     if keyspace:

@@ -16,6 +16,14 @@ side by side.  Each round starts a fresh lone node of each implementation
   ``redis-benchmark -P 16``, ``used_memory`` (and RSS) after minus before,
   per job.
 
+Ours also runs the same ``redis-benchmark`` loads through the extensions
+of the second round, each divided by the original's *plain* figure of the
+same round (the original has none of them): ``ADDJOB q body 0 PRIORITY 5``
+and ``GETJOB NOHANG`` from a queue of such jobs; and plain ADDJOB and
+GETJOB sent by a user limited to some commands and queues (``aclfile``:
+``user bench on >bench ~q* +@read +@write``; ``redis-benchmark --user``),
+which pays the permission check on every command.
+
 Every figure of ours is divided by the original's of the same round; the
 tables show medians and the per-round ratios.  Targets (ours / original):
 ADDJOB >= 0.8x unpipelined and >= 0.5x with -P 16, GETJOB NOHANG >= 1.0x
@@ -29,13 +37,15 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from benchmarks.cluster import cycle, start_nodes
+from benchmarks.cluster import NODE_ARGS, cycle, start_nodes
 from benchmarks.redis_tools import benchmark_command, run_benchmark
 from tests.support.cluster import reference_server
-from tests.support.process import raw_command
+from tests.support.process import DisqueProcess, raw_command
 
 ADDJOB = ["ADDJOB", "q", "body", "0"]
 GETJOB = ["GETJOB", "NOHANG", "FROM", "q"]
+PRIORITY_ADDJOB = ["ADDJOB", "pq", "body", "0", "PRIORITY", "5"]
+PRIORITY_GETJOB = ["GETJOB", "NOHANG", "FROM", "pq"]
 #: 100 bytes; redis-benchmark -r replaces __rand_int__ with a 12-digit number.
 MEMORY_BODY = "__rand_int__" + "x" * 88
 
@@ -57,6 +67,46 @@ def _redis_benchmarks(port: int, requests: dict[int, int]) -> dict[str, float]:
     return out
 
 
+#: The user the ACL runs authenticate as, and its rules.
+BENCH_USER = "user bench on >bench ~q* +@read +@write\n"
+
+
+def _extension_benchmarks(port: int, root: Path, tag: str,
+                          requests: dict[int, int]) -> dict[str, float]:
+    """Ours only: the loads of _redis_benchmarks with priorities, and as a user."""
+    from benchmarks.run import prefill
+
+    out: dict[str, float] = {}
+    prefill(port, PRIORITY_ADDJOB, sum(requests.values()) + 1000)
+    for pipeline, count in requests.items():
+        for name, command in (("ADDJOB PRIORITY", PRIORITY_ADDJOB),
+                              ("GETJOB NOHANG, priorities", PRIORITY_GETJOB)):
+            result = run_benchmark(benchmark_command(port, command, requests=count,
+                                                     pipeline=pipeline))
+            out[f"{name} P{pipeline}"] = float(result["rps"])
+    left = raw_command(port, "QLEN", "pq")
+    if not isinstance(left, int) or left <= 0:
+        raise RuntimeError(f"GETJOB NOHANG FROM pq: the queue ran dry ({left!r} left)")
+    aclfile = root / f"{tag}-users.acl"
+    aclfile.write_text(BENCH_USER)
+    node = DisqueProcess(root / f"{tag}-acl", *NODE_ARGS, "--aclfile", str(aclfile)).start()
+    try:
+        prefill(node.port, ADDJOB, sum(requests.values()) + 1000)
+        for pipeline, count in requests.items():
+            for name, command in (("ADDJOB as a user", ADDJOB),
+                                  ("GETJOB NOHANG as a user", GETJOB)):
+                result = run_benchmark(benchmark_command(
+                    node.port, command, requests=count, pipeline=pipeline, user="bench",
+                    password="bench"))
+                out[f"{name} P{pipeline}"] = float(result["rps"])
+        left = raw_command(node.port, "QLEN", "q")
+        if not isinstance(left, int) or left <= 0:
+            raise RuntimeError(f"GETJOB NOHANG as a user: the queue ran dry ({left!r} left)")
+    finally:
+        node.kill()
+    return out
+
+
 def _round(impl: str, root: Path, tag: str, requests: dict[int, int], cycle_jobs: int,
            memory_jobs: int) -> dict[str, float]:
     from benchmarks.run import disque_cycle, memory_fill
@@ -64,6 +114,8 @@ def _round(impl: str, root: Path, tag: str, requests: dict[int, int], cycle_jobs
     (node,) = start_nodes(root, impl, 1, f"{tag}-bench")
     try:
         out = _redis_benchmarks(node.port, requests)
+        if impl == "ours":
+            out.update(_extension_benchmarks(node.port, root, tag, requests))
         # Not timed; the original frees a million jobs one by one, which
         # took more than raw_command's default 10 s on a busy VM.
         raw_command(node.port, "DEBUG", "FLUSHALL", timeout=120)
@@ -88,6 +140,15 @@ def _round(impl: str, root: Path, tag: str, requests: dict[int, int], cycle_jobs
 TARGETS = [("ADDJOB P1", 0.8, True), ("ADDJOB P16", 0.5, True),
            ("GETJOB NOHANG P1", 1.0, True), ("GETJOB NOHANG P16", 1.0, True),
            ("cycle", 1.0, True), ("memory B/job", 1.0, False), ("RSS B/job", None, False)]
+#: Ours through the extensions -> the original's plain figure it is divided by.
+EXTENSION_FIGURES = {
+    "ADDJOB PRIORITY P1": "ADDJOB P1", "ADDJOB PRIORITY P16": "ADDJOB P16",
+    "GETJOB NOHANG, priorities P1": "GETJOB NOHANG P1",
+    "GETJOB NOHANG, priorities P16": "GETJOB NOHANG P16",
+    "ADDJOB as a user P1": "ADDJOB P1", "ADDJOB as a user P16": "ADDJOB P16",
+    "GETJOB NOHANG as a user P1": "GETJOB NOHANG P1",
+    "GETJOB NOHANG as a user P16": "GETJOB NOHANG P16",
+}
 
 
 def scenario_original(args: argparse.Namespace, root: Path,
@@ -120,6 +181,14 @@ def scenario_original(args: argparse.Namespace, root: Path,
         table.append({"figure": figure, "ours": median(ours), "original": median(theirs),
                       "ratio": ratio, "ratios": [round(x, 3) for x in ratios],
                       "target": target, "higher_is_better": higher, "met": met})
+    for figure, reference in EXTENSION_FIGURES.items():
+        ours = [r["ours"][figure] for r in rounds]
+        theirs = [r["original"][reference] for r in rounds]
+        ratios = [a / b for a, b in zip(ours, theirs, strict=True)]
+        table.append({"figure": f"{figure} (vs plain)", "ours": median(ours),
+                      "original": median(theirs), "ratio": median(ratios),
+                      "ratios": [round(x, 3) for x in ratios], "target": None,
+                      "higher_is_better": True, "met": None})
     print()
     print(f"ours vs the original: medians of {args.rounds} round(s); ratio = ours / original "
           "of the same round (rps, jobs/s; bytes per job for memory)")

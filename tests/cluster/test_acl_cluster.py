@@ -9,14 +9,7 @@ import pytest
 
 from tests.server.test_acl import ALICE, login
 from tests.server.test_protocol_raw import JOB_ID, Resp
-from tests.support.cluster import (
-    TEST_NODE_TIMEOUT_MS,
-    ReferenceProcess,
-    meet,
-    reference_server,
-    show,
-    wait_joined,
-)
+from tests.support.cluster import reference_server, show, with_original
 from tests.support.process import DisqueProcess, wait_for
 
 
@@ -44,15 +37,5 @@ def test_a_limited_user_replicates_to_nodes_that_do_not_know_it(make_cluster) ->
                     reason="needs the original server: set DISQUE_REFERENCE_SERVER to its "
                            "disque-server")
 def test_with_an_original_node_in_the_cluster(server_factory, tmp_path) -> None:
-    ours = [server_factory("--cluster-node-timeout", str(TEST_NODE_TIMEOUT_MS))
-            for _ in range(2)]
-    original = ReferenceProcess(tmp_path / "ref", "--cluster-node-timeout",
-                                str(TEST_NODE_TIMEOUT_MS)).start()
-    try:
-        meet(ours[0], original)
-        meet(ours[0], ours[1])
-        nodes = [*ours, original]
-        wait_joined(nodes)
-        replicate_and_ack(ours[0], nodes)
-    finally:
-        original.kill()
+    with with_original(server_factory, tmp_path) as (ours, original):
+        replicate_and_ack(ours[0], [*ours, original])

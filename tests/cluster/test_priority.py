@@ -7,14 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.support.cluster import (
-    TEST_NODE_TIMEOUT_MS,
-    ReferenceProcess,
-    meet,
-    reference_server,
-    show,
-    wait_joined,
-)
+from tests.support.cluster import reference_server, show, with_original
 from tests.support.process import DisqueProcess, wait_for
 
 
@@ -72,14 +65,7 @@ def test_federation_moves_the_highest_priorities_first(make_cluster) -> None:
                            "disque-server")
 def test_an_original_node_keeps_a_plain_copy_in_creation_order(server_factory,
                                                                tmp_path) -> None:
-    ours, other = (server_factory("--cluster-node-timeout", str(TEST_NODE_TIMEOUT_MS))
-                   for _ in range(2))
-    original = ReferenceProcess(tmp_path / "ref", "--cluster-node-timeout",
-                                str(TEST_NODE_TIMEOUT_MS)).start()
-    try:
-        meet(ours, original)
-        meet(ours, other)
-        wait_joined([ours, other, original])
+    with with_original(server_factory, tmp_path) as ((ours, other), original):
         o = original.client()
         older = o.execute_command("ADDJOB", "q", "older", 0, "REPLICATE", 1)
         # Synchronous replication completes: the original stores the job from
@@ -99,5 +85,3 @@ def test_an_original_node_keeps_a_plain_copy_in_creation_order(server_factory,
         assert ours.client().execute_command("ACKJOB", urgent) == 1
         wait_for(lambda: show(original, urgent) is None and show(other, urgent) is None,
                  timeout=20, message="the ACK to reach every copy")
-    finally:
-        original.kill()

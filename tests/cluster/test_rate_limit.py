@@ -10,14 +10,7 @@ import time
 import pytest
 
 from tests.server.test_protocol_raw import Resp, pack
-from tests.support.cluster import (
-    TEST_NODE_TIMEOUT_MS,
-    ReferenceProcess,
-    fully_joined,
-    meet,
-    reference_server,
-    wait_joined,
-)
+from tests.support.cluster import fully_joined, reference_server, with_original
 from tests.support.process import DisqueProcess, wait_for
 
 
@@ -71,15 +64,7 @@ def test_a_full_window_does_not_pull_jobs_from_other_nodes(make_cluster) -> None
                     reason="needs the original server: set DISQUE_REFERENCE_SERVER to its "
                            "disque-server")
 def test_bcast_skips_an_original_node(server_factory, tmp_path) -> None:
-    ours = [server_factory("--cluster-node-timeout", str(TEST_NODE_TIMEOUT_MS))
-            for _ in range(2)]
-    original = ReferenceProcess(tmp_path / "ref", "--cluster-node-timeout",
-                                str(TEST_NODE_TIMEOUT_MS)).start()
-    try:
-        meet(ours[0], original)
-        meet(ours[0], ours[1])
-        nodes = [*ours, original]
-        wait_joined(nodes)
+    with with_original(server_factory, tmp_path) as (ours, original):
         assert ours[0].client().execute_command("QLIMIT", "api", 3, 1000, "BCAST") == b"OK"
         wait_for(lambda: limits(ours, "api") == [[3, 1000]] * 2, timeout=10,
                  message="our other node to take the limit")
@@ -89,6 +74,4 @@ def test_bcast_skips_an_original_node(server_factory, tmp_path) -> None:
         wait_for(lambda: original.client().execute_command("PAUSE", "api", "state") == b"in",
                  timeout=10, message="the original to get the PAUSE")
         assert "unknown" not in original.log_text().lower()
-        assert fully_joined(nodes)
-    finally:
-        original.kill()
+        assert fully_joined([*ours, original])

@@ -10,7 +10,8 @@ from __future__ import annotations
 import os
 import socket
 import subprocess
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -129,6 +130,24 @@ def describe(nodes: Sequence[DisqueProcess]) -> str:
 def wait_joined(nodes: Sequence[DisqueProcess], timeout: float = 20.0) -> None:
     wait_for(lambda: fully_joined(nodes), timeout,
              message=lambda: "a full mesh: " + describe(nodes))
+
+
+@contextmanager
+def with_original(server_factory: Callable[..., DisqueProcess], workdir: Path,
+                  ours: int = 2) -> Iterator[tuple[list[DisqueProcess], ReferenceProcess]]:
+    """``ours`` of our nodes and one original node (DISQUE_REFERENCE_SERVER),
+    fully joined: a mixed cluster, the original killed at the end."""
+    mine = [server_factory("--cluster-node-timeout", str(TEST_NODE_TIMEOUT_MS))
+            for _ in range(ours)]
+    original = ReferenceProcess(workdir / "ref", "--cluster-node-timeout",
+                                str(TEST_NODE_TIMEOUT_MS)).start()
+    try:
+        for node in [original, *mine[1:]]:
+            meet(mine[0], node)
+        wait_joined([*mine, original])
+        yield mine, original
+    finally:
+        original.kill()
 
 
 def show(node: DisqueProcess, job_id: bytes) -> dict[bytes, Any] | None:
