@@ -22,7 +22,7 @@ from .job import (
     Job,
 )
 from .job_options import JobExt, limit_reached, retry_seconds
-from .queue_limit import QueueLimit
+from .queue_limit import MAX_LIMIT_PERIOD_MS, QueueLimit
 from .queue_table import PAUSED_IN, PAUSED_OUT, QUEUE_ENTRY_BYTES, Queue
 from .schedule import requeue_time, update_awake_time
 from .waiters import WITH_LEASE, getjob_entry, unblock
@@ -259,7 +259,10 @@ def set_rate_limit(state: ServerState, q: Queue, max_jobs: int, period_ms: int) 
 
 
 def receive_qlimit(state: ServerState, sender: ClusterNode, msg: Message) -> None:
-    """QLIMIT from another node (QLIMIT ... BCAST there): set the same limit."""
+    """QLIMIT from another node (QLIMIT ... BCAST there): set the same limit
+    (a period out of QLIMIT's range is not one: ignored)."""
+    if msg.aux and not 0 < msg.period <= MAX_LIMIT_PERIOD_MS:
+        return
     q = state.queues.lookup(msg.queue)
     if q is None:
         if not msg.aux:

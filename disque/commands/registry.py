@@ -243,7 +243,8 @@ def _acl_refusal(state: ServerState, user: User, cmd: Command,
         return queue_refusal(state, user, argv[1])
     if keys == KEYS_FROM:
         for i in range(1, len(argv)):
-            if argv[i].lower() == b"from":
+            arg = argv[i]
+            if len(arg) == 4 and arg.lower() == b"from":  # lower() only for candidates
                 for name in argv[i + 1:]:
                     refused = queue_refusal(state, user, name)
                     if refused is not None:
