@@ -25,14 +25,6 @@ def pairs(reply: list[Any]) -> dict[bytes, Any]:
     return dict(zip(*[iter(reply)] * 2, strict=True))
 
 
-@pytest.fixture(scope="module")
-def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DisqueProcess]:
-    proc = DisqueProcess(Path(tmp_path_factory.mktemp("acl")))
-    proc.start()
-    yield proc
-    proc.kill()
-
-
 @pytest.fixture
 def admin(node: DisqueProcess) -> Iterator[Resp]:
     """The default user (no password), users reset around each test."""

@@ -5,7 +5,6 @@ the end-to-end behaviour.  The timing rules: test_backoff_deadletter.py."""
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -22,14 +21,6 @@ from tests.server.test_bad_input import (
 )
 from tests.server.test_protocol_raw import JOB_ID, Resp
 from tests.support.process import DisqueProcess, wait_for
-
-
-@pytest.fixture(scope="module")
-def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DisqueProcess]:
-    proc = DisqueProcess(Path(tmp_path_factory.mktemp("ext-a")))
-    proc.start()
-    yield proc
-    proc.kill()
 
 
 @pytest.fixture

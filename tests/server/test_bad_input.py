@@ -20,7 +20,6 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -53,14 +52,6 @@ def arg_id(value: Any) -> str:
         text = repr(value)[2:-1] if value else "''"
         return text if len(text) < 30 else f"{text[:20]}...({len(value)})"
     return str(value)
-
-
-@pytest.fixture(scope="module")
-def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DisqueProcess]:
-    proc = DisqueProcess(Path(tmp_path_factory.mktemp("bad-input")))
-    proc.start()
-    yield proc
-    proc.kill()
 
 
 @pytest.fixture

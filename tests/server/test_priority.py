@@ -5,7 +5,6 @@ nothing stored (docs/EXTENSIONS.md, "Priorities")."""
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,14 +18,6 @@ from tests.server.test_bad_input import (
 )
 from tests.server.test_protocol_raw import Resp, pack
 from tests.support.process import DisqueProcess, wait_for
-
-
-@pytest.fixture(scope="module")
-def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DisqueProcess]:
-    proc = DisqueProcess(Path(tmp_path_factory.mktemp("priority")))
-    proc.start()
-    yield proc
-    proc.kill()
 
 
 @pytest.fixture

@@ -23,7 +23,6 @@ import os
 import re
 import socket
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import hiredis
@@ -169,15 +168,6 @@ class Resp:
         rest = bytes(self.buf)
         self.buf.clear()
         return rest
-
-
-@pytest.fixture(scope="module")
-def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DisqueProcess]:
-    """One node for the module: these tests only touch their own queues."""
-    proc = DisqueProcess(Path(tmp_path_factory.mktemp("raw")))
-    proc.start()
-    yield proc
-    proc.kill()
 
 
 @pytest.fixture

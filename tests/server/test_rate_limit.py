@@ -44,14 +44,6 @@ def test_fixed_windows_count_deliveries() -> None:
 # On a node
 # --------------------------------------------------------------------------
 
-@pytest.fixture(scope="module")
-def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DisqueProcess]:
-    proc = DisqueProcess(Path(tmp_path_factory.mktemp("qlimit")))
-    proc.start()
-    yield proc
-    proc.kill()
-
-
 @pytest.fixture
 def c(node: DisqueProcess) -> Iterator[Resp]:
     with Resp(node.port) as conn:
