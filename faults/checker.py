@@ -111,27 +111,18 @@ class Result:
     def defects(self) -> list[str]:
         """Violations of what the node promises, one line each."""
         found = list(self.errors)
-        if self.lost:
-            found.append(f"{len(self.lost)} acknowledged jobs never delivered: "
-                         f"{self.lost[:5]}")
-        if self.delivered_after_gc:
-            found.append(f"{len(self.delivered_after_gc)} deliveries after a completed ACK: "
-                         f"{self.delivered_after_gc[:5]}")
-        if self.phantom:
-            found.append(f"{len(self.phantom)} deliveries of jobs never added: "
-                         f"{self.phantom[:5]}")
-        if self.duplicate_ids:
-            found.append(f"{len(self.duplicate_ids)} IDs answered to two ADDJOBs: "
-                         f"{self.duplicate_ids[:5]}")
-        if self.early_delivery:
-            found.append(f"{len(self.early_delivery)} jobs delivered before their DELAY: "
-                         f"{self.early_delivery[:5]}")
-        if self.late_delivery:
-            found.append(f"{len(self.late_delivery)} jobs delivered after their TTL: "
-                         f"{self.late_delivery[:5]}")
-        if self.early_requeue:
-            found.append(f"{len(self.early_requeue)} jobs requeued sooner than RETRY: "
-                         f"{self.early_requeue[:5]}")
+        listed = (
+            (self.lost, "acknowledged jobs never delivered"),
+            (self.delivered_after_gc, "deliveries after a completed ACK"),
+            (self.phantom, "deliveries of jobs never added"),
+            (self.duplicate_ids, "IDs answered to two ADDJOBs"),
+            (self.early_delivery, "jobs delivered before their DELAY"),
+            (self.late_delivery, "jobs delivered after their TTL"),
+            (self.early_requeue, "jobs requeued sooner than RETRY"),
+        )
+        for items, what in listed:
+            if items:
+                found.append(f"{len(items)} {what}: {items[:5]}")
         if self.queued_twice:
             found.append(f"{len(self.queued_twice)} jobs queued on several nodes after "
                          f"healing: {dict(list(self.queued_twice.items())[:3])}")

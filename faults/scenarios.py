@@ -12,13 +12,14 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from faults import EXIT_SKIPPED, netns
 from faults.nft import Drop, Firewall
 from faults.nodes import Cluster, Node, wait_until
 
 
-def _show(node: Node, job_id: str) -> dict[bytes, object] | None:
+def _show(node: Node, job_id: str) -> dict[bytes, Any] | None:
     reply = node.client().execute_command("SHOW", job_id)
     return None if reply is None else dict(zip(reply[::2], reply[1::2], strict=True))
 
@@ -85,7 +86,7 @@ def requeue_after_pause(root: Path) -> bool:
         maker = cluster.nodes[0]
         ids = [maker.client().execute_command("ADDJOB", "q", f"b{i}", 5000, "REPLICATE", 2,
                                               "RETRY", 2).decode() for i in range(20)]
-        holders = {}
+        holders: dict[str, Node] = {}
         for job_id in ids:
             show = _show(maker, job_id) or {}
             other = [n for n in cluster.nodes[1:]
@@ -104,10 +105,10 @@ def requeue_after_pause(root: Path) -> bool:
               f"queued twice afterwards: {len(twice)}")
         for job_id in list(twice)[:3]:
             for n in cluster.nodes:
-                show = _show(n, job_id)
-                if show:
-                    print(f"  {job_id} on {n.name}: state={show[b'state']} "
-                          f"nacks={show[b'nacks']} add={show[b'additional-deliveries']}")
+                copy = _show(n, job_id)
+                if copy:
+                    print(f"  {job_id} on {n.name}: state={copy[b'state']} "
+                          f"nacks={copy[b'nacks']} add={copy[b'additional-deliveries']}")
         return not twice
     finally:
         cluster.stop()

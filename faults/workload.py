@@ -236,7 +236,8 @@ def get_jobs(worker: Worker, node: Node, timeout_ms: int | None, phase: str,
             worker.history.finish(op, OK)
         return []
     ops = []
-    for entry in reply:  # type: ignore[union-attr]
+    assert isinstance(reply, list), reply
+    for entry in reply:
         fields = dict(zip(entry[3::2], entry[4::2], strict=False))
         got = worker.history.begin(worker.name, "get", node.name, extra={
             "phase": phase, "role": role,

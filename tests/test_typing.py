@@ -37,3 +37,8 @@ def test_the_compiled_modules_pass_mypy_strict() -> None:
     files = [str(source_path(m).relative_to(ROOT)) for m in COMPILED_MODULES]
     result = _mypy("--strict", "--follow-imports=silent", *files)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_the_fault_harness_type_checks() -> None:
+    result = _mypy("faults")
+    assert result.returncode == 0, result.stdout + result.stderr
