@@ -36,6 +36,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import hiredis
 
@@ -72,7 +73,8 @@ class RawClient:
             replies.append(reply)
         return replies
 
-    def call(self, *args) -> object:
+    def call(self, *args: bytes | str | int) -> Any:
+    # Any: a RESP reply is bytes, int, a list or an error, by command.
         return self.call_many(encode(*args), 1)[0]
 
     def close(self) -> None:

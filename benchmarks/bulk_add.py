@@ -64,7 +64,7 @@ def scenario_bulk(args: argparse.Namespace, root: Path) -> dict[str, Any]:
 
     from benchmarks.run import median, print_table
 
-    rows = []
+    rows: list[dict[str, Any]] = []
     reference = "original ADDJOB -P 100"
     for key in rounds[0]:
         figures = [r[key] for r in rounds]

@@ -35,6 +35,7 @@ import argparse
 import resource
 import statistics
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -194,7 +195,7 @@ def scenario_cluster(args: argparse.Namespace, root: Path,
             try:
                 tests = CLUSTER_TESTS if size > 1 else [("single", SINGLE)]
                 this[f"{impl}/{size}"] = run_tests(nodes, tests, request_counts)
-                wait_for(lambda nodes=nodes: _flushed(nodes), timeout=30, interval=0.5,
+                wait_for(partial(_flushed, nodes), timeout=30, interval=0.5,
                          message="DEBUG FLUSHALL to empty every node")
                 this[f"{impl}/{size}"]["cycle"] = cycle(nodes, args.cycle_jobs)
             finally:

@@ -102,12 +102,12 @@ def count_instructions(root: Path, command: list[str], requests: int, pipeline: 
     # varies by seconds; at one tick a second it no longer shows in the
     # per-command figure.  (The bus's own 100 ms cron does not follow hz.)
     node_args: list[str] = []
-    auth: dict[str, str] = {}
+    user = password = None
     if as_user is not None:
         aclfile = root / f"bench-{requests}.acl"
         aclfile.write_text(f"user bench on >bench {as_user}\n")
         node_args = ["--aclfile", str(aclfile)]
-        auth = {"user": "bench", "password": "bench"}
+        user = password = "bench"
     server = DisqueProcess(workdir, *NODE_ARGS, "--hz", "1", *node_args,
                            program=program).start(timeout=120)
     peers = [DisqueProcess(root / f"peer{i}-{requests}", *NODE_ARGS).start()
@@ -126,7 +126,8 @@ def count_instructions(root: Path, command: list[str], requests: int, pipeline: 
             run_benchmark(benchmark_command(target.port, fill, requests=prefill, pipeline=16),
                           timeout=1800)
         run_benchmark(benchmark_command(target.port, command, requests=requests,
-                                        pipeline=pipeline, **auth), timeout=1800)
+                                        pipeline=pipeline, user=user, password=password),
+                      timeout=1800)
         try:
             raw_command(server.port, "SHUTDOWN", "NOSAVE", timeout=60)
         except ConnectionError:

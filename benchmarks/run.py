@@ -357,7 +357,8 @@ def redis_cycle(port: int, jobs: int, batched: bool) -> dict[str, Any]:
         done = 0
         count = BATCH if batched else 1
         while done < jobs:
-            reply = r.xreadgroup("g", "c", {stream: ">"}, count=count)
+            # redis-py types the reply loosely: [[stream, [(id, fields), ...]]].
+            reply: Any = r.xreadgroup("g", "c", {stream: ">"}, count=count)
             entries = reply[0][1] if reply else []
             if not entries:
                 raise RuntimeError(f"stream empty after {done} of {jobs} entries")

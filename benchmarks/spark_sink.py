@@ -185,7 +185,9 @@ def commands_processed(port: int) -> int:
         text = client.call("INFO", "stats").decode()
     finally:
         client.close()
-    return int(re.search(r"total_commands_processed:(\d+)", text).group(1))
+    found = re.search(r"total_commands_processed:(\d+)", text)
+    assert found, text
+    return int(found.group(1))
 
 
 def throughput(args: argparse.Namespace, node: DisqueProcess) -> None:

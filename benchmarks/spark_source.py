@@ -264,7 +264,7 @@ def drain_with_spark(spark, node: DisqueProcess, client: Client, root: Path, que
     ended = time.time()
     progress = list(query.recentProgress)
     rows = sum(p.numInputRows for p in progress)
-    metrics = {}
+    metrics: dict[str, Any] = {}
     if progress and progress[-1].sources:
         raw = progress[-1].sources[0].latestOffset
         metrics = json.loads(raw) if raw else {}

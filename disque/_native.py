@@ -37,7 +37,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
 
-__all__ = ["COMPILED_MODULES", "ENV_VAR", "HASHES_FILE", "MODE", "REASON", "activate",
+__all__ = ["COMPILED_MODULES", "ENV_VAR", "HASHES_FILE", "REASON", "activate",
            "activate_before_core", "describe"]
 
 #: The modules mypyc compiles: the node's per-command path.  The build
@@ -98,10 +98,10 @@ HASHES_FILE = "_compiled_sources.json"
 
 _PACKAGE_DIR = Path(__file__).resolve().parent
 
-#: "compiled" or "interpreted".  Set by :func:`activate`, which runs at the
-#: first import of a core module: code that may run before that (a tool, a
-#: test, the metrics exporter) reads ``activate()`` instead of this global.
-MODE = "interpreted"
+#: "compiled" or "interpreted", decided by :func:`activate` (which returns
+#: it) at the first import of a core module.  Private: code that may run
+#: before that decision (a tool, a test, the client) would read a default.
+_mode = "interpreted"
 #: Why the compiled modules, although present, do not run ("" otherwise).
 REASON = ""
 
@@ -166,7 +166,7 @@ class _ActivateFirst(importlib.abc.MetaPathFinder):
         if fullname not in COMPILED_MODULES:
             return None
         activate()
-        if MODE == "interpreted" and REASON:
+        if _mode == "interpreted" and REASON:
             return _SourceFirst().find_spec(fullname, path, target)
         return None
 
@@ -191,14 +191,14 @@ def _wanted_interpreted() -> bool:
 
 def activate() -> str:
     """Choose compiled or interpreted (once, before any core module loads)."""
-    global MODE, REASON, _decided
+    global _mode, REASON, _decided
     if _decided:
-        return MODE
+        return _mode
     _decided = True
     compiled = [m for m in COMPILED_MODULES if _compiled_file(m) is not None]
     if not compiled:
-        MODE = "interpreted"
-        return MODE
+        _mode = "interpreted"
+        return _mode
     reason = ""
     if len(compiled) != len(COMPILED_MODULES):
         reason = "only some modules are compiled (an interrupted build?)"
@@ -216,16 +216,16 @@ def activate() -> str:
                 "(slower). Rebuild with `pip install -e .` to compile your changes.\n")
     if reason:
         sys.meta_path.insert(0, _SourceFirst())
-        MODE, REASON = "interpreted", reason
+        _mode, REASON = "interpreted", reason
     else:
-        MODE = "compiled"
-    return MODE
+        _mode = "compiled"
+    return _mode
 
 
 def describe() -> str:
     """``compiled (mypyc)``, ``interpreted``, or ``interpreted (why)`` when a
     compiled build is there but does not run; for ``--version`` and INFO."""
     activate()
-    if MODE == "compiled":
+    if _mode == "compiled":
         return "compiled (mypyc)"
     return f"interpreted ({REASON})" if REASON else "interpreted"

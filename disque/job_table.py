@@ -34,7 +34,7 @@ __all__ = ["AwakeSchedule", "JobRegistry", "JOB_OVERHEAD_BYTES", "job_memory"]
 #: and is smaller; interpreted, jobs share time objects under load
 #: (ServerState.shared_int): ~400 bytes at tens of jobs per ms and ~470 at
 #: one per ms.
-JOB_OVERHEAD_BYTES: Final = 410 if _native.MODE == "compiled" else 450
+JOB_OVERHEAD_BYTES: Final = 410 if _native.activate() == "compiled" else 450
 
 
 class AwakeSchedule:

@@ -125,7 +125,7 @@ class ServerState:
         # Compiled, a job keeps its times as machine integers, not int
         # objects: there is nothing to share, and the table costs ~1k
         # instructions a call (twice per ADDJOB).
-        self._share_ints = _native.MODE != "compiled"
+        self._share_ints = _native.activate() != "compiled"
         self._queue_scan_cursor = 0
         # A job's awake time became ``when_ms``: the server replaces this
         # no-op with its own method (re-arm the job timer if earlier).  An

@@ -27,7 +27,7 @@ needs_compiled = pytest.mark.skipif(
 
 
 def _probe(env_extra: dict[str, str], path: Path | None = None) -> tuple[str, str, str]:
-    """(MODE, protocol module file, stderr) of a fresh interpreter."""
+    """(the core it chose, protocol module file, stderr) of a fresh interpreter."""
     env = {**os.environ, **env_extra}
     env.pop("PYTHONDONTWRITEBYTECODE", None)
     if path is not None:

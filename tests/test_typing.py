@@ -42,3 +42,8 @@ def test_the_compiled_modules_pass_mypy_strict() -> None:
 def test_the_fault_harness_type_checks() -> None:
     result = _mypy("faults")
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_the_benchmarks_jobs_and_scripts_type_check() -> None:
+    result = _mypy("benchmarks", "jobs", "scripts")
+    assert result.returncode == 0, result.stdout + result.stderr

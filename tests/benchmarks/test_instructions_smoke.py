@@ -72,5 +72,5 @@ def test_instruction_counts_per_command(tmp_path: Path) -> None:
         assert result["instructions_large"] > result["instructions_small"] > 0, result
         # A command through Python's eval loop costs thousands of instructions.
         assert 5_000 < result["per_command"] < 5_000_000, result
-    if _native.MODE == "interpreted":  # the node runs the same core as this process
+    if _native.activate() == "interpreted":  # the node runs the same core as this process
         assert floor["per_command"] < real["per_command"], (floor, real)

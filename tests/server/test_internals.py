@@ -324,7 +324,7 @@ def test_jobs_share_equal_time_objects_and_the_table_stays_bounded() -> None:
     assert a.etime == b.etime
     state = node.state
     big = 10 ** 15
-    if _native.MODE != "compiled":
+    if _native.activate() != "compiled":
         # Interpreted, equal times share one int object (same ms, same TTL).
         # Compiled, a Job's int fields are stored unboxed in the object, so
         # there is no object to share (nor any memory to save).
