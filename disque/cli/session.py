@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import os
 import select
+import signal
 import socket
 import threading
 from collections.abc import Sequence
@@ -210,7 +211,7 @@ class Cli:
         timer = threading.Timer(WAIT_HINT_AFTER_S, self._show_hint, (hint,)) if hint else None
         if timer is not None:
             timer.daemon = True
-            timer.start()
+            _start_deaf_to_ctrl_c(timer)
         try:
             reply: Any
             if name == b"auth" and len(args) in (2, 3):
@@ -282,3 +283,20 @@ def isatty(stream: IO[Any]) -> bool:
         return stream.isatty()
     except (AttributeError, ValueError):
         return False
+
+
+def _start_deaf_to_ctrl_c(thread: threading.Thread) -> None:
+    """Start ``thread`` with SIGINT blocked in it (it inherits the mask).
+
+    The kernel gives a process's signal to any thread that does not block
+    it.  Taken by the hint thread, a Ctrl-C would leave the main thread in
+    its blocked read (a GETJOB waiting for jobs) with nothing to wake it.
+    """
+    if not hasattr(signal, "pthread_sigmask"):
+        thread.start()
+        return
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        thread.start()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)

@@ -5,8 +5,10 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pexpect
@@ -14,6 +16,7 @@ import pytest
 import redis
 
 from disque import Client
+from disque.cli.session import _start_deaf_to_ctrl_c
 from disque.exceptions import NoAuth
 from tests.client.conftest import address, fake_job_id
 from tests.support.process import DisqueProcess, free_port, wait_for
@@ -327,3 +330,18 @@ def test_waiting_hint_only_on_a_terminal_and_only_when_it_waits(server: DisquePr
                           env={**os.environ, "TERM": "dumb"}, encoding="utf-8", timeout=15)
     quick.expect(pexpect.EOF)
     assert quick.before.strip() == "(nil)"
+
+
+@pytest.mark.skipif(not hasattr(signal, "pthread_sigmask"), reason="no POSIX signal masks")
+def test_the_wait_hint_thread_leaves_ctrl_c_to_the_main_thread() -> None:
+    # A SIGINT taken by the hint thread would leave the main thread blocked
+    # in GETJOB's read: the thread must start with SIGINT blocked, and the
+    # main thread's mask must be as it was.
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, set())
+    seen: list[set[signal.Signals]] = []
+    thread = threading.Thread(target=lambda: seen.append(
+        signal.pthread_sigmask(signal.SIG_BLOCK, set())))
+    _start_deaf_to_ctrl_c(thread)
+    thread.join(10)
+    assert seen and signal.SIGINT in seen[0]
+    assert signal.pthread_sigmask(signal.SIG_BLOCK, set()) == before

@@ -105,11 +105,16 @@ def test_a_missing_directory_is_a_loud_failure(tmp_path: Path, daemonize: str) -
 
 
 def _unprivileged() -> list[str] | None:
-    """A prefix that runs a command as an unprivileged user (root writes anywhere)."""
+    """A prefix that runs a command without the power to write anywhere.
+
+    Root keeps its user ID but drops every capability (CAP_DAC_OVERRIDE
+    included), so permission bits apply to it; another user would not do:
+    the interpreter may live where only root can read (a pyenv under /root).
+    """
     if os.geteuid() != 0:
         return []
     setpriv = shutil.which("setpriv")
-    return [setpriv, "--reuid=65534", "--regid=65534", "--clear-groups"] if setpriv else None
+    return [setpriv, "--bounding-set=-all", "--inh-caps=-all"] if setpriv else None
 
 
 @pytest.mark.parametrize("daemonize", ["no", "yes"])
