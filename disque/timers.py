@@ -64,10 +64,18 @@ def process_job(state: ServerState, job: Job, now: int) -> None:
         elif not enqueue_job(state, job):
             # Nothing will ever queue it again (RETRY 0 after delivery).
             job.qtime = 0
-    # 4. Still queued at its retry time (nobody fetched it): just postpone.
+    # 4. Still queued at its retry time (nobody fetched it): postpone, and
+    #    tell the other copies it is queued here (the spec's requeue timer
+    #    sends QUEUED whatever the state).  If a QUEUED was lost while a link
+    #    was down, two nodes may both hold the job queued, and only an
+    #    active copy's WILLQUEUE would make them answer: with REPLICATE 2
+    #    there is none, and the job would stay queued twice.  The copies
+    #    that receive it postpone their own requeue; the one that ranks
+    #    lower for this job drops its queued copy.
     elif state_ == QUEUED and job.qtime and job.qtime <= now and job.retry > 0:
         job.qtime = requeue_time(state, retry_seconds(job), now)
         job.flags |= FLAG_BCAST_WILLQUEUE
+        state.cluster.broadcast_queued(job, nack=False, count=False)
     # 5. Acked: time for another garbage-collection attempt.
     elif state_ == ACKED and job.qtime and job.qtime <= now:
         try_job_gc(state, job)

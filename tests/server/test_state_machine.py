@@ -57,6 +57,29 @@ def test_job_left_in_queue_is_not_counted_twice() -> None:
     assert node("QLEN", "q") == 1
 
 
+def test_a_job_left_queued_tells_its_copies_at_each_retry() -> None:
+    # The spec's requeue timer sends QUEUED whatever the job's state.  Two
+    # nodes that both hold a job queued (a QUEUED lost on a link that was
+    # down) only go back to one when a QUEUED from the higher-ranked copy
+    # arrives; with no active copy left, nothing but this timer sends one.
+    node = Node()
+    peer = "b" * 40
+    node.state.cluster.nodes[peer] = ClusterNode(peer, "127.0.0.1", 7712)
+    job_id = node("ADDJOB", "q", "body", 0, "RETRY", 10, "REPLICATE", 1).encode()
+    job = node.job(job_id)
+    job.delivered = job.delivered | {peer}  # a copy on the peer (no link: sends are counted)
+    dropped = node.state.cluster.messages_dropped
+    node.advance(9_000)  # jitter is at most 250 ms either way
+    assert node.state.cluster.messages_dropped == dropped
+    node.advance(1_300)
+    for period in range(1, 4):
+        if period > 1:
+            node.advance(10_300)  # each RETRY ± 250 ms: one timer per step
+        assert job.state == JobState.QUEUED and node("QLEN", "q") == 1
+        assert node.state.cluster.messages_dropped == dropped + period  # one QUEUED each
+    assert job.additional_deliveries == 0  # not counted as a delivery
+
+
 def test_ttl_expiry_removes_job_in_any_state() -> None:
     node = Node()
     queued = node("ADDJOB", "q", "a", 0, "TTL", 20).encode()
