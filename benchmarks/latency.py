@@ -7,9 +7,9 @@ to report the previous pickup, then polls the consumers' node until INFO's
 ``blocked_clients`` shows every consumer blocked again (not timed): each
 job goes through the blocked-client path, one at a time.  The producer
 writes ``time.perf_counter_ns()``, taken just before it sends the ADDJOB,
-into the body; the consumer subtracts it
-from the same clock read as GETJOB's reply is parsed (CLOCK_MONOTONIC is
-one clock for the whole machine).  A pickup is thus the producer's
+into the body; the consumer subtracts it from the same clock read as
+GETJOB's reply is parsed (CLOCK_MONOTONIC is one clock for the whole
+machine).  A pickup is thus the producer's
 redis-py sending the command, the node reading and running it, waking the
 consumer and writing its reply, and the consumer's redis-py parsing it.
 
@@ -128,28 +128,32 @@ def produce(nodes: list[DisqueProcess], case: Case, jobs: int) -> list[int]:
 
     consumer_node = nodes[1] if case.nodes > 1 else nodes[0]
     replicate = ["REPLICATE", "1"] if case.nodes > 1 else []
-    receive, send = multiprocessing.get_context("spawn").Pipe(duplex=False)
-    process = multiprocessing.get_context("spawn").Process(
-        target=consume, args=(consumer_node.port, case.consumers, case.queues, send))
+    spawn = multiprocessing.get_context("spawn")
+    receive, send = spawn.Pipe(duplex=False)
+    process = spawn.Process(target=consume,
+                            args=(consumer_node.port, case.consumers, case.queues, send))
     process.start()
     producer = redis.Redis(host="127.0.0.1", port=nodes[0].port, protocol=2)
     watcher = redis.Redis(host="127.0.0.1", port=consumer_node.port, protocol=2)
     pickups: list[int] = []
+
+    def taken() -> int:
+        if not receive.poll(CONSUMER_TIMEOUT_MS / 1000):
+            raise RuntimeError(f"{case.label}: job {len(pickups) + 1} was not taken")
+        pickup: int = receive.recv()
+        return pickup
+
     try:
         for number in range(WARM_UP + jobs):
             # The previous job was taken, and its consumer is blocked again.
-            if number and not receive.poll(CONSUMER_TIMEOUT_MS / 1000):
-                raise RuntimeError(f"{case.label}: job {number} was not taken")
             if number:
-                pickups.append(receive.recv())
+                pickups.append(taken())
             wait_for(lambda: blocked_clients(watcher) == case.consumers, timeout=30,
                      interval=0, message="every consumer to block in GETJOB")
             queue = queue_name(number % case.queues)
             producer.execute_command("ADDJOB", queue, str(time.perf_counter_ns()), 0,
                                      *replicate)
-        if not receive.poll(CONSUMER_TIMEOUT_MS / 1000):
-            raise RuntimeError(f"{case.label}: the last job was not taken")
-        pickups.append(receive.recv())
+        pickups.append(taken())
         # One STOP per consumer of each queue: each consumer takes one and returns.
         for number in range(case.consumers):
             producer.execute_command("ADDJOB", queue_name(number % case.queues), STOP, 0,
