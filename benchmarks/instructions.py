@@ -47,6 +47,12 @@ commands go to the measured node; with ``--measure peer`` they go to a plain
 node and the measured one is a peer receiving REPLJOBs): the cost of one
 replicated ADDJOB on the node that creates it, or on a node that copies it.
 
+``--pickup`` replaces ``redis-benchmark`` by one job at a time handed to a
+consumer blocked in GETJOB (the ``latency`` scenario's path, see
+:func:`pickups`): the instructions per pickup are the node's share of
+that latency.  ``--pickup-gate`` runs the same load without the jobs (the
+PING that orders each round), to subtract.
+
 Under callgrind the node runs ~50x slower; the default counts take about
 half a minute.  Needs ``valgrind`` (Debian package valgrind) and
 ``redis-benchmark`` (redis-tools).
@@ -60,6 +66,7 @@ import re
 import shutil
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -73,18 +80,52 @@ TOTAL = re.compile(rb"Collected : (\d+)")
 SUMMARY = re.compile(rb"^summary: (\d+)$", re.MULTILINE)
 #: The interpreter's exit, not counted (see the module docstring).
 EXIT_FUNCTION = "Py_FinalizeEx"
+PICKUP_QUEUE = "pickup"
+
+
+def pickups(port: int, count: int, jobs: bool = True) -> None:
+    """``count`` jobs, one at a time, each to a consumer already blocked in GETJOB.
+
+    One process drives both connections, so no polling is needed to know the
+    consumer is blocked: its GETJOB is in the node's socket before the
+    producer's PING is sent, so the node has read (and parked) it by the
+    time it answers the PING; then the ADDJOB goes out.  Without ``jobs``
+    only the PINGs run (the gate's own cost).
+    """
+    import redis
+
+    consumer = redis.Connection(host="127.0.0.1", port=port, protocol=2)
+    producer = redis.Connection(host="127.0.0.1", port=port, protocol=2)
+    try:
+        for _ in range(count):
+            if jobs:
+                consumer.send_command("GETJOB", "TIMEOUT", 60_000, "FROM", PICKUP_QUEUE)
+            producer.send_command("PING")
+            producer.read_response()
+            if jobs:
+                producer.send_command("ADDJOB", PICKUP_QUEUE, "body", 0)
+                producer.read_response()
+                if not consumer.read_response():
+                    raise RuntimeError("the blocked GETJOB got no job")
+    finally:
+        consumer.disconnect()
+        producer.disconnect()
 
 
 def count_instructions(root: Path, command: list[str], requests: int, pipeline: int,
                        node: str, cluster: int = 1, measure: str = "creator",
                        profile: str | None = None, prefill: int = 0,
                        prefill_queue: str = "q", prefill_options: tuple[str, ...] = (),
-                       as_user: str | None = None) -> int:
+                       as_user: str | None = None,
+                       load: Callable[[int, int], None] | None = None) -> int:
     """Instructions of one node process that served ``requests`` of ``command``.
 
     Counted from the process's start until the interpreter's exit begins
     (``Py_FinalizeEx``, whose cost depends on when the last ``gc.freeze()``
     happened rather than on the commands: see the module docstring).
+
+    ``load(port, requests)``, if given, replaces ``redis-benchmark`` (and
+    ``command``, ``pipeline``: :func:`pickups`).
 
     ``profile`` is where the counted part of callgrind's profile is copied
     (``callgrind_annotate`` reads it; compiled modules show their functions
@@ -125,9 +166,12 @@ def count_instructions(root: Path, command: list[str], requests: int, pipeline: 
             fill = ["ADDJOB", prefill_queue, "x" * 100, "0", *prefill_options]
             run_benchmark(benchmark_command(target.port, fill, requests=prefill, pipeline=16),
                           timeout=1800)
-        run_benchmark(benchmark_command(target.port, command, requests=requests,
-                                        pipeline=pipeline, user=user, password=password),
-                      timeout=1800)
+        if load is not None:
+            load(target.port, requests)
+        else:
+            run_benchmark(benchmark_command(target.port, command, requests=requests,
+                                            pipeline=pipeline, user=user, password=password),
+                          timeout=1800)
         try:
             raw_command(server.port, "SHUTDOWN", "NOSAVE", timeout=60)
         except ConnectionError:
@@ -156,7 +200,8 @@ def measure(command: list[str], small: int, large: int, pipeline: int,
             node: str = "disque", cluster: int = 1, side: str = "creator",
             profile: str | None = None, prefill: int = 0,
             prefill_queue: str = "q", prefill_options: tuple[str, ...] = (),
-            as_user: str | None = None) -> dict[str, Any]:
+            as_user: str | None = None,
+            load: Callable[[int, int], None] | None = None) -> dict[str, Any]:
     if large <= small:
         raise ValueError("--large must be greater than --small")
     if prefill and prefill <= large:
@@ -165,9 +210,10 @@ def measure(command: list[str], small: int, large: int, pipeline: int,
     try:
         low = count_instructions(root, command, small, pipeline, node, cluster, side,
                                  prefill=prefill, prefill_queue=prefill_queue,
-                                 prefill_options=prefill_options, as_user=as_user)
+                                 prefill_options=prefill_options, as_user=as_user, load=load)
         high = count_instructions(root, command, large, pipeline, node, cluster, side,
-                                  profile, prefill, prefill_queue, prefill_options, as_user)
+                                  profile, prefill, prefill_queue, prefill_options, as_user,
+                                  load)
     finally:
         shutil.rmtree(root, ignore_errors=True)
     return {"command": command, "node": node, "cluster": cluster, "measured": side,
@@ -179,7 +225,7 @@ def measure(command: list[str], small: int, large: int, pipeline: int,
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("command", nargs="+", help="the command redis-benchmark sends")
+    parser.add_argument("command", nargs="*", help="the command redis-benchmark sends")
     parser.add_argument("--pipeline", type=int, default=16)
     parser.add_argument("--small", type=int, default=4000)
     parser.add_argument("--large", type=int, default=20000)
@@ -198,6 +244,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prefill-queue", default="q", metavar="QUEUE")
     parser.add_argument("--prefill-options", default="", metavar="OPTIONS",
                         help='ADDJOB options of the prefill, e.g. "PRIORITY 5"')
+    parser.add_argument("--pickup", action="store_true",
+                        help="instead of redis-benchmark: jobs handed one at a time to a "
+                             "consumer blocked in GETJOB (no command)")
+    parser.add_argument("--pickup-gate", action="store_true",
+                        help="--pickup without the jobs: only the PING ordering each one")
     parser.add_argument("--as-user", metavar="RULES",
                         help='send the commands as a user with these ACL rules, e.g. '
                              '"~q* +@read +@write"')
@@ -209,9 +260,20 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.cluster < 1 or (args.cluster > 1 and args.node == "floor"):
         parser.error("--cluster needs N >= 1, and a disque node")
+    load: Callable[[int, int], None] | None = None
+    if args.pickup or args.pickup_gate:
+        if args.command:
+            parser.error("--pickup and --pickup-gate send their own commands")
+        jobs = not args.pickup_gate
+        load = lambda port, count: pickups(port, count, jobs)  # noqa: E731
+        args.command = ["(pickup)" if jobs else "(pickup gate: PING)"]
+        args.pipeline = 1
+    elif not args.command:
+        parser.error("a command is needed (or --pickup)")
     result = measure(args.command, args.small, args.large, args.pipeline, args.node,
                      args.cluster, args.measure, args.profile, args.prefill,
-                     args.prefill_queue, tuple(args.prefill_options.split()), args.as_user)
+                     args.prefill_queue, tuple(args.prefill_options.split()), args.as_user,
+                     load)
     where = f", {args.measure} of {args.cluster} nodes" if args.cluster > 1 else ""
     if args.as_user:
         where += f", as a user with {args.as_user!r}"

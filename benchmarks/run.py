@@ -58,6 +58,12 @@ Scenarios:
     ``redis-benchmark``, the batched produce/get/ack cycle (our client
     against redis-py on the original), memory per job
     (``benchmarks/versus_original.py``).
+``latency``
+    the time from a producer's ADDJOB to a consumer blocked in GETJOB
+    receiving the job (redis-py, one job at a time): one consumer, 50
+    consumers on 10 queues, and a 3-node cluster (added on one node, taken
+    on another); ours and, with ``DISQUE_REFERENCE_SERVER``, the original,
+    alternating (``benchmarks/latency.py``).
 ``spark-source`` / ``spark-sink``
     run ``benchmarks.spark_source`` / ``benchmarks.spark_sink`` in a
     subprocess (``--smoke`` becomes the source's ``--smoke`` and the sink's
@@ -105,6 +111,7 @@ from tests.support.process import DisqueProcess, raw_command
 CLIENTS = 50
 PIPELINE = 16
 SCENARIOS = ("server", "cycle", "memory", "soak", "floor", "cluster", "bulk", "original",
+             "latency",
              "spark-source",
              "spark-sink", "spark-source-cluster", "spark-sink-cluster")
 FLOOR_NODE = Path(__file__).resolve().parent / "floor_node.py"
@@ -646,6 +653,12 @@ def scenario_bulk(args: argparse.Namespace, root: Path) -> dict[str, Any]:
     return run(args, root)
 
 
+def scenario_latency(args: argparse.Namespace, root: Path) -> dict[str, Any]:
+    from benchmarks.latency import scenario_latency as run
+
+    return run(args, root)
+
+
 RUNNERS: dict[str, Callable[[argparse.Namespace, Path], dict[str, Any]]] = {
     "server": scenario_server,
     "cycle": scenario_cycle,
@@ -654,6 +667,7 @@ RUNNERS: dict[str, Callable[[argparse.Namespace, Path], dict[str, Any]]] = {
     "floor": scenario_floor,
     "cluster": scenario_cluster,
     "bulk": scenario_bulk,
+    "latency": scenario_latency,
     "original": scenario_original,
     "spark-source": delegate("benchmarks.spark_source"),
     "spark-sink": delegate("benchmarks.spark_sink"),

@@ -60,7 +60,8 @@ __all__ = [
     "OK",
 ]
 
-CRLF = b"\r\n"
+#: Final (compiled: a C static rather than a module lookup per reply).
+CRLF: Final = b"\r\n"
 
 #: The original (like Redis) refuses inline requests longer than 64 KiB.
 MAX_INLINE_SIZE = 64 * 1024
@@ -489,6 +490,32 @@ _NULL_BULK = b"$-1\r\n"
 _NULL_ARRAY2 = b"*-1\r\n"
 _NULL3 = b"_\r\n"
 _SMALL_INTS = [b":%d\r\n" % i for i in range(0, 1024)]
+#: Reply headers of the usual sizes, looked up rather than formatted: a
+#: ``b"$%d\r\n%s\r\n" % (...)`` costs a tuple, the format's parsing and a
+#: copy of the value, a third of encoding a GETJOB reply.  Final (compiled:
+#: C statics).
+_REPLY_HEADERS_MAX: Final = 1024
+_BULK_REPLY_HEADERS: Final = [b"$%d\r\n" % n for n in range(_REPLY_HEADERS_MAX)]
+_ARRAY_REPLY_HEADERS: Final = [b"*%d\r\n" % n for n in range(_REPLY_HEADERS_MAX)]
+
+
+def _bulk_into(value: bytes, out: list[bytes]) -> None:
+    """``$<len>\r\n<value>\r\n``, as three pieces of ``out`` (joined once, at the end)."""
+    size = len(value)
+    out.append(_BULK_REPLY_HEADERS[size] if size < _REPLY_HEADERS_MAX else b"$%d\r\n" % size)
+    out.append(value)
+    out.append(CRLF)
+
+
+def _array_into(items: list[Any], out: list[bytes], resp3: bool) -> None:
+    """An array reply; typed as a list, so compiled its loop indexes the list directly."""
+    size = len(items)
+    out.append(_ARRAY_REPLY_HEADERS[size] if size < _REPLY_HEADERS_MAX else b"*%d\r\n" % size)
+    for item in items:
+        if type(item) is bytes:  # most elements (GETJOB entries): no recursion
+            _bulk_into(item, out)
+        else:
+            _encode_into(item, out, resp3)
 
 
 def _utf8(text: str) -> bytes:
@@ -513,7 +540,7 @@ def encode(value: Any, resp3: bool = False) -> bytes:
 def _encode_into(value: Any, out: list[bytes], resp3: bool) -> None:
     t = type(value)
     if t is bytes:
-        out.append(b"$%d\r\n%s\r\n" % (len(value), value))
+        _bulk_into(value, out)
     elif t is Status:
         out.append(b"+" + value.encode() + CRLF)
     elif t is int:
@@ -522,15 +549,11 @@ def _encode_into(value: Any, out: list[bytes], resp3: bool) -> None:
         else:
             out.append(b":%d\r\n" % value)
     elif t is str:
-        raw = _utf8(value)
-        out.append(b"$%d\r\n%s\r\n" % (len(raw), raw))
-    elif t is list or t is tuple:
-        out.append(b"*%d\r\n" % len(value))
-        for item in value:
-            if type(item) is bytes:  # most elements (GETJOB entries): no recursion
-                out.append(b"$%d\r\n%s\r\n" % (len(item), item))
-            else:
-                _encode_into(item, out, resp3)
+        _bulk_into(_utf8(value), out)
+    elif t is list:
+        _array_into(value, out, resp3)
+    elif t is tuple:
+        _array_into(list(value), out, resp3)
     elif value is None:
         out.append(_NULL3 if resp3 else _NULL_BULK)
     elif t is Map:

@@ -103,6 +103,12 @@ BLOCKS: dict[tuple[str, str], str] = {
     ("docs/BENCHMARKS.md", "DISQUE_REFERENCE_SERVER=/path/to/disque-server python3 -m "
      "benchmarks.run bulk"):
         "needs the original's binary; tests/benchmarks/ run the scenario with --smoke",
+    ("docs/BENCHMARKS.md", "DISQUE_REFERENCE_SERVER=/path/to/disque-server python3 -m "
+     "benchmarks.run latency"):
+        "minutes of rounds; tests/benchmarks/test_latency_smoke.py runs the scenario with "
+        "--smoke",
+    ("docs/BENCHMARKS.md", "python3 -m benchmarks.instructions --pickup"):
+        "valgrind runs; tests/benchmarks/test_instructions_smoke.py counts a short --pickup",
     ("docs/BENCHMARKS.md", "python3 -m benchmarks.run soak"):
         "rounds of 100,000 jobs; tests/benchmarks/ run the scenario with --smoke",
     ("docs/BENCHMARKS.md", "python3 -m benchmarks.instructions ADDJOB q body 0"):

@@ -367,6 +367,17 @@ def test_encode_large_bulk() -> None:
     assert encode(body) == b"$%d\r\n%s\r\n" % (len(body), body)
 
 
+@pytest.mark.parametrize("size", [1, 1023, 1024, 1025])
+def test_encode_sizes_around_the_header_tables(size: int) -> None:
+    """Headers below 1024 come from tables, the others are formatted: both agree."""
+    body = b"x" * size
+    assert encode(body) == b"$%d\r\n%s\r\n" % (size, body)
+    assert encode("é" * size) == b"$%d\r\n%s\r\n" % (2 * size, "é".encode() * size)
+    items = [b"ab"] * size
+    assert encode(items) == b"*%d\r\n" % size + b"$2\r\nab\r\n" * size
+    assert encode([[body]]) == b"*1\r\n*1\r\n$%d\r\n%s\r\n" % (size, body)
+
+
 def test_encode_refuses_unknown_types() -> None:
     with pytest.raises(TypeError):
         encode(object())

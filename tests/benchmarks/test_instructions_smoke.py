@@ -74,3 +74,35 @@ def test_instruction_counts_per_command(tmp_path: Path) -> None:
         assert 5_000 < result["per_command"] < 5_000_000, result
     if _native.activate() == "interpreted":  # the node runs the same core as this process
         assert floor["per_command"] < real["per_command"], (floor, real)
+
+
+@pytest.mark.slow  # two nodes under valgrind: ~20 s
+def test_instructions_per_pickup_by_a_blocked_consumer(tmp_path: Path) -> None:
+    out = tmp_path / "pickup.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.instructions", "--pickup", "--small", "100",
+         "--large", "400", "--json", str(out)],
+        cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
+    assert "(pickup) -P 1" in proc.stdout
+    result = json.loads(out.read_text())
+    assert result["instructions_large"] > result["instructions_small"] > 0, result
+    # Two commands, a wake-up and two replies: more than one command costs.
+    assert 10_000 < result["per_command"] < 5_000_000, result
+
+
+def test_pickups_hand_every_job_to_the_blocked_consumer(tmp_path: Path) -> None:
+    """The load itself, on a node not under valgrind: each GETJOB gets its job."""
+    from benchmarks.instructions import PICKUP_QUEUE, pickups
+    from tests.support.process import DisqueProcess, raw_command
+
+    node = DisqueProcess(tmp_path / "node").start()
+    try:
+        pickups(node.port, 50)  # raises if a GETJOB got no job
+        jobs = raw_command(node.port, "INFO", "jobs")
+        assert isinstance(jobs, bytes)
+        # 50 jobs made, none left queued: each went to the consumer.
+        assert b"registered_jobs:50\r\n" in jobs
+        assert raw_command(node.port, "QLEN", PICKUP_QUEUE) == 0
+    finally:
+        node.kill()

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from benchmarks.versus_original import EXTENSION_FIGURES
 from tests.support.cluster import reference_server
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -168,8 +169,11 @@ def test_federation_latency_runs() -> None:
 def test_original_smoke_reports_every_target_against_the_original(tmp_path: Path) -> None:
     result, stdout = run_smoke(tmp_path, "original")
     figures = {row["figure"]: row for row in result["table"]}
-    assert set(figures) == {"ADDJOB P1", "ADDJOB P16", "GETJOB NOHANG P1",
-                            "GETJOB NOHANG P16", "cycle", "memory B/job", "RSS B/job"}
+    targets = {"ADDJOB P1", "ADDJOB P16", "GETJOB NOHANG P1", "GETJOB NOHANG P16", "cycle",
+               "memory B/job", "RSS B/job"}
+    # Ours through the extensions, each against the original's plain figure.
+    extensions = {f"{figure} (vs plain)" for figure in EXTENSION_FIGURES}
+    assert set(figures) == targets | extensions
     for row in figures.values():
         assert row["ours"] > 0 and row["original"] > 0
         assert row["ratio"] == pytest.approx(row["ours"] / row["original"])
