@@ -270,6 +270,14 @@ def main(argv: list[str] | None = None) -> int:
         args.pipeline = 1
     elif not args.command:
         parser.error("a command is needed (or --pickup)")
+    # The node runs this interpreter on this tree, so it makes the same
+    # choice; a stale build would silently count the interpreted core.
+    from disque import _native
+
+    core = _native.describe()
+    if _native.activate() != "compiled":
+        print(f"warning: the node will run {core}: these are not the compiled core's "
+              "counts (rebuild: python3 -m pip install -e .)", file=sys.stderr)
     result = measure(args.command, args.small, args.large, args.pipeline, args.node,
                      args.cluster, args.measure, args.profile, args.prefill,
                      args.prefill_queue, tuple(args.prefill_options.split()), args.as_user,
@@ -280,7 +288,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{args.node} node{where}, {' '.join(args.command)} -P {args.pipeline}: "
           f"{result['per_command']:,.0f} instructions per command "
           f"(({result['instructions_large']:,} - {result['instructions_small']:,}) / "
-          f"({args.large} - {args.small}) requests)")
+          f"({args.large} - {args.small}) requests; core: {core})")
+    result["core"] = core
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
     return 0

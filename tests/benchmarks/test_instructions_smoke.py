@@ -69,6 +69,7 @@ def test_instruction_counts_per_command(tmp_path: Path) -> None:
                 proc.kill()
                 proc.wait()
     for result in (real, floor):
+        assert result["core"] == _native.describe()  # what the node ran, said with the figure
         assert result["instructions_large"] > result["instructions_small"] > 0, result
         # A command through Python's eval loop costs thousands of instructions.
         assert 5_000 < result["per_command"] < 5_000_000, result
