@@ -23,7 +23,7 @@ import redis
 
 from faults.disk import MountNamespace, SmallDisk, unavailable_reason
 from tests.persistence.conftest import persistence, present, show
-from tests.support.cluster import join, wait_joined
+from tests.support.cluster import join, node_id, wait_joined
 from tests.support.process import DisqueProcess, wait_for
 
 pytestmark = pytest.mark.slow
@@ -220,5 +220,52 @@ def test_after_an_fsync_error_a_power_loss_loses_nothing_acknowledged(
         # The peer's GC completes once the node can log the ACK.
         wait_for(lambda: all(show(n.client(), j) is None for n in (node, peer) for j in shared),
                  timeout=30, interval=0.2, message="the GC of the shared jobs")
+    finally:
+        peer.kill()
+
+
+def test_an_ack_the_node_could_not_log_is_not_collected_by_its_own_gc(
+        tmp_path: Path, disk_node: tuple[DisqueProcess, SmallDisk]) -> None:
+    """A copy that took an ACK in memory but could not write it (the SETACK
+    arrived as the disk filled: its GOTACK was dropped) must not complete the
+    job's GC itself.  Its own GC used to ask the other copies, get their
+    GOTACKs and delete the job everywhere; after a crash the node loaded the
+    job, un-acked, from its AOF and delivered it again, though every other
+    node had forgotten it."""
+    node, disk = disk_node
+    peer = DisqueProcess(tmp_path / "peer").start()
+    try:
+        join([node, peer])
+        wait_joined([node, peer])
+        r, p = node.client(), peer.client()
+        # A queue name longer than a block: the node's ACK record cannot fit
+        # in the free end of the file's last block once the disk is full.
+        job = p.execute_command("ADDJOB", "q" * 6000, "acked", 0, "REPLICATE", 2)
+        assert show(r, job) is not None
+        disk.fill()
+        assert p.execute_command("ACKJOB", job) == 1
+        # The node acks its copy in memory (no GOTACK: the write failed),
+        # then its own GC asks the peer, which confirms.
+        everybody = {node_id(node).encode(), node_id(peer).encode()}
+
+        def gc_confirmed_or_done() -> bool:
+            fields = show(r, job)
+            return fields is None or set(fields[b"nodes-confirmed"]) >= everybody
+
+        wait_for(gc_confirmed_or_done, timeout=15, interval=0.1,
+                 message="the node's GC to hear from the peer")
+        assert persistence(r)["aof_last_write_status"] == "err"
+        fields = show(r, job)
+        assert fields is not None and fields[b"state"] == b"acked", fields
+        assert show(p, job) is not None, "collected while the node's ACK was not written"
+
+        # A crash before the disk has room: the node's AOF has the job, not
+        # its ACK.  The peer still holds the ACK, and its GC completes once
+        # the node can log it.
+        node.kill()
+        disk.heal()
+        r = node.start(port=node.port).client()
+        wait_for(lambda: show(r, job) is None and show(p, job) is None, timeout=40,
+                 interval=0.2, message="the GC of the acked job")
     finally:
         peer.kill()
