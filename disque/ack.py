@@ -74,6 +74,20 @@ def gc_retry_delay_ms(gc_retry: int) -> int:
     return min(1000 * (1 << gc_retry), GC_MAX_DELAY_MS) + random_time_error()
 
 
+def _can_log_ack(state: ServerState) -> bool:
+    """Whether this node's AOF (if it has one) can log an ACK now.
+
+    A node confirms an ACK (GOTACK) or completes a GC (DELJOB to the copies)
+    only then: a copy that took an ACK in memory while its disk refused the
+    record, and deleted the job everywhere, would load the job un-acked
+    from its AOF after a crash and deliver it again, with no other copy left
+    to tell it of the ACK.  The GC asks again later; the other copies keep
+    the ACK meanwhile.
+    """
+    persistence = state.persistence
+    return persistence is None or persistence.can_log()
+
+
 def try_job_gc(state: ServerState, job: Job) -> None:
     """START-GC(job): forget the job if every copy knows it is acked, else ask them.
 
@@ -98,10 +112,14 @@ def try_job_gc(state: ServerState, job: Job) -> None:
             # original did).
             confirmed = job.confirmed = confirmed | forgotten
         if job.delivered <= confirmed:
-            unregister_job(state, job)
-            return
-        for node_id in job.delivered - job.confirmed:
-            cluster.send_setack(node_id, job, len(job.delivered))
+            if _can_log_ack(state):
+                unregister_job(state, job)
+                return
+            # Every copy knows, but our own ACK may not be in the AOF: try
+            # again later (see _can_log_ack).
+        else:
+            for node_id in job.delivered - job.confirmed:
+                cluster.send_setack(node_id, job, len(job.delivered))
     else:
         # A dummy ACK: nobody here knows who has the job, so ask everybody.
         if cluster.size <= 1:
@@ -197,11 +215,8 @@ def receive_setack(state: ServerState, sender: ClusterNode, msg: Message) -> Non
     view is incomplete: our own GC takes over, and a sender holding a dummy
     ACK (``aux`` 0) is told we know the job so that it drops its dummy.
     """
-    persistence = state.persistence
-    if persistence is not None and persistence.refuse_write() is not None:
-        # The AOF cannot log the ACK: no GOTACK, or the GC could complete
-        # and a restart bring the job back un-acked.  The GC asks again.
-        return
+    if not _can_log_ack(state):
+        return   # no GOTACK for an ACK the AOF cannot log: the GC asks again
     job = state.jobs.get(msg.job_id)
     cluster = state.cluster
     if job is not None:
@@ -236,7 +251,9 @@ def receive_gotack(state: ServerState, sender: ClusterNode, msg: Message) -> Non
     if known or sender.id in job.delivered:
         job.delivered = job.delivered | {sender.id}
         job.confirmed = job.confirmed | {sender.id}
-    if job.delivered <= job.confirmed:
+    if job.delivered <= job.confirmed and _can_log_ack(state):
+        # (When our ACK cannot be logged yet, the GC's next attempt, already
+        # scheduled, completes it.)
         state.cluster.broadcast_deljob(job.id, job.delivered)
         unregister_job(state, job)
 

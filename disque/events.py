@@ -61,6 +61,11 @@ class Persistence(Protocol):
         """-MISCONF while the file cannot take new records (a write command,
         an ADDJOB whose copies arrived, a copy offered by REPLJOB), else None."""
 
+    def can_log(self) -> bool:
+        """Whether records made now can be written (``refuse_write`` without
+        the reply): the ACK garbage collection asks before it confirms or
+        completes an ACK."""
+
     def after_command(self, reply: Any) -> Any:
         """The reply of a write command, once its records are written."""
 

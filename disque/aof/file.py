@@ -340,13 +340,22 @@ class AppendOnlyFile:
         an ADDJOB whose copies arrived, a copy offered by REPLJOB)."""
         if self.fd is None:
             return None
-        if self.fsync_error is not None:
-            return ReplyError(f"MISCONF Errors writing to the AOF file: fsync: "
-                              f"{self.fsync_error}")
-        if self.write_error is not None and not self.write_pending():
-            return ReplyError(f"MISCONF Errors writing to the AOF file: {self.write_error}")
+        if not self.can_log():
+            reason = (f"fsync: {self.fsync_error}" if self.fsync_error is not None
+                      else self.write_error)
+            return ReplyError(f"MISCONF Errors writing to the AOF file: {reason}")
         self._outside_records = bool(self.pending or self._acked)
         return None
+
+    def can_log(self) -> bool:
+        """Whether records made now can reach the file: not after an fsync
+        error (until the recovery rewrite), nor while the records a write
+        failed on still cannot be written (tried again here)."""
+        if self.fd is None:
+            return True
+        if self.fsync_error is not None:
+            return False
+        return self.write_error is None or self.write_pending()
 
     # -- periodic work ----------------------------------------------------------
 
