@@ -145,6 +145,9 @@ BLOCKS: dict[tuple[str, str], str] = {
     ("docs/PERSISTENCE.md", "CONFIG SET aof-enqueue-jobs-once yes"): HERE,
     ("docs/FAULTS.md", "python3 -m faults --faults partition,pause,kill --time 120"):
         "schedules of minutes; tests/faults/test_schedules.py runs every kind with --time 5",
+    ("docs/FAULTS.md", "python3 -m faults --faults mixed --nodes 5 --time 1800"):
+        "runs of an hour and a half; tests/faults/test_schedules.py runs mixed on five "
+        "nodes and soak with --time 5 to 12",
     ("docs/FAULTS.md", "python3 -m faults.scenarios requeue-after-pause"):
         "tests/faults/test_scenarios.py runs every scenario",
     ("docs/EXTENSIONS.md", "ADDJOB queue body ms-timeout"): "a syntax synopsis",
