@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import signal
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -49,6 +51,7 @@ def split_args(line: str) -> list[bytes] | None:
 
 def interactive(cli: Cli) -> int:
     """Read commands at a ``host:port>`` prompt until EOF, ``quit`` or Ctrl-C; returns 0."""
+    _ctrl_c_interrupts()
     readline = _setup_readline()
     history = os.environ.get("DISQUE_HISTFILE") or os.path.expanduser("~/.disque_history")
     keep_history = readline is not None and history != os.devnull
@@ -101,6 +104,18 @@ def interactive(cli: Cli) -> int:
     finally:
         cli.client.close()
     return EXIT_OK
+
+
+def _ctrl_c_interrupts() -> None:
+    """Ctrl-C at a terminal stops a blocked command, as the prompt says.
+
+    A process started with SIGINT ignored (a script's background job, some
+    CI runners) keeps it ignored, and Python then installs no handler: a
+    GETJOB waiting for jobs could not be stopped.  At a terminal the user
+    is there to press it, so the prompt takes SIGINT back.
+    """
+    if sys.stdin.isatty() and signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def _try_connect(cli: Cli) -> bool:

@@ -186,10 +186,13 @@ def test_installed_script() -> None:
 
 # ------------------------------------------------------------------ interactive
 
-def spawn(port: int, history: Path) -> pexpect.spawn:
+def spawn(port: int, history: Path, sigint: signal.Handlers = signal.SIG_DFL) -> pexpect.spawn:
+    """The CLI on a terminal, started with ``sigint`` as its SIGINT disposition
+    (SIG_DFL, whatever this test process inherited)."""
     env = {**os.environ, "DISQUE_HISTFILE": str(history), "TERM": "dumb"}
     return pexpect.spawn(sys.executable, [*CLI[1:], "-p", str(port)], env=env,
-                         encoding="utf-8", timeout=15, dimensions=(40, 200))
+                         encoding="utf-8", timeout=15, dimensions=(40, 200),
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, sigint))
 
 
 def test_interactive_session_with_history(server: DisqueProcess, tmp_path: Path) -> None:
@@ -345,3 +348,22 @@ def test_the_wait_hint_thread_leaves_ctrl_c_to_the_main_thread() -> None:
     thread.join(10)
     assert seen and signal.SIGINT in seen[0]
     assert signal.pthread_sigmask(signal.SIG_BLOCK, set()) == before
+
+
+def test_ctrl_c_stops_a_blocked_getjob_even_when_started_with_sigint_ignored(
+        server: DisqueProcess, tmp_path: Path) -> None:
+    # A background job of a script (and some CI runners) starts with SIGINT
+    # ignored; at a terminal the prompt takes it back.
+    prompt = f"127.0.0.1:{server.port}> "
+    child = spawn(server.port, tmp_path / "history", sigint=signal.SIG_IGN)
+    child.expect_exact(prompt)
+    child.sendline("getjob from nothing-here")
+    with Client(address(server)) as c:
+        wait_for(lambda: c.info("clients")["clients"]["blocked_clients"] == 1,
+                 message="CLI blocked in GETJOB")
+    child.sendintr()
+    child.expect_exact(prompt)
+    child.sendline("ping")
+    child.expect_exact("PONG")
+    child.sendline("quit")
+    child.expect(pexpect.EOF)
