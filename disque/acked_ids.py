@@ -66,7 +66,11 @@ class RecentAcks:
             old = ids[head]
             if table.get(old) == untils[head]:
                 del table[old]
+            # Both slots let go of their objects: a stale ``until`` would
+            # keep its int alive until the ring comes round to the slot
+            # again (65,536 ACKs later: RSS crept for an hour at 15 ACKs/s).
             ids[head] = b""
+            untils[head] = 0
             head = head + 1 if head + 1 < RECENT_ACK_MAX else 0
             count -= 1
         until = now + RECENT_ACK_MS

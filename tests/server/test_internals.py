@@ -13,6 +13,7 @@ import inspect
 import random
 import re
 import time
+import tracemalloc
 import weakref
 from collections.abc import Callable
 
@@ -473,3 +474,27 @@ def test_recent_acks_an_id_acked_again_keeps_its_later_time() -> None:
         acks.add(b"same", RECENT_ACK_MS + 30 + i // 1000)
     assert acks.acked(b"same", RECENT_ACK_MS + 30) and len(acks) <= 3
 
+
+
+def test_recent_acks_hold_nothing_for_the_acks_they_forgot() -> None:
+    """Expired slots let go of their objects: what the ring keeps follows
+    the IDs remembered, not how many went through since the ring last
+    came round (a node's RSS grew for an hour at 15 ACKs a second)."""
+    from disque.acked_ids import RECENT_ACK_MS, RecentAcks
+
+    acks = RecentAcks()
+    start = 1_800_000_000_000  # a unix time in ms: not one of the cached small ints
+    acks.add(b"warm-up: allocates the ring", start)
+    acked = 20_000
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for i in range(acked):
+            # Each ack comes after the previous one's expiry: one ID remembered.
+            acks.add(b"%040d" % i, start + (i + 1) * (RECENT_ACK_MS + 1))
+        retained = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert len(acks) == 1
+    # Holding a time per forgotten ack would be 32 bytes each (640 kB here).
+    assert retained < 64 * 1024, retained
