@@ -37,7 +37,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
 
-__all__ = ["COMPILED_MODULES", "ENV_VAR", "HASHES_FILE", "REASON", "activate",
+__all__ = ["COMPILED_MODULES", "ENV_VAR", "HASHES_FILE", "activate",
            "activate_before_core", "describe"]
 
 #: The modules mypyc compiles: the node's per-command path.  The build
@@ -99,11 +99,12 @@ HASHES_FILE = "_compiled_sources.json"
 _PACKAGE_DIR = Path(__file__).resolve().parent
 
 #: "compiled" or "interpreted", decided by :func:`activate` (which returns
-#: it) at the first import of a core module.  Private: code that may run
-#: before that decision (a tool, a test, the client) would read a default.
+#: it) at the first import of a core module, and why the compiled modules,
+#: although present, do not run ("" otherwise; :func:`describe` says both).
+#: Private: code that may run before that decision (a tool, a test, the
+#: client) would read the defaults.
 _mode = "interpreted"
-#: Why the compiled modules, although present, do not run ("" otherwise).
-REASON = ""
+_reason = ""
 
 
 def source_path(module: str, package_dir: Path = _PACKAGE_DIR) -> Path:
@@ -166,7 +167,7 @@ class _ActivateFirst(importlib.abc.MetaPathFinder):
         if fullname not in COMPILED_MODULES:
             return None
         activate()
-        if _mode == "interpreted" and REASON:
+        if _mode == "interpreted" and _reason:
             return _SourceFirst().find_spec(fullname, path, target)
         return None
 
@@ -191,7 +192,7 @@ def _wanted_interpreted() -> bool:
 
 def activate() -> str:
     """Choose compiled or interpreted (once, before any core module loads)."""
-    global _mode, REASON, _decided
+    global _mode, _reason, _decided
     if _decided:
         return _mode
     _decided = True
@@ -216,7 +217,7 @@ def activate() -> str:
                 "(slower). Rebuild with `pip install -e .` to compile your changes.\n")
     if reason:
         sys.meta_path.insert(0, _SourceFirst())
-        _mode, REASON = "interpreted", reason
+        _mode, _reason = "interpreted", reason
     else:
         _mode = "compiled"
     return _mode
@@ -228,4 +229,4 @@ def describe() -> str:
     activate()
     if _mode == "compiled":
         return "compiled (mypyc)"
-    return f"interpreted ({REASON})" if REASON else "interpreted"
+    return f"interpreted ({_reason})" if _reason else "interpreted"

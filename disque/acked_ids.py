@@ -68,7 +68,7 @@ class RecentAcks:
                 del table[old]
             # Both slots let go of their objects: a stale ``until`` would
             # keep its int alive until the ring comes round to the slot
-            # again (65,536 ACKs later: RSS crept for an hour at 15 ACKs/s).
+            # again, RECENT_ACK_MAX ACKs later.
             ids[head] = b""
             untils[head] = 0
             head = head + 1 if head + 1 < RECENT_ACK_MAX else 0
