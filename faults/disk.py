@@ -8,10 +8,15 @@ process on the machine sees:
   ext4 filesystem, so a ``write(2)`` fails with ENOSPC;
 * **failing**: :meth:`SmallDisk.break_device` fills the tmpfs under the
   image instead.  The filesystem still believes it has room, ``write(2)``
-  succeeds into the page cache, and the loop device fails the writeback:
-  ``fsync`` returns an I/O error (EIO, or ENOSPC passed up once), as a dying
-  disk does.  (Device-mapper's ``error``/``flakey`` targets would do this
-  too, where the kernel has device-mapper.)
+  succeeds into the page cache, and the loop device fails the writeback of
+  any block the image has no page for: ``fsync`` returns an error (the
+  backing store's ENOSPC passed up, or EIO), as a dying disk does.  Blocks the filesystem
+  freed (an AOF rewrite deletes the old file) would still have their pages
+  and take writes, so the free blocks are trimmed first (``fstrim``: the
+  loop device punches them out of the image); the next block the AOF needs
+  then fails, within one block's worth of records.  (Device-mapper's
+  ``error``/``flakey`` targets would do this too, where the kernel has
+  device-mapper.)
 
 :meth:`SmallDisk.heal` removes the filler: the disk has room again.
 
@@ -35,7 +40,7 @@ __all__ = ["MountNamespace", "SmallDisk", "unavailable_reason"]
 
 def unavailable_reason() -> str | None:
     """Why small disks cannot be made here (no tools, no privileges), or None."""
-    for tool in ("unshare", "nsenter", "mount", "mkfs.ext4", "losetup"):
+    for tool in ("unshare", "nsenter", "mount", "mkfs.ext4", "losetup", "fstrim"):
         if shutil.which(tool) is None:
             return f"{tool!r} not found (util-linux, e2fsprogs)"
     if not os.path.exists("/dev/loop-control"):
@@ -151,7 +156,11 @@ class SmallDisk:
         return self._fill(self.data / ".filler", leave)
 
     def break_device(self) -> int:
-        """Leave no room under the image: its writeback fails (fsync: EIO)."""
+        """Leave no room under the image: its writeback fails (fsync: EIO).
+
+        Every free block of the filesystem is trimmed first, so that none
+        still has a page under it to write into."""
+        self._run("fstrim", str(self.data))
         return self._fill(self.backing / ".filler", 0)
 
     def _fill(self, filler: Path, leave: int) -> int:

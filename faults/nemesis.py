@@ -391,7 +391,7 @@ class Nemesis:
             fault = self._record("disk", f"{victim.name}'s disk full (ENOSPC)", [victim])
             disk.fill()
         else:
-            fault = self._record("disk", f"{victim.name}'s disk fails its writes (fsync EIO)",
+            fault = self._record("disk", f"{victim.name}'s disk fails its writes (fsync error)",
                                  [victim])
             disk.break_device()
 

@@ -185,6 +185,31 @@ def test_a_failing_device_is_never_acknowledged_and_resumes_after_a_rewrite(
     assert present(r, everything) == set(everything)
 
 
+def test_a_failing_device_fails_small_records_on_a_disk_used_for_a_while(
+        disk_node: tuple[DisqueProcess, SmallDisk]) -> None:
+    """Blocks a filesystem has written and freed (AOF rewrites delete old
+    files) keep their pages under the image, and writes into them would
+    succeed on a failing device: the fault trims them first, so the small
+    records of a real workload fail within a block or so."""
+    node, disk = disk_node
+    r = node.client()
+    # A page under every block of the image, as on a disk whose every block
+    # was written once (and most freed again) in a long run.
+    assert disk.ns is not None
+    disk.ns.run("fallocate", "-l", str(disk.size), str(disk.backing / "disk.img"))
+    kept = [r.execute_command("ADDJOB", "q", f"kept{i}", 0) for i in range(20)]
+    disk.break_device()
+    outcomes = [attempt(node, "ADDJOB", "q", f"small{i}", 0) for i in range(200)]
+    assert any(misconf(reply) for reply in outcomes), outcomes[-3:]
+    assert persistence(r)["aof_last_write_error"].startswith("fsync")
+    acknowledged = [reply for reply in outcomes if isinstance(reply, bytes)]
+    disk.heal()
+    wait_for(lambda: persistence(r)["aof_last_write_status"] == "ok", timeout=20,
+             interval=0.2, message="the recovery rewrite")
+    r = restart_after_crash(node)
+    assert present(r, kept + acknowledged) == set(kept + acknowledged)
+
+
 def test_after_an_fsync_error_a_power_loss_loses_nothing_acknowledged(
         disk_node: tuple[DisqueProcess, SmallDisk], peer: DisqueProcess) -> None:
     """After an fsync error nothing more goes to the old file, and no ACK is
