@@ -84,7 +84,7 @@ def _can_log_ack(state: ServerState) -> bool:
     to tell it of the ACK.  The GC asks again later; the other copies keep
     the ACK meanwhile.
     """
-    persistence = state.persistence
+    persistence = state.logging_persistence
     return persistence is None or persistence.can_log()
 
 

@@ -72,24 +72,18 @@ class ReplyBatch:
     per connection that has replies.  One per node, made by the server.
     """
 
-    __slots__ = ("_connections", "_loop", "_scheduled", "_state")
+    __slots__ = ("_connections", "_scheduled", "_state")
 
     def __init__(self, state: ServerState) -> None:
         self._state = state
         self._connections: list[ClientConnection] = []
         self._scheduled = False
-        #: The loop, kept: asyncio.get_running_loop() reads the process ID
-        #: (a system call) every time, and this runs every turn.
-        self._loop: asyncio.AbstractEventLoop | None = None
 
     def add(self, connection: ClientConnection) -> None:
         self._connections.append(connection)
         if not self._scheduled:
             self._scheduled = True
-            loop = self._loop
-            if loop is None:
-                loop = self._loop = asyncio.get_running_loop()
-            loop.call_soon(self.flush)
+            self._state.event_loop().call_soon(self.flush)
 
     def flush(self) -> None:
         self._scheduled = False
@@ -99,7 +93,7 @@ class ReplyBatch:
         """Write what the AOF logged, then the queued connections' replies
         (or only ``connections``'s)."""
         try:
-            persistence = self._state.persistence
+            persistence = self._state.logging_persistence
             if persistence is not None:
                 # May call drop(): the AOF could not log what they acknowledge.
                 persistence.before_reply()
@@ -295,7 +289,7 @@ class ClientConnection(asyncio.Protocol):
             if self._out_bytes > DRAIN_OUTPUT_LIMIT:
                 # Let this turn's replies go out first; the transport's
                 # pause_writing stops us then if the client does not read.
-                asyncio.get_running_loop().call_soon(self._drain)
+                self.state.event_loop().call_soon(self._drain)
                 return
             argv = self.pending.popleft()
             if not argv:  # protocol error marker
@@ -332,7 +326,7 @@ class ClientConnection(asyncio.Protocol):
         self._write(b"".join(out))
         if self.pending:
             # Not now: we may be inside another client's command.
-            asyncio.get_running_loop().call_soon(self._drain)
+            self.state.event_loop().call_soon(self._drain)
         elif not slots:
             self._resume_reading()
 
@@ -353,7 +347,7 @@ class ClientConnection(asyncio.Protocol):
         if self.pending:
             # Run the rest on the next loop turn: we may be inside another
             # client's command (the one whose job unblocked us).
-            asyncio.get_running_loop().call_soon(self._drain)
+            self.state.event_loop().call_soon(self._drain)
         else:
             self._resume_reading()
 

@@ -92,7 +92,7 @@ def receive_repljob(state: ServerState, sender: ClusterNode, msg: Message) -> No
     """Store the copies of a REPLJOB and confirm them with GOTJOB."""
     if state.memory.level() >= 1 or state.cluster.leaving:
         return  # the sender will pick another node
-    persistence = state.persistence
+    persistence = state.logging_persistence
     if persistence is not None and persistence.refuse_write() is not None:
         return  # the AOF cannot log the copies: no GOTJOB for what is not written
     now = state.clock.now_ms()

@@ -91,10 +91,12 @@ def limit_warning(maxmemory: int, used: int, startup: int, rss: int) -> str | No
 class MemoryTracker:
     """``used_memory`` = start-up share + dataset + buffers, and its levels."""
 
-    __slots__ = ("accounted", "buffers", "client_buffers", "maxmemory", "peak", "startup")
+    __slots__ = ("_at_most_75", "_at_most_95", "accounted", "buffers", "client_buffers",
+                 "maxmemory", "peak", "startup")
 
     def __init__(self, maxmemory: int, startup: int = STARTUP_BYTES) -> None:
-        self.maxmemory = maxmemory
+        self.maxmemory = self._at_most_75 = self._at_most_95 = 0
+        self.set_maxmemory(maxmemory)
         self.startup = startup
         #: The dataset: jobs, queues, queued entries, IDMP keys.
         self.accounted = 0
@@ -102,6 +104,14 @@ class MemoryTracker:
         self.buffers = 0
         self.client_buffers = 0
         self.peak = startup
+
+    def set_maxmemory(self, maxmemory: int) -> None:
+        """The limit, and the largest use at each level, worked out once:
+        compiled, the products of a limit of gigabytes do not fit the
+        machine-integer fast path, and :meth:`level` runs for every command."""
+        self.maxmemory = maxmemory
+        self._at_most_75 = maxmemory * 15 // 20
+        self._at_most_95 = maxmemory * 19 // 20
 
     def set_buffers(self, clients: int, links: int) -> None:
         """The bytes now waiting in client buffers and in cluster bus links."""
@@ -127,9 +137,9 @@ class MemoryTracker:
         if limit == 0:
             return UNLIMITED_LEVEL
         used = self.startup + self.accounted + self.buffers
-        if used * 20 <= limit * 15:
+        if used <= self._at_most_75:
             return 0
-        if used * 20 <= limit * 19:
+        if used <= self._at_most_95:
             return 1
         if used < limit:
             return 2

@@ -8,7 +8,6 @@ a rate limit's window in ``queue_limit.py``.
 
 from __future__ import annotations
 
-import asyncio
 from typing import TYPE_CHECKING
 
 from .deadletter import dead_letter
@@ -283,7 +282,7 @@ def wake_when_window_opens(state: ServerState, q: Queue) -> None:
     # One millisecond late rather than early: the window is over by then
     # on the node's clock, which the loop's timer does not follow exactly.
     delay = (limit.window_end - now + 1) / 1000
-    limit.wake = asyncio.get_running_loop().call_later(delay, _window_opened, state, q)
+    limit.wake = state.event_loop().call_later(delay, _window_opened, state, q)
 
 
 def _window_opened(state: ServerState, q: Queue) -> None:

@@ -31,7 +31,6 @@ ID at once and REPLJOB goes out once, with NOREPLY.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import random
 import time
@@ -224,7 +223,7 @@ def replicate_job(state: ServerState, client: Waiter, job: Job, needed: int, ext
     blocked = BlockedAdd(client, job, needed, extrepl, now, _perf_counter())
     state.replicating[job.id] = blocked
     if state.replication_timer is None:
-        state.replication_timer = asyncio.get_running_loop().call_later(
+        state.replication_timer = state.event_loop().call_later(
             EXTRA_NODE_PERIOD_S, _add_missing_copies, state)
     _send_repljob(state, job, now)
     park(state, blocked, timeout_ms)
@@ -266,7 +265,7 @@ def _add_missing_copies(state: ServerState) -> None:
         if added or now - blocked.last_sent >= RESEND_PERIOD_MS:
             blocked.last_sent = now
             _send_repljob(state, job, now, list_changed=added > 0)
-    state.replication_timer = asyncio.get_running_loop().call_later(
+    state.replication_timer = state.event_loop().call_later(
         EXTRA_NODE_PERIOD_S, _add_missing_copies, state)
 
 
@@ -310,7 +309,7 @@ def _replication_achieved(state: ServerState, blocked: ReplicationWait) -> None:
         _store_achieved(state, job, True)
     # NOREPLY to the nodes still unconfirmed is not needed: they will
     # answer GOTJOB, which is ignored for a job that is no longer waiting.
-    persistence = state.persistence
+    persistence = state.logging_persistence
     refused = persistence.refuse_write() if persistence is not None else None
     # While the AOF cannot be written the job stays (queued, with its
     # copies) but is not acknowledged: -MISCONF, as for a write command.

@@ -110,6 +110,7 @@ class DisqueServer:
         state = ServerState(config, cluster, NodeEvents())
         state.run_id = os.urandom(20).hex()
         state.event_loop_name = type(loop).__module__.split(".")[0]
+        state.loop = loop
         state.schedule_changed = self._schedule_changed
         state.shutdown_requested = self._shutdown_requested
         self.state = state

@@ -176,7 +176,7 @@ def park(state: ServerState, blocked: Blocked, timeout_ms: int) -> None:
     """Block ``blocked.client`` until :func:`unblock`, or ``timeout_ms`` (0: forever)."""
     if timeout_ms > 0:
         delay = min(timeout_ms, MAX_BLOCK_MS) / 1000
-        blocked.timer = asyncio.get_running_loop().call_later(
+        blocked.timer = state.event_loop().call_later(
             delay, unblock, state, blocked, None, True)
     blocked.client.blocked = blocked
     state.blocked_clients += 1

@@ -145,14 +145,16 @@ class AppendOnlyFile:
         return self._rewrite is not None
 
     def _sync_job_hooks(self) -> None:
-        """The job events reach this file (``state.events.journal``) only
-        while something is logged: this module is interpreted, and a call for
-        every stored job only to find the AOF off cost each ADDJOB (and each
-        copy a peer stores) ~750 instructions."""
+        """The job events (``state.events.journal``) and the commands' checks
+        (``state.logging_persistence``) reach this file only while something
+        is logged: this module is interpreted, and calls for every stored job
+        and every write command only to find the AOF off cost each ADDJOB
+        (and each copy a peer stores) ~2,300 instructions."""
         events = self.state.events
         journal = self if self.logging else None
         if events.journal is not journal:
             events.journal = journal
+        self.state.logging_persistence = journal
 
     def _append(self, record: bytes) -> None:
         self.pending.append(record)

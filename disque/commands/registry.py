@@ -208,7 +208,7 @@ def execute(state: ServerState, client: CommandClient, argv: list[bytes]) -> Any
             return refused
     if cmd.denyoom and state.memory.level() >= 2 and free_memory_if_needed(state) >= 3:
         return OOM
-    aof = state.persistence if cmd.write else None
+    aof = state.logging_persistence if cmd.write else None
     if aof is not None and (refused := aof.refuse_write()) is not None:
         return refused  # -MISCONF while the AOF cannot be written
     state.stats.commands_processed += 1

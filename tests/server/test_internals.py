@@ -292,6 +292,7 @@ def test_replies_wait_for_the_end_of_the_turn_and_survive_a_failing_aof() -> Non
         loop.set_exception_handler(lambda loop, context: None)  # the injected failure
         aof = FailingOnceAOF(lambda: len(transport.written))
         node.state.persistence = aof  # type: ignore[assignment]
+        node.state.logging_persistence = aof  # type: ignore[assignment]
         calls = aof.calls
         conn, transport = connect(node)
         conn.data_received(b"PING\r\nECHO a\r\n")
@@ -498,3 +499,20 @@ def test_recent_acks_hold_nothing_for_the_acks_they_forgot() -> None:
     assert len(acks) == 1
     # Holding a time per forgotten ack would be 32 bytes each (640 kB here).
     assert retained < 64 * 1024, retained
+
+
+def test_memory_levels_keep_the_originals_thresholds_for_limits_of_any_size() -> None:
+    """The levels compare against thresholds worked out when the limit is
+    set: the same answers as the original's ``used * 20 <= limit * 15``
+    (75%) and ``* 19`` (95%), at each boundary, for tiny and huge limits."""
+    from disque.memory import MemoryTracker
+
+    tracker = MemoryTracker(0, startup=0)
+    for limit in (1, 7, 3 * 2 ** 20, 20 * 10 ** 9, 2 ** 62 + 3, 10 ** 20):
+        tracker.set_maxmemory(limit)       # as CONFIG SET maxmemory does
+        edges = (limit * 15 // 20, limit * 19 // 20, limit)
+        for used in {max(0, edge + step) for edge in edges for step in (-1, 0, 1)}:
+            tracker.accounted = used
+            expected = (0 if used * 20 <= limit * 15 else 1 if used * 20 <= limit * 19
+                        else 2 if used < limit else 3)
+            assert tracker.level() == expected, (limit, used)
