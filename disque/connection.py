@@ -1,12 +1,18 @@
 """One client connection: read requests, run them in order, write replies.
 
 An ``asyncio.Protocol`` rather than streams: every chunk read is parsed and
-its commands run in the same callback.  Replies are not written from that
-callback: they wait in the connection until every callback of the current
-event-loop turn has run, then :class:`ReplyBatch` runs the persistence hooks
-once (under ``appendfsync always`` one fsync for all of them: group commit)
-and writes each connection's replies with one ``write`` (the original's
-``beforeSleep``).  Pipelining costs one syscall per batch, not per command.
+its commands run in the same callback, and the replies to one read leave
+with one ``write``: pipelining costs one syscall per batch, not per command.
+While the AOF logs, replies are not written from that callback: they wait
+in the connection until every callback of the current event-loop turn has
+run, then :class:`ReplyBatch` runs the persistence hooks once (under
+``appendfsync always`` one fsync for all of them: group commit) and writes
+each connection's replies with one ``write`` (the original's
+``beforeSleep``).  Without an AOF nothing has to be logged first, and the
+replies to a read, or a blocked client's wake-up, are written at once;
+replies made elsewhere (commands run after a block, overlapped ADDJOBs'
+answers) still go through the batch, so a connection that gets several in
+one turn writes them together.
 
 Commands of one client run strictly in order.  A command that blocks
 (GETJOB waiting for a job) parks the connection: later commands wait in
@@ -222,7 +228,7 @@ class ClientConnection(asyncio.Protocol):
             if len(self.pending) > MAX_PENDING_COMMANDS:
                 self._pause_reading()
             return
-        self._run(commands)
+        self._run(commands, at_once=True)
 
     def pause_writing(self) -> None:
         self._write_paused = True
@@ -247,8 +253,9 @@ class ClientConnection(asyncio.Protocol):
         return bool(self.slots) and (len(self.slots) >= MAX_OVERLAPPED_ADDJOBS
                                      or not _overlappable(argv))
 
-    def _run(self, commands: list[list[bytes]]) -> None:
-        """Run commands in order, writing all replies at once."""
+    def _run(self, commands: list[list[bytes]], at_once: bool = False) -> None:
+        """Run commands in order, writing all replies at once (``at_once``:
+        now if nothing waits for the AOF, else at the end of the turn)."""
         state = self.state
         out: list[bytes] = []
         slots = self.slots
@@ -277,7 +284,10 @@ class ClientConnection(asyncio.Protocol):
             else:
                 out.append(encode(reply, self.resp3))
         if out:
-            self._write(b"".join(out))
+            if at_once:
+                self._reply(b"".join(out))
+            else:
+                self._write(b"".join(out))
         if self._closing:
             self._finish_close()
 
@@ -343,13 +353,25 @@ class ClientConnection(asyncio.Protocol):
         """Called when a blocked command completes with ``reply``."""
         if self.transport is None:
             return
-        self._write(encode(reply, self.resp3))
+        self._reply(encode(reply, self.resp3))
         if self.pending:
             # Run the rest on the next loop turn: we may be inside another
             # client's command (the one whose job unblocked us).
             self.state.event_loop().call_soon(self._drain)
         else:
             self._resume_reading()
+
+    def _reply(self, data: bytes) -> None:
+        """Send ``data`` now when nothing has to be logged first (no AOF
+        logging) and nothing of this connection waits in the turn's batch;
+        else queue it there.  A blocked client's job then leaves within the
+        command that woke it, without a loop callback in between."""
+        transport = self.transport
+        if self._out or self.state.logging_persistence is not None or transport is None:
+            self._write(data)
+        elif not transport.is_closing():
+            self.state.stats.net_output_bytes += len(data)
+            transport.write(data)
 
     def _write(self, data: bytes) -> None:
         """Queue ``data`` for the end of this loop turn (see :class:`ReplyBatch`)."""
