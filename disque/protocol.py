@@ -55,6 +55,8 @@ __all__ = [
     "ReplyError",
     "Encoded",
     "Status",
+    "array_header",
+    "bulk_header",
     "encode",
     "status_reply",
     "OK",
@@ -505,6 +507,16 @@ def _bulk_into(value: bytes, out: list[bytes]) -> None:
     out.append(_BULK_REPLY_HEADERS[size] if size < _REPLY_HEADERS_MAX else b"$%d\r\n" % size)
     out.append(value)
     out.append(CRLF)
+
+
+def bulk_header(size: int) -> bytes:
+    """``$<size>\r\n``: the header of a bulk string of ``size`` bytes."""
+    return _BULK_REPLY_HEADERS[size] if size < _REPLY_HEADERS_MAX else b"$%d\r\n" % size
+
+
+def array_header(size: int) -> bytes:
+    """``*<size>\r\n``: the header of an array of ``size`` elements."""
+    return _ARRAY_REPLY_HEADERS[size] if size < _REPLY_HEADERS_MAX else b"*%d\r\n" % size
 
 
 def _array_into(items: list[Any], out: list[bytes], resp3: bool) -> None:

@@ -24,7 +24,7 @@ from .job_options import JobExt, limit_reached, retry_seconds
 from .queue_limit import MAX_LIMIT_PERIOD_MS, QueueLimit
 from .queue_table import PAUSED_IN, PAUSED_OUT, QUEUE_ENTRY_BYTES, Queue
 from .schedule import requeue_time, update_awake_time
-from .waiters import WITH_LEASE, getjob_entry, unblock
+from .waiters import WITH_LEASE, getjob_entry, plain_entries_reply, unblock
 
 if TYPE_CHECKING:
     from .cluster.messages import Message
@@ -223,8 +223,11 @@ def serve_blocked_clients(state: ServerState, q: Queue) -> int:
                 wake_when_window_opens(state, q)
             break
         fields = blocked.fields
-        now = state.clock.now_ms() if fields & WITH_LEASE else 0
-        unblock(state, blocked, [getjob_entry(job, fields, now)])
+        if fields:
+            now = state.clock.now_ms() if fields & WITH_LEASE else 0
+            unblock(state, blocked, [getjob_entry(job, fields, now)])
+        else:
+            unblock(state, blocked, plain_entries_reply(q.name, [job]))
         served += 1
     return served
 

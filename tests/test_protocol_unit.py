@@ -396,3 +396,23 @@ def test_huge_multibulk_count_is_a_protocol_error_not_a_crash() -> None:
     with pytest.raises(ProtocolError, match=r"^Protocol error") as info:
         CommandParser().feed(pack(b"PING") + b"*" + b"9" * 5000 + b"\r\n")
     assert info.value.commands == [[b"PING"]]  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("sizes", [(0, 0), (1, 5), (1023, 1024), (1025, 70000)])
+@pytest.mark.parametrize("count", [1, 3, 1100])
+def test_getjob_replies_encoded_ahead_equal_the_generic_encoding(
+        sizes: tuple[int, int], count: int) -> None:
+    """GETJOB's usual reply (no extra fields) is encoded without building
+    the entry lists: the bytes must be those of the generic encoder, in
+    RESP2 and RESP3, around the header tables' edges (1024) too."""
+    from disque.job import Job
+    from disque.waiters import getjob_entry, plain_entries_reply
+
+    queue_size, body_size = sizes
+    queue = b"q" * queue_size
+    jobs = [Job(b"D-%08x-%s-0001" % (i, b"A" * 24), queue, b"%d" % i + b"b" * body_size)
+            for i in range(count)]
+    generic = [getjob_entry(job, 0) for job in jobs]
+    fast = plain_entries_reply(queue, jobs)
+    assert encode(fast) == encode(generic) == encode(generic, resp3=True)
+    assert encode(fast, resp3=True) == encode(generic)

@@ -10,7 +10,7 @@ from ..idmp import DEFAULT_WINDOW_S, MAX_KEY_BYTES, MAX_WINDOW_S, DedupEntry, bo
 from ..job import ACTIVE, FLAG_BCAST_WILLQUEUE, WAIT_REPL, Job, JobState
 from ..job_options import MAX_PRIORITY, JobExt, dead_letter_queue, retry_seconds
 from ..jobs import register_job, unregister_job
-from ..protocol import NULL_ARRAY, Map, ReplyError, Status, status_reply
+from ..protocol import NULL_ARRAY, Encoded, Map, ReplyError, Status, status_reply
 from ..queue import (
     dequeue_job,
     enqueue_job,
@@ -22,7 +22,7 @@ from ..queue import (
 from ..queue_table import PAUSED_IN, PAUSED_OUT
 from ..replication import replicate_job
 from ..schedule import requeue_time, update_awake_time
-from ..waiters import WITH_COUNTERS, WITH_LEASE, block_for_jobs, getjob_entry
+from ..waiters import WITH_COUNTERS, WITH_LEASE, block_for_jobs, getjob_entry, plain_entries_reply
 from ..waitjob import completion_of, wait_for
 from .registry import (
     BLOCKED,
@@ -321,15 +321,20 @@ LEAVING_ERROR = ("LEAVING This node is leaving the cluster, please connect to a 
 
 
 def _take_jobs(state: ServerState, queues: list[bytes], count: int,
-               fields: int) -> list[list[Any]]:
-    """Up to ``count`` GETJOB entries: one job per queue per pass, left to right."""
+               fields: int) -> list[list[Any]] | Encoded:
+    """Up to ``count`` GETJOB entries (already encoded, or none, for the
+    usual GETJOB of one queue without extra fields): one job per queue per
+    pass, left to right."""
     lookup = state.queues.lookup
     now = state.clock.now_ms() if fields & WITH_LEASE else 0
     if len(queues) == 1:  # the usual case: take them in one go
         q = lookup(queues[0])
         if q is None or q.flags & PAUSED_OUT:
             return []
-        return [getjob_entry(job, fields, now) for job in fetch_jobs(state, q, count)]
+        jobs = fetch_jobs(state, q, count)
+        if not fields:
+            return plain_entries_reply(q.name, jobs) if jobs else []
+        return [getjob_entry(job, fields, now) for job in jobs]
     emitted: list[list[Any]] = []
     while True:
         before = len(emitted)

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import hiredis
+
 from disque.acl import User
 from disque.clock import ManualClock
 from disque.cluster import ClusterNode, ClusterState
@@ -39,10 +41,15 @@ class LocalClient:
 
 
 def plain(reply: Any) -> Any:
-    """A reply as a test reads it: ADDJOB's pre-encoded ``+<id>`` (Encoded,
-    which the connection writes as it is) as the Status it stands for."""
+    """A reply as a test reads it: the pre-encoded ones (Encoded, which the
+    connection writes as they are) as what they stand for: ADDJOB's
+    ``+<id>`` as a Status, GETJOB's entries as lists of bytes."""
     if type(reply) is Encoded:
-        return Status(reply.raw[1:-2].decode())
+        if reply.raw[:1] == b"+":
+            return Status(reply.raw[1:-2].decode())
+        reader = hiredis.Reader()
+        reader.feed(reply.raw)
+        return reader.gets()
     return reply
 
 
