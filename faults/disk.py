@@ -14,7 +14,10 @@ process on the machine sees:
   freed (an AOF rewrite deletes the old file) would still have their pages
   and take writes, so the free blocks are trimmed first (``fstrim``: the
   loop device punches them out of the image); the next block the AOF needs
-  then fails, within one block's worth of records.  (Device-mapper's
+  then fails, within one block's worth of records.  The filesystem is told
+  not to preallocate (its ``mb_*`` tunables): blocks it reserved ahead of a
+  growing file count as used, are not trimmed, and would take hundreds of
+  kilobytes of records before a write reached a trimmed block.  (Device-mapper's
   ``error``/``flakey`` targets would do this too, where the kernel has
   device-mapper.)
 
@@ -28,6 +31,7 @@ away with it.  Nothing is mounted anywhere else.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -37,10 +41,12 @@ from pathlib import Path
 
 __all__ = ["MountNamespace", "SmallDisk", "unavailable_reason"]
 
+_BLOCK = 4096
+
 
 def unavailable_reason() -> str | None:
     """Why small disks cannot be made here (no tools, no privileges), or None."""
-    for tool in ("unshare", "nsenter", "mount", "mkfs.ext4", "losetup", "fstrim"):
+    for tool in ("unshare", "nsenter", "mount", "mkfs.ext4", "losetup", "fstrim", "findmnt"):
         if shutil.which(tool) is None:
             return f"{tool!r} not found (util-linux, e2fsprogs)"
     if not os.path.exists("/dev/loop-control"):
@@ -135,7 +141,23 @@ class SmallDisk:
         # want writes to fail and then work again.
         self._run("mkfs.ext4", "-q", "-F", "-m", "0", "-O", "^has_journal", "-E",
                   "lazy_itable_init=0,nodiscard", str(image))
+        self._mount()
+
+    def _mount(self) -> None:
+        image = self.backing / "disk.img"
         self._run("mount", "-o", "loop,errors=continue", str(image), str(self.data))
+        # No preallocation: every block is allocated when written (see the
+        # module's docstring).  The tunables live in sysfs, per mount.
+        source = self._output("findmnt", "-n", "-o", "SOURCE", str(self.data)).strip()
+        tunables = Path("/sys/fs/ext4") / os.path.basename(source)
+        (tunables / "mb_stream_req").write_text("1000000000")  # no per-file reservations
+        (tunables / "mb_group_prealloc").write_text("1")      # shared ones of one block
+
+    def _output(self, *argv: str) -> str:
+        if self.ns is not None:
+            return self.ns.run(*argv)
+        return subprocess.run(argv, check=True, capture_output=True, text=True,
+                              timeout=60).stdout
 
     def _run(self, *argv: str) -> None:
         if self.ns is not None:
@@ -166,26 +188,35 @@ class SmallDisk:
     def _fill(self, filler: Path, leave: int) -> int:
         path = self.outside(filler)
         chunk = b"\0" * (1 << 20)
+        size = len(chunk)
         taken = 0
-        try:
-            # Unbuffered: a write the disk refuses fails here, not at close.
-            with open(path, "ab", buffering=0) as fh:
-                while True:
-                    want = min(len(chunk), self.free_bytes(filler.parent) - leave)
-                    if want <= 0:
-                        break
+        # Unbuffered: a write the disk refuses fails here, not at close.
+        with open(path, "ab", buffering=0) as fh:
+            while True:
+                want = min(size, self.free_bytes(filler.parent) - leave)
+                if want <= 0:
+                    break
+                try:
                     taken += fh.write(chunk[:want]) or 0
+                except OSError:
+                    # ext4 refuses a large write early: it reserves room for
+                    # the extent blocks of a fragmented file (one block at a
+                    # time, without preallocation).  Syncing allocates and
+                    # frees those reservations; the rest goes a block at a time.
+                    with contextlib.suppress(OSError):
+                        os.fsync(fh.fileno())
+                    if size == _BLOCK:
+                        break   # as full as it gets (or the device refused the rest)
+                    size = _BLOCK
+            with contextlib.suppress(OSError):
                 os.fsync(fh.fileno())
-        except OSError:
-            pass   # as full as it gets (or the device refused the rest)
         return taken
 
     def remount(self) -> None:
         """Unmount and mount the filesystem again: its page cache is gone, as
         after a power loss (whoever uses it must have exited)."""
-        image = self.backing / "disk.img"
         self._run("umount", str(self.data))
-        self._run("mount", "-o", "loop,errors=continue", str(image), str(self.data))
+        self._mount()
 
     def close(self) -> None:
         """Unmount both (the loop device is released with its mount)."""

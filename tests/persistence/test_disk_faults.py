@@ -189,15 +189,17 @@ def test_a_failing_device_fails_small_records_on_a_disk_used_for_a_while(
         disk_node: tuple[DisqueProcess, SmallDisk]) -> None:
     """Blocks a filesystem has written and freed (AOF rewrites delete old
     files) keep their pages under the image, and writes into them would
-    succeed on a failing device: the fault trims them first, so the small
-    records of a real workload fail within a block or so."""
+    succeed on a failing device, as would writes into blocks it reserved
+    ahead of a growing file: the fault trims the free blocks and the disk
+    reserves none, so the small records of a real workload fail within a
+    block or so, also once the AOF is hundreds of kilobytes long."""
     node, disk = disk_node
     r = node.client()
     # A page under every block of the image, as on a disk whose every block
     # was written once (and most freed again) in a long run.
     assert disk.ns is not None
     disk.ns.run("fallocate", "-l", str(disk.size), str(disk.backing / "disk.img"))
-    kept = [r.execute_command("ADDJOB", "q", f"kept{i}", 0) for i in range(20)]
+    kept = [r.execute_command("ADDJOB", "q", f"kept{i}".ljust(1000), 0) for i in range(300)]
     disk.break_device()
     outcomes = [attempt(node, "ADDJOB", "q", f"small{i}", 0) for i in range(200)]
     assert any(misconf(reply) for reply in outcomes), outcomes[-3:]
