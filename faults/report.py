@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from faults.history import FAIL, INFO, OK, History
 from faults.run import Outcome
@@ -44,10 +45,47 @@ def table(outcomes: Sequence[Outcome]) -> str:
     return "\n".join(lines)
 
 
+#: RSS growth is fitted from this long after a node (re)started: before,
+#: the node's 300 s windows (acked IDs, IDMP keys) are still filling.
+GROWTH_AFTER_S = 900.0
+#: ... over at least this long, else the run is too short to tell.
+GROWTH_MIN_SPAN_S = 1200.0
+
+
+def rss_growth_per_hour(samples: Sequence[dict[str, Any]], node: str) -> float | None:
+    """MB per hour by which ``node``'s RSS grew over the heals: a least-squares
+    fit over the longest stretch without a restart (an RSS drop of more than
+    2 MB), from :data:`GROWTH_AFTER_S` after it began; None for a run too
+    short to tell."""
+    stretches: list[list[tuple[float, float]]] = [[]]
+    for sample in samples:
+        data = sample.get(node)
+        if data is None or sample["phase"] not in ("healed", "collected"):
+            continue
+        current = stretches[-1]
+        if current and data["rss"] < current[-1][1] - 2e6:
+            stretches.append(current := [])
+        current.append((sample["t"], data["rss"]))
+    best: list[tuple[float, float]] = []
+    for index, stretch in enumerate(stretches):
+        began = 0.0 if index == 0 else stretch[0][0]  # windows fill again after a restart
+        kept = [(t, rss) for t, rss in stretch if t >= began + GROWTH_AFTER_S]
+        if kept and (not best or kept[-1][0] - kept[0][0] > best[-1][0] - best[0][0]):
+            best = kept
+    if len(best) < 5 or best[-1][0] - best[0][0] < GROWTH_MIN_SPAN_S:
+        return None
+    mean_t = sum(t for t, _ in best) / len(best)
+    mean_rss = sum(rss for _, rss in best) / len(best)
+    slope = (sum((t - mean_t) * (rss - mean_rss) for t, rss in best)
+             / sum((t - mean_t) ** 2 for t, _ in best))
+    return slope * 3600 / 1e6
+
+
 def memory_table(outcomes: Sequence[Outcome]) -> str:
     """Per schedule and node: RSS and used_memory at the start, after the
     first and the last heal, and once collected (MB), with the jobs and
-    IDMP keys still held at the end."""
+    IDMP keys still held at the end, and on long runs the RSS growth once
+    the node's windows are full (:func:`rss_growth_per_hour`)."""
     lines = []
     for outcome in outcomes:
         samples = outcome.result.memory
@@ -67,12 +105,15 @@ def memory_table(outcomes: Sequence[Outcome]) -> str:
                              f"{m['phase']}@{m['t']:.0f}s rss {data['rss'] / 1e6:.1f} "
                              f"used {data['used_memory'] / 1e6:.1f}")
             end = picks[-1].get(node) or {}
+            growth = rss_growth_per_hour(samples, node)
             lines.append(f"| {outcome.schedule.kind} | {node} | " + " | ".join(cells)
                          + f" | jobs {end.get('registered_jobs', '?')}, idmp "
-                           f"{end.get('idmp_keys', '?')} |")
+                           f"{end.get('idmp_keys', '?')} | "
+                         + ("-" if growth is None else f"rss {growth:+.2f} MB/h") + " |")
     if not lines:
         return ""
-    return "memory (MB): start | first heal | last heal | collected\n" + "\n".join(lines)
+    return ("memory (MB): start | first heal | last heal | collected | held at the end | "
+            "RSS growth once the windows are full\n" + "\n".join(lines))
 
 
 def details(outcome: Outcome) -> str:

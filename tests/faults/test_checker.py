@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
 from faults.checker import FinalState, check
 from faults.history import FAIL, INFO, OK, Fault, History, Op
 
@@ -170,3 +175,20 @@ def test_overlapping_faults_are_listed() -> None:
               Fault("kill", "k", ["n3"], 7.0, 8.0))
     result = check(history(faults=faults), FinalState())
     assert result.overlaps == [("1.0s partition: p", "4.0s pause: q")]
+
+
+def test_rss_growth_is_fitted_once_the_windows_are_full_and_across_no_restart() -> None:
+    from faults.report import rss_growth_per_hour
+
+    def samples(rss_at: Callable[[float], float], until: float = 3600) -> list[dict[str, Any]]:
+        return [{"t": t, "phase": "healed", "n1": {"rss": rss_at(t)}}
+                for t in range(0, int(until) + 1, 60)]
+
+    # Windows filling for 10 minutes (steep), then 1 MB an hour.
+    growing = samples(lambda t: 33e6 + min(t, 600) * 5e3 + t * 1e6 / 3600)
+    assert rss_growth_per_hour(growing, "n1") == pytest.approx(1.0)
+    # Flat, but restarted at minute 20 (RSS drops, then fills again): the
+    # fit keeps to the longest stretch and leaves out its filling minutes.
+    restarted = samples(lambda t: 36e6 if t < 1200 else 33e6 + min(t - 1200, 600) * 5e3)
+    assert rss_growth_per_hour(restarted, "n1") == pytest.approx(0.0, abs=1e-9)
+    assert rss_growth_per_hour(samples(lambda t: 36e6, until=1500), "n1") is None  # too short
