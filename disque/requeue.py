@@ -66,13 +66,20 @@ def _live_copy(state: ServerState, sender: ClusterNode, msg: Message) -> Job | N
 
 
 def receive_queued(state: ServerState, sender: ClusterNode, msg: Message) -> None:
-    """QUEUED: the sender queued the job; step aside if it outranks us."""
+    """QUEUED: the sender queued the job; step aside if it outranks us, else
+    say that we hold it queued too, so that the sender steps aside.
+
+    Without the answer (the original only postpones its requeue) two copies
+    queued at once stay so: each QUEUED from the lower-ranked one pushes the
+    higher-ranked one's next QUEUED, sent at its RETRY, past the other's."""
     job = _live_copy(state, sender, msg)
     if job is None:
         return
-    if job.state == QUEUED and compare_node_ids_by_job(
-            sender.id, state.cluster.myself_id, job.id) > 0:
-        dequeue_job(state, job)
+    if job.state == QUEUED:
+        if compare_node_ids_by_job(sender.id, state.cluster.myself_id, job.id) > 0:
+            dequeue_job(state, job)
+        else:
+            state.cluster.broadcast_queued(job, nack=False, count=False)
     if msg.mflags & messages.MFLAG_INCR_NACKS:
         job.nacks += 1
     elif msg.mflags & messages.MFLAG_INCR_DELIV:

@@ -156,3 +156,44 @@ def test_the_gc_retries_soon_when_the_node_it_waits_for_is_back() -> None:
     assert copy.gc_retry == 0
     node.advance(ack.GC_RESUME_SPREAD_MS)
     assert _dropped(node) == before + 1  # the SETACK went out (no link here)
+
+
+def test_a_queued_copy_that_outranks_the_sender_of_queued_answers_it() -> None:
+    """Two nodes hold a job queued (a QUEUED lost while a link was down).
+    The lower-ranked one sends QUEUED at its RETRY; the higher-ranked one
+    must answer with its own, so that the other steps aside.  Only
+    postponing its requeue (as the original does) kept it from ever sending
+    one: each QUEUED from the other pushed its next one past the other's."""
+    from disque import requeue
+
+    node, peer = _cluster()
+    job = _peer_job(node)
+    while requeue.compare_node_ids_by_job(PEER, NODE_ID, job.id) > 0:
+        job = _peer_job(node)  # one for which this node outranks the peer
+    copies.receive_repljob(node.state, peer, _job_message(messages.REPLJOB, job, node))
+    node("ENQUEUE", job.id)
+    copy = node.job(job.id)
+    assert copy.state == JobState.QUEUED
+    before = _dropped(node)
+    requeue.receive_queued(node.state, peer, _id_message(messages.QUEUED, job.id))
+    assert copy.state == JobState.QUEUED and node("QLEN", "q") == 1
+    assert _dropped(node) == before + 1  # our QUEUED, to the peer
+    # The peer answers alike from its side and outranks nobody: we keep it.
+    for _ in range(3):
+        requeue.receive_queued(node.state, peer, _id_message(messages.QUEUED, job.id))
+    assert copy.state == JobState.QUEUED
+
+
+def test_a_queued_copy_steps_aside_for_a_higher_ranked_sender_of_queued() -> None:
+    from disque import requeue
+
+    node, peer = _cluster()
+    job = _peer_job(node)
+    while requeue.compare_node_ids_by_job(PEER, NODE_ID, job.id) < 0:
+        job = _peer_job(node)
+    copies.receive_repljob(node.state, peer, _job_message(messages.REPLJOB, job, node))
+    node("ENQUEUE", job.id)
+    before = _dropped(node)
+    requeue.receive_queued(node.state, peer, _id_message(messages.QUEUED, job.id))
+    assert node.job(job.id).state == JobState.ACTIVE and node("QLEN", "q") == 0
+    assert _dropped(node) == before  # nothing to answer
