@@ -608,6 +608,38 @@ def test_fetch_ahead_goes_by_the_nodes_lease_without_min_job_retry(
     reader.stop()
 
 
+def test_fetch_ahead_stages_from_the_first_trigger_when_the_lease_is_long(
+        server, client: Client, tmp_path: Path) -> None:
+    # No trigger measured yet (a 2-batch availableNow run never has one):
+    # RETRY 300 leaves room for any plausible trigger, so batch 2 is staged
+    # while Spark would run batch 1.
+    ids = client.add_jobs("q", [f"b{i}" for i in range(20)], retry=300)
+    reader = make_reader(server, tmp_path / "s", fetchAhead="true")
+    try:
+        assert reader.latestOffset({"batch": 0}, ReadMaxRows(10))["batch"] == 1
+        wait_for(lambda: StagingArea(tmp_path / "s").batches() == [1, 2], timeout=10)
+        assert client.qlen("q") == 0
+        assert reader.latestOffset({"batch": 1}, ReadMaxRows(10))["batch"] == 2
+        assert [r["id"] for r in rows(reader, 1, 2)] == ids[10:]
+    finally:
+        reader.stop()
+
+
+def test_fetch_ahead_waits_for_a_measured_trigger_when_the_lease_is_short(
+        server, client: Client, tmp_path: Path) -> None:
+    # RETRY 5: the node says ~5 s (less 1 s of skew), half of it 2 s; a
+    # first trigger is taken to last at least 1 s, and 2.5 of those do not fit.
+    client.add_jobs("q", [f"b{i}" for i in range(20)], retry=5)
+    reader = make_reader(server, tmp_path / "s", fetchAhead="true")
+    try:
+        assert reader.latestOffset({"batch": 0}, ReadMaxRows(10))["batch"] == 1
+        reader.driver.ahead.wait()
+        assert StagingArea(tmp_path / "s").batches() == [1]
+        assert client.qlen("q") == 10
+    finally:
+        reader.stop()
+
+
 class _WaitsForRequeue(Client):
     """A client that, after its first GETJOB, waits until the node has
     queued again the job it delivered (its RETRY ran out): the next GETJOB
@@ -643,6 +675,50 @@ def test_a_job_of_a_running_batch_is_not_staged_again(server, client: Client,
         assert seen == {i.encode() for i in ids[:2]}
         fetched = fetch_jobs(client, ["q"], None, batch_size=10, seen=seen)
         assert fetched.table.column("id").to_pylist() == [ids[2]]
+    finally:
+        reader.stop()
+
+
+def test_the_fetch_beside_an_ack_leaves_out_the_acknowledged_jobs(
+        server, client: Client, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The next batch's GETJOB runs while the committed batch's ACK is on its
+    # way: a job of that batch that the node queued again before the ACK
+    # reached it must not come back as a row of the next batch.
+    import threading
+
+    from spark_connector import driver as driver_module
+
+    ids = [client.add_job("q", f"j{i}") for i in range(3)]
+    reader = make_reader(server, tmp_path / "s")
+    fetched = threading.Event()
+    real_fetch = driver_module.fetch_jobs
+
+    def fetch_then_signal(*args, **kwargs):
+        try:
+            return real_fetch(*args, **kwargs)
+        finally:
+            fetched.set()
+
+    class AckAfterTheFetch(Client):
+        def ack_many(self, job_ids, **options):
+            assert fetched.wait(10), "the fetch never ran beside the ACK"
+            return super().ack_many(job_ids, **options)
+
+    try:
+        end = reader.latestOffset({"batch": 0}, ReadMaxRows(2))
+        assert [r["id"] for r in rows(reader, 0, 1)] == ids[:2]
+        # Batch 1 committed; its jobs' RETRY ran out: the node queues them again.
+        client.enqueue(*ids[:2])
+        assert client.qlen("q") == 3
+        reader.driver.acker.close()
+        reader.driver.acker = AckAfterTheFetch(f"127.0.0.1:{server.port}")
+        monkeypatch.setattr(driver_module, "fetch_jobs", fetch_then_signal)
+        end = reader.latestOffset(end, ReadMaxRows(3))
+        assert end["batch"] == 2
+        assert [r["id"] for r in rows(reader, 1, 2)] == [ids[2]]
+        # Batch 1 acknowledged (on return), batch 2's one job leased.
+        assert registered(client) == 1 and client.qlen("q") == 0
+        assert reader.reportLatestOffset()["jobsAcked"] == 2
     finally:
         reader.stop()
 
