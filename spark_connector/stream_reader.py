@@ -29,8 +29,7 @@ Delivery contract (docs/SPARK.md explains it for users):
   crash, which a restarted query reuses.  It is done only when batch n was
   full (a backlog), so a trickling queue still gets batches as large as
   they can be.  The batch staged ahead leaves out the jobs of the batches
-  still held, as above, and first renews the leases of the batch Spark
-  runs (see ``_fetch_ahead``).
+  still held, as above (see ``_fetch_ahead``).
 
 Where the methods run (pyspark 4.3): ``initialOffset``, ``latestOffset``,
 ``partitions`` and ``commit`` in one long-lived Python process on the
