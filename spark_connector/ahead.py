@@ -4,9 +4,9 @@ While Spark runs batch n, the thread acknowledges batch n-1 (committed) and
 then, when batch n was full (a backlog), fetches and stages batch n+1, so
 the next ``latestOffset`` returns at once.  One thread, so its tasks run one
 at a time in the order they were submitted and never race each other;
-Spark's calls wait for them where the delivery contract needs it (see
-:meth:`.driver.DriverSide.latest`).  In driver fetch mode the thread runs
-the ACKs even without ``fetchAhead``: beside the fetch of the next batch.
+Spark's calls wait for them where the delivery contract needs it (no GETJOB
+before the ACKs of the committed batches are done: see
+:meth:`.driver.DriverSide.latest`).
 """
 
 from __future__ import annotations

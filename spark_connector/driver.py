@@ -103,14 +103,11 @@ class DriverSide:
         self.ahead = FetchAhead()
         #: Jobs acknowledged since latest() last looked (by either thread).
         self._acked_unseen = 0
-        #: Driver fetch mode: the ACK of a committed batch runs in the
-        #: background while this thread fetches the next one: the ACK costs
-        #: the node, the fetch this process (parsing), so they overlap even
-        #: on a busy machine (executor mode plans from QLEN and refunds
-        #: budget on ACK: kept in order).
-        self._ack_behind = config.fetch_mode == "driver"
-        #: fetchAhead: the next batch staged in the background too.
-        self._overlap = config.fetch_ahead and self._ack_behind
+        #: fetchAhead, driver fetch mode only: the ACK of a committed batch,
+        #: and the fetch of the next one, run in the background while Spark
+        #: runs a batch (executor mode plans from QLEN and refunds budget on
+        #: ACK: kept in order).
+        self._overlap = config.fetch_ahead and config.fetch_mode == "driver"
         self._first_latest = True
         self._recover()
 
@@ -212,13 +209,9 @@ class DriverSide:
         if self._first_latest:
             self._first_latest = False
             self._check_committed(start, start_jobs)
-        if self._ack_behind:
-            # Committed: acknowledged in the background while this thread
-            # fetches the next batch (or Spark runs the one staged ahead).
-            # The fetch leaves out the jobs of every batch still held
-            # (_held_ids): a batch leaves ``tables`` only once its ACK is
-            # done, so a job the node queued again before its ACK arrived
-            # is not staged twice.
+        if self._overlap:
+            # Committed: acknowledged in the background (after the batch
+            # being staged ahead, if any) while Spark runs the next batch.
             self.ahead.submit(self.ack_through, start)
             self.ahead.wait_staged()
         else:
@@ -227,19 +220,20 @@ class DriverSide:
         if staged_after:
             # Staged ahead, or before a crash but never (or not yet) in
             # Spark's offset log: reuse it, it holds leased jobs.
-            if not self._overlap:
-                self.ahead.wait()  # without fetchAhead, the ACK is done on return
             self._stage_ahead(staged_after[0], limit)
             return staged_after[0]
+        # Nothing staged ahead: the ACKs must reach the node before the next
+        # GETJOB, or it could deliver again the jobs of an acknowledged batch
+        # that the node queued again meanwhile (see _fetch_ahead).
+        acked = self._take_acked()
         budget = self.available_now_budget
         if budget is not None and budget <= 0:
-            return self._closing_batch(start) if self._take_acked() else start
+            return self._closing_batch(start) if acked else start
         max_jobs, min_jobs = self._limits(limit)
         if budget is not None:
             max_jobs = budget if max_jobs is None else min(max_jobs, budget)
         try:
             if min_jobs is not None and not self._min_jobs_ready(min_jobs):
-                self._take_acked()
                 return start
             seq = start + 1
             if self.config.fetch_mode == "driver":
@@ -248,11 +242,7 @@ class DriverSide:
                 staged = self._plan_executor_batch(seq, max_jobs)
         except ConnectionFailed as exc:
             log.warning("no Disque node reachable, no new batch this time: %s", exc)
-            self._take_acked()
             return start
-        # The offset is returned once the committed batches' ACKs are done:
-        # the progress Spark reports then shows them.
-        acked = self._take_acked()
         if not staged:
             if acked and self.available_now_budget is not None:
                 return self._closing_batch(start)
@@ -688,11 +678,8 @@ class DriverSide:
 
     def commit(self, end: int) -> None:
         """Spark committed ``end`` (it usually told ``latest`` already)."""
-        if self._ack_behind:
-            # In the thread that runs the other ACKs: never two at once.
+        if self._overlap:
             self.ahead.submit(self.ack_through, end)
-            if not self._overlap:
-                self.ahead.wait()
         else:
             self.ack_through(end)
 

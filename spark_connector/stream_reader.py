@@ -13,12 +13,6 @@ Delivery contract (docs/SPARK.md explains it for users):
   last batch of an availableNow run) and again, idempotently, in
   ``commit(end)``.  That last call of an availableNow run returns one empty
   batch, so that the run's final progress report shows the final ACK.
-  In driver fetch mode the ACK runs on a background thread while
-  ``latestOffset`` fetches the next batch (the ACK is the node's work, the
-  fetch this process's), and is done before the offset is returned.  That
-  fetch leaves out every job of a batch still held: the node may have
-  queued a job of the batch being acknowledged again (its RETRY ran out)
-  before the ACK reached it, and would deliver it twice.
 * Staged jobs that are not acknowledged yet are kept leased with WORKING
   heartbeats (:mod:`.leases`).
 * ``fetchAhead`` (driver fetch mode, off by default): while Spark runs batch
@@ -28,8 +22,10 @@ Delivery contract (docs/SPARK.md explains it for users):
   before its offset is returned, exactly as a batch staged just before a
   crash, which a restarted query reuses.  It is done only when batch n was
   full (a backlog), so a trickling queue still gets batches as large as
-  they can be.  The batch staged ahead leaves out the jobs of the batches
-  still held, as above (see ``_fetch_ahead``).
+  they can be.  No GETJOB is ever sent before the ACKs of the committed
+  batches are done (the node may have queued their jobs again, and would
+  deliver them twice), and a fetch leaves out the jobs of every batch still
+  held (see ``_fetch_ahead``).
 
 Where the methods run (pyspark 4.3): ``initialOffset``, ``latestOffset``,
 ``partitions`` and ``commit`` in one long-lived Python process on the

@@ -682,50 +682,6 @@ def test_a_job_of_a_running_batch_is_not_staged_again(server, client: Client,
         reader.stop()
 
 
-def test_the_fetch_beside_an_ack_leaves_out_the_acknowledged_jobs(
-        server, client: Client, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    # The next batch's GETJOB runs while the committed batch's ACK is on its
-    # way: a job of that batch that the node queued again before the ACK
-    # reached it must not come back as a row of the next batch.
-    import threading
-
-    from spark_connector import driver as driver_module
-
-    ids = [client.add_job("q", f"j{i}") for i in range(3)]
-    reader = make_reader(server, tmp_path / "s")
-    fetched = threading.Event()
-    real_fetch = driver_module.fetch_jobs
-
-    def fetch_then_signal(*args, **kwargs):
-        try:
-            return real_fetch(*args, **kwargs)
-        finally:
-            fetched.set()
-
-    class AckAfterTheFetch(Client):
-        def ack_many(self, job_ids, **options):
-            assert fetched.wait(10), "the fetch never ran beside the ACK"
-            return super().ack_many(job_ids, **options)
-
-    try:
-        end = reader.latestOffset({"batch": 0}, ReadMaxRows(2))
-        assert [r["id"] for r in rows(reader, 0, 1)] == ids[:2]
-        # Batch 1 committed; its jobs' RETRY ran out: the node queues them again.
-        client.enqueue(*ids[:2])
-        assert client.qlen("q") == 3
-        reader.driver.acker.close()
-        reader.driver.acker = AckAfterTheFetch(f"127.0.0.1:{server.port}")
-        monkeypatch.setattr(driver_module, "fetch_jobs", fetch_then_signal)
-        end = reader.latestOffset(end, ReadMaxRows(3))
-        assert end["batch"] == 2
-        assert [r["id"] for r in rows(reader, 1, 2)] == [ids[2]]
-        # Batch 1 acknowledged (on return), batch 2's one job leased.
-        assert registered(client) == 1 and client.qlen("q") == 0
-        assert reader.reportLatestOffset()["jobsAcked"] == 2
-    finally:
-        reader.stop()
-
-
 def test_driver_mode_tasks_carry_compressed_slices_of_bounded_size(
         server, client: Client, tmp_path: Path) -> None:
     # 3 MB of bodies that do not compress: more than one task must carry them.
