@@ -15,7 +15,7 @@ Delivery contract (docs/SPARK.md explains it for users):
   batch, so that the run's final progress report shows the final ACK.
 * Staged jobs that are not acknowledged yet are kept leased with WORKING
   heartbeats (:mod:`.leases`).
-* ``fetchAhead`` (driver fetch mode, off by default): while Spark runs batch
+* ``fetchAhead`` (driver fetch mode, on by default): while Spark runs batch
   n, one background thread acknowledges batch n-1 (committed) and then
   fetches and stages batch n+1, so the next ``latestOffset`` returns at
   once.  The rules above hold unchanged: batch n+1 is staged (and leased)

@@ -6,9 +6,10 @@ is what executors get, so each rule of the delivery contract is checked
 directly: staging before the offset, identical replay, ACK only through a
 committed offset, leases, read limits and availableNow.
 
-Most tests run with ``fetchAhead`` off (the default), so that each call's
-effects can be checked the moment it returns; the ``fetchAhead`` tests at the
-end check the same rules with the background ACK and the batch staged ahead.
+Most tests run with ``fetchAhead`` off (it is on by default), so that each
+call's effects can be checked the moment it returns; the ``fetchAhead`` tests
+at the end check the same rules with the background ACK and the batch staged
+ahead.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ def client(server) -> Client:
 
 def make_reader(server, staging: Path, **options: str) -> DisqueStreamReader:
     opts = {"nodes": f"127.0.0.1:{server.port}", "queues": "q", "stagingPath": str(staging),
-            "fetchTimeoutMs": "0", **options}
+            "fetchTimeoutMs": "0", "fetchAhead": "false", **options}
     config = SourceConfig.from_options(opts, streaming=True)
     return DisqueStreamReader(config, source_schema(config.body_format))
 
