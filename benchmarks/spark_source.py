@@ -91,10 +91,10 @@ DEFAULT_CONFIGS = [
     # batches staged ahead without heartbeats, 2 partitions each.
     "fetchMode=driver,ackMode=ackjob,maxJobsPerTrigger=50000,minJobRetry=60s,"
     "jobsPerPartition=25000",
-    # The same with the next batch fetched and the last one acknowledged
-    # in the background while Spark runs a batch.
+    # The same with each batch fetched when Spark asks for it (and the
+    # committed one acknowledged first), not while Spark runs the last one.
     "fetchMode=driver,ackMode=ackjob,maxJobsPerTrigger=50000,minJobRetry=60s,"
-    "jobsPerPartition=25000,fetchAhead=true",
+    "jobsPerPartition=25000,fetchAhead=false",
 ]
 SMOKE_CONFIGS = ["fetchMode=driver,ackMode=ackjob,maxJobsPerTrigger=1000"]
 #: Progress phases in the order they happen in a trigger.

@@ -22,6 +22,12 @@ __all__ = ["AHEAD_TRIGGERS", "FetchAhead"]
 #: was fetched (returned at the next one, acknowledged at the one after,
 #: plus the ACK itself).
 AHEAD_TRIGGERS = 2.5
+#: Before two triggers have been seen, a trigger is taken to last this many
+#: times what the first ``latestOffset`` took so far (its fetch and staging;
+#: Spark then runs the batch, about as long again on a loaded machine), and
+#: at least :data:`FIRST_TRIGGER_MIN_S` (Spark's own cost of a trigger).
+FIRST_TRIGGER_GUESS = 4.0
+FIRST_TRIGGER_MIN_S = 1.0
 
 
 class FetchAhead:
@@ -50,7 +56,15 @@ class FetchAhead:
         did (~4 us each, even sent as WORKINGS), more than starting the
         fetch early saves on a machine whose cores are busy.
         """
-        return self.trigger_s is not None and AHEAD_TRIGGERS * self.trigger_s < lease_s / 2
+        trigger_s = self.trigger_s
+        if trigger_s is None:
+            # The first trigger: a 2-batch availableNow run has no second
+            # one to measure, and it is where staging ahead saves the most.
+            if self._last_trigger_at is None:
+                return False
+            trigger_s = max(FIRST_TRIGGER_MIN_S,
+                            FIRST_TRIGGER_GUESS * (time.monotonic() - self._last_trigger_at))
+        return AHEAD_TRIGGERS * trigger_s < lease_s / 2
 
     def submit(self, task: Callable[..., Any], *args: Any) -> Future[Any]:
         if self._pool is None:

@@ -103,9 +103,10 @@ class DriverSide:
         self.ahead = FetchAhead()
         #: Jobs acknowledged since latest() last looked (by either thread).
         self._acked_unseen = 0
-        #: Driver fetch mode: the ACK of a committed batch runs in the
-        #: background while this thread fetches the next one (executor
-        #: mode plans from QLEN and refunds budget on ACK: kept in order).
+        #: fetchAhead, driver fetch mode only: the ACK of a committed batch,
+        #: and the fetch of the next one, run in the background while Spark
+        #: runs a batch (executor mode plans from QLEN and refunds budget on
+        #: ACK: kept in order).
         self._overlap = config.fetch_ahead and config.fetch_mode == "driver"
         self._first_latest = True
         self._recover()
@@ -279,11 +280,14 @@ class DriverSide:
         """Background thread: stage batch ``seq`` now; ``latest`` returns it later.
 
         It runs after the ACK of every committed batch (same thread, in
-        order), and first renews the leases of batch ``seq - 1``, which Spark
-        runs meanwhile: a job that waited in its queue longer than its RETRY
-        is queued again by the node right after GETJOB delivered it (the
-        original's rule: RETRY counts from when the job was queued), and
-        this GETJOB would deliver it a second time.  WORKING takes it back.
+        order).  A job of batch ``seq - 1`` (Spark runs it meanwhile) that
+        waited in its queue longer than its RETRY is queued again by the
+        node right after GETJOB delivered it (the original's rule: RETRY
+        counts from when the job was queued); this GETJOB may deliver it
+        again, and leaves it out (:meth:`_held_ids`), and the batch's first
+        heartbeat was due at once (half the lease of its soonest job).  No
+        WORKING round over the running batch first: it would cost the node
+        and this process about what fetching its jobs did.
         """
         budget = self.available_now_budget
         if budget is not None:
@@ -291,7 +295,6 @@ class DriverSide:
                 return False
             max_jobs = min(max_jobs, budget)
         try:
-            self.keeper.renew_due(now_for=seq - 1)
             staged = self._fetch_and_stage(seq, max_jobs, block=False)
         except (ConnectionFailed, DisqueError) as exc:
             log.warning("no Disque node reachable, batch %d is fetched when asked: %s",

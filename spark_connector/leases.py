@@ -158,18 +158,11 @@ class LeaseKeeper:
             self._wake.wait(self._tick)
             self._wake.clear()
 
-    def renew_due(self, *, now_for: int | None = None) -> int:
-        """Send WORKING for every batch whose heartbeat is due; returns how many IDs.
-
-        ``now_for``: also batch ``now_for``, due or not (and not claimed by
-        a concurrent call): the caller is about to fetch more jobs, and a
-        job of that batch that waited in its queue longer than its RETRY was
-        queued again right after its delivery.
-        """
+    def renew_due(self) -> int:
+        """Send WORKING for every batch whose heartbeat is due; returns how many IDs."""
         now = self._clock()
         with self._lock:
-            due = [(seq, lease) for seq, lease in self._leases.items()
-                   if lease.due <= now or (seq == now_for and lease.due != float("inf"))]
+            due = [(seq, lease) for seq, lease in self._leases.items() if lease.due <= now]
             for _, lease in due:  # claimed: a concurrent call skips them
                 lease.due = float("inf")
         sent = 0

@@ -267,9 +267,9 @@ class SourceConfig:
     log_level: str = "warning"
     min_job_retry_ms: int = 1000
     #: Driver fetch mode: stage the next batch and acknowledge the committed
-    #: one in a background thread while Spark runs the current batch.  Off
-    #: by default: on two busy cores it measured no faster (BENCHMARKS.md).
-    fetch_ahead: bool = False
+    #: one in a background thread while Spark runs the current batch, when
+    #: the batch was full and its lease leaves room (.ahead.FetchAhead.pays).
+    fetch_ahead: bool = True
     # Batch reads (spark.read) only:
     drain: bool = False
     max_jobs: int | None = None
@@ -335,7 +335,7 @@ class SourceConfig:
             working_interval_ms=working,
             min_job_retry_ms=option_duration_ms(options, "minJobRetry", 1000,
                                                 minimum=1000) or 1000,
-            fetch_ahead=option_bool(options, "fetchAhead", False),
+            fetch_ahead=option_bool(options, "fetchAhead", True),
             log_level=option_choice(options, "logLevel", ("debug", "info", "warning", "error"),
                                     "warning"),
             drain=option_bool(options, "drain", False),

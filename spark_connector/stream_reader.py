@@ -15,7 +15,7 @@ Delivery contract (docs/SPARK.md explains it for users):
   batch, so that the run's final progress report shows the final ACK.
 * Staged jobs that are not acknowledged yet are kept leased with WORKING
   heartbeats (:mod:`.leases`).
-* ``fetchAhead`` (driver fetch mode, off by default): while Spark runs batch
+* ``fetchAhead`` (driver fetch mode, on by default): while Spark runs batch
   n, one background thread acknowledges batch n-1 (committed) and then
   fetches and stages batch n+1, so the next ``latestOffset`` returns at
   once.  The rules above hold unchanged: batch n+1 is staged (and leased)
@@ -23,8 +23,9 @@ Delivery contract (docs/SPARK.md explains it for users):
   crash, which a restarted query reuses.  It is done only when batch n was
   full (a backlog), so a trickling queue still gets batches as large as
   they can be.  No GETJOB is ever sent before the ACKs of the committed
-  batches are done: the node may have queued their jobs again (see
-  ``_fetch_ahead``), and would deliver them twice.
+  batches are done (the node may have queued their jobs again, and would
+  deliver them twice), and a fetch leaves out the jobs of every batch still
+  held (see ``_fetch_ahead``).
 
 Where the methods run (pyspark 4.3): ``initialOffset``, ``latestOffset``,
 ``partitions`` and ``commit`` in one long-lived Python process on the

@@ -6,9 +6,10 @@ is what executors get, so each rule of the delivery contract is checked
 directly: staging before the offset, identical replay, ACK only through a
 committed offset, leases, read limits and availableNow.
 
-Most tests run with ``fetchAhead`` off (the default), so that each call's
-effects can be checked the moment it returns; the ``fetchAhead`` tests at the
-end check the same rules with the background ACK and the batch staged ahead.
+Most tests run with ``fetchAhead`` off (it is on by default), so that each
+call's effects can be checked the moment it returns; the ``fetchAhead`` tests
+at the end check the same rules with the background ACK and the batch staged
+ahead.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ def client(server) -> Client:
 
 def make_reader(server, staging: Path, **options: str) -> DisqueStreamReader:
     opts = {"nodes": f"127.0.0.1:{server.port}", "queues": "q", "stagingPath": str(staging),
-            "fetchTimeoutMs": "0", **options}
+            "fetchTimeoutMs": "0", "fetchAhead": "false", **options}
     config = SourceConfig.from_options(opts, streaming=True)
     return DisqueStreamReader(config, source_schema(config.body_format))
 
@@ -606,6 +607,41 @@ def test_fetch_ahead_goes_by_the_nodes_lease_without_min_job_retry(
     wait_for(lambda: StagingArea(tmp_path / "s").batches() == [2, 3], timeout=10)
     assert client.qlen("q") == 0
     reader.stop()
+
+
+def test_fetch_ahead_stages_from_the_first_trigger_when_the_lease_is_long(
+        server, client: Client, tmp_path: Path) -> None:
+    # No trigger measured yet (a 2-batch availableNow run never has one):
+    # RETRY 300 leaves room for any plausible trigger, so batch 2 is staged
+    # while Spark would run batch 1.
+    ids = client.add_jobs("q", [f"b{i}" for i in range(20)], retry=300)
+    reader = make_reader(server, tmp_path / "s", fetchAhead="true")
+    try:
+        assert reader.latestOffset({"batch": 0}, ReadMaxRows(10))["batch"] == 1
+        wait_for(lambda: StagingArea(tmp_path / "s").batches() == [1, 2], timeout=10)
+        assert client.qlen("q") == 0
+        # No WORKING round over batch 1 before fetching ahead: its first
+        # heartbeat is ~150 s away, and batch 2 leaves its jobs out anyway.
+        assert reader.driver.keeper.heartbeats_sent == 0
+        assert reader.latestOffset({"batch": 1}, ReadMaxRows(10))["batch"] == 2
+        assert [r["id"] for r in rows(reader, 1, 2)] == ids[10:]
+    finally:
+        reader.stop()
+
+
+def test_fetch_ahead_waits_for_a_measured_trigger_when_the_lease_is_short(
+        server, client: Client, tmp_path: Path) -> None:
+    # RETRY 5: the node says ~5 s (less 1 s of skew), half of it 2 s; a
+    # first trigger is taken to last at least 1 s, and 2.5 of those do not fit.
+    client.add_jobs("q", [f"b{i}" for i in range(20)], retry=5)
+    reader = make_reader(server, tmp_path / "s", fetchAhead="true")
+    try:
+        assert reader.latestOffset({"batch": 0}, ReadMaxRows(10))["batch"] == 1
+        reader.driver.ahead.wait()
+        assert StagingArea(tmp_path / "s").batches() == [1]
+        assert client.qlen("q") == 10
+    finally:
+        reader.stop()
 
 
 class _WaitsForRequeue(Client):
