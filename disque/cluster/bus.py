@@ -22,10 +22,13 @@
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
+import os
+import socket
 from collections import Counter
 from collections.abc import Callable
-from typing import Final
+from typing import Any, Final
 
 from . import messages
 from .auth import BusAuth
@@ -35,7 +38,7 @@ from .messages import Message
 from .node import ClusterNode
 from .state import ClusterState
 
-__all__ = ["BUS_PORT_OFFSET", "ClusterBus", "Handler"]
+__all__ = ["BUS_PORT_OFFSET", "ClusterBus", "Handler", "connect_within"]
 
 log = logging.getLogger("disque.cluster")
 
@@ -182,22 +185,42 @@ class ClusterBus:
         asyncio.get_running_loop().create_task(self._open_link(node))
 
     async def _open_link(self, node: ClusterNode) -> None:
+        """Connect to ``node``'s bus port; give up after the node timeout.
+
+        The connect is non-blocking on a socket made here, watched by one
+        future that either the socket (writable: connected or refused) or
+        the timer completes; on timeout the socket is closed.  Cancelling a
+        pending connect instead (``wait_for`` around ``create_connection``
+        or ``sock_connect``) waited for the cancellation to finish, and
+        after a peer was killed or stopped some never did: each such fault
+        left attempts behind for good.
+        """
         loop = asyncio.get_running_loop()
-        local = (self.bind_ip, 0) if self.bind_ip else None
         target = (node.ip, node.port)
+        port = node.port + BUS_PORT_OFFSET
+        sock: socket.socket | None = None
         try:
-            await asyncio.wait_for(loop.create_connection(
-                lambda: BusLink(self, node, target), node.ip, node.port + BUS_PORT_OFFSET,
-                local_addr=local), timeout=max(self.node_timeout(), 1000) / 1000)
+            infos = await loop.getaddrinfo(node.ip, port, type=socket.SOCK_STREAM)
+            family, _, proto, _, address = infos[0]
+            sock = socket.socket(family, socket.SOCK_STREAM, proto)
+            sock.setblocking(False)
+            if self.bind_ip:
+                sock.bind((self.bind_ip, 0))
+            await connect_within(loop, sock, address, max(self.node_timeout(), 1000) / 1000)
+            await loop.create_connection(lambda: BusLink(self, node, target), sock=sock)
+            sock = None  # the transport's now
         except (OSError, TimeoutError, ValueError, OverflowError) as err:
             self._connecting.discard(node)
             log.debug("Connecting to node %s at %s:%d failed: %s", node.id, node.ip,
-                      node.port + BUS_PORT_OFFSET, err)
+                      port, err)
             if not node.ping_sent:
                 node.ping_sent = self.now_ms()
         except Exception:  # a bug: log it, never kill the cron's reconnects
             self._connecting.discard(node)
             log.exception("Connecting to node %s failed", node.id)
+        finally:
+            if sock is not None:
+                sock.close()
 
     # -- receiving --------------------------------------------------------------
 
@@ -412,3 +435,36 @@ class ClusterBus:
 
 _MEMBERSHIP_TYPES = frozenset((messages.PING, messages.PONG, messages.MEET, messages.FAIL))
 _NO_JOB_MESSAGES = frozenset(("handshake", "myself"))
+
+
+async def connect_within(loop: asyncio.AbstractEventLoop, sock: socket.socket,
+                          address: tuple[Any, ...], timeout_s: float) -> None:
+    """Connect the non-blocking ``sock``, or raise (refused: OSError; no
+    answer within ``timeout_s``: TimeoutError).  Nothing is cancelled: the
+    writer callback and the timer each complete the one future, and both
+    are removed whatever happens."""
+    done: asyncio.Future[None] = loop.create_future()
+
+    def finish(error: BaseException | None) -> None:
+        if not done.done():
+            if error is None:
+                done.set_result(None)
+            else:
+                done.set_exception(error)
+
+    code = sock.connect_ex(address)
+    if code == 0:
+        return
+    if code not in (errno.EINPROGRESS, errno.EAGAIN):
+        raise OSError(code, os.strerror(code))
+    fd = sock.fileno()
+    loop.add_writer(fd, finish, None)
+    timer = loop.call_later(timeout_s, finish, TimeoutError(f"no answer in {timeout_s} s"))
+    try:
+        await done
+    finally:
+        loop.remove_writer(fd)
+        timer.cancel()
+    code = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+    if code:
+        raise OSError(code, os.strerror(code))
