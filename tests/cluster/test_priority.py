@@ -80,6 +80,10 @@ def test_an_original_node_keeps_a_plain_copy_in_creation_order(server_factory,
         # Ours serves it first; the original, once it queues its copy, in
         # creation order, after its older job.
         assert [e[1] for e in ours.client().execute_command("QPEEK", "q", 5)] == [urgent]
+        # Taken off our queue first: a copy that holds the job queued and
+        # outranks the original would answer its QUEUED, and the original
+        # would step aside (one queued copy is what the cluster keeps).
+        assert ours.client().execute_command("DEQUEUE", urgent) == 1
         assert o.execute_command("ENQUEUE", urgent) == 1
         assert [e[1] for e in o.execute_command("QPEEK", "q", 5)] == [older, urgent]
         assert ours.client().execute_command("ACKJOB", urgent) == 1
