@@ -501,14 +501,6 @@ _BULK_REPLY_HEADERS: Final = [b"$%d\r\n" % n for n in range(_REPLY_HEADERS_MAX)]
 _ARRAY_REPLY_HEADERS: Final = [b"*%d\r\n" % n for n in range(_REPLY_HEADERS_MAX)]
 
 
-def _bulk_into(value: bytes, out: list[bytes]) -> None:
-    """``$<len>\r\n<value>\r\n``, as three pieces of ``out`` (joined once, at the end)."""
-    size = len(value)
-    out.append(_BULK_REPLY_HEADERS[size] if size < _REPLY_HEADERS_MAX else b"$%d\r\n" % size)
-    out.append(value)
-    out.append(CRLF)
-
-
 def bulk_header(size: int) -> bytes:
     """``$<size>\r\n``: the header of a bulk string of ``size`` bytes."""
     return _BULK_REPLY_HEADERS[size] if size < _REPLY_HEADERS_MAX else b"$%d\r\n" % size
@@ -519,10 +511,16 @@ def array_header(size: int) -> bytes:
     return _ARRAY_REPLY_HEADERS[size] if size < _REPLY_HEADERS_MAX else b"*%d\r\n" % size
 
 
+def _bulk_into(value: bytes, out: list[bytes]) -> None:
+    """``$<len>\r\n<value>\r\n``, as three pieces of ``out`` (joined once, at the end)."""
+    out.append(bulk_header(len(value)))
+    out.append(value)
+    out.append(CRLF)
+
+
 def _array_into(items: list[Any], out: list[bytes], resp3: bool) -> None:
     """An array reply; typed as a list, so compiled its loop indexes the list directly."""
-    size = len(items)
-    out.append(_ARRAY_REPLY_HEADERS[size] if size < _REPLY_HEADERS_MAX else b"*%d\r\n" % size)
+    out.append(array_header(len(items)))
     for item in items:
         if type(item) is bytes:  # most elements (GETJOB entries): no recursion
             _bulk_into(item, out)
