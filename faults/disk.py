@@ -10,16 +10,16 @@ process on the machine sees:
   image instead.  The filesystem still believes it has room, ``write(2)``
   succeeds into the page cache, and the loop device fails the writeback of
   any block the image has no page for: ``fsync`` returns an error (the
-  backing store's ENOSPC passed up, or EIO), as a dying disk does.  Blocks the filesystem
-  freed (an AOF rewrite deletes the old file) would still have their pages
-  and take writes, so the free blocks are trimmed first (``fstrim``: the
-  loop device punches them out of the image); the next block the AOF needs
-  then fails, within one block's worth of records.  The filesystem is told
-  not to preallocate (its ``mb_*`` tunables): blocks it reserved ahead of a
-  growing file count as used, are not trimmed, and would take hundreds of
-  kilobytes of records before a write reached a trimmed block.  (Device-mapper's
-  ``error``/``flakey`` targets would do this too, where the kernel has
-  device-mapper.)
+  backing store's ENOSPC passed up, or EIO), as a dying disk does.  Blocks
+  the filesystem freed (an AOF rewrite deletes the old file) would still
+  have their pages and take writes, so the free blocks are trimmed first
+  (``fstrim``: the loop device punches them out of the image); the next
+  block the AOF needs then fails, within one block's worth of records.  The
+  filesystem is told not to preallocate (its ``mb_*`` tunables): blocks it
+  reserved ahead of a growing file count as used, are not trimmed, and
+  would take hundreds of kilobytes of records before a write reached a
+  trimmed block.  (Device-mapper's ``error``/``flakey`` targets would do
+  this too, where the kernel has device-mapper.)
 
 :meth:`SmallDisk.heal` removes the filler: the disk has room again.
 
@@ -154,16 +154,14 @@ class SmallDisk:
         (tunables / "mb_group_prealloc").write_text("1")      # shared ones of one block
 
     def _output(self, *argv: str) -> str:
+        """Run ``argv`` (in the namespace, if any); its standard output."""
         if self.ns is not None:
             return self.ns.run(*argv)
         return subprocess.run(argv, check=True, capture_output=True, text=True,
                               timeout=60).stdout
 
     def _run(self, *argv: str) -> None:
-        if self.ns is not None:
-            self.ns.run(*argv)
-        else:
-            subprocess.run(argv, check=True, capture_output=True, timeout=60)
+        self._output(*argv)
 
     def outside(self, path: Path) -> Path:
         """Where ``path`` on this disk is seen from the caller's namespace."""
@@ -178,7 +176,7 @@ class SmallDisk:
         return self._fill(self.data / ".filler", leave)
 
     def break_device(self) -> int:
-        """Leave no room under the image: its writeback fails (fsync: EIO).
+        """Leave no room under the image: its writeback fails (so does fsync).
 
         Every free block of the filesystem is trimmed first, so that none
         still has a page under it to write into."""
