@@ -265,6 +265,19 @@ def test_interactive_not_connected_then_reconnects(server_factory, tmp_path: Pat
     assert child.exitstatus == 0
 
 
+def _ctrl_c_stops_a_blocked_getjob(child: pexpect.spawn, prompt: str, observer: Client) -> None:
+    """GETJOB blocks the CLI (``observer`` sees it blocked on the node);
+    Ctrl-C brings the prompt back, and the session still works."""
+    child.sendline("getjob from nothing-here")
+    with observer as c:
+        wait_for(lambda: c.info("clients")["clients"]["blocked_clients"] == 1,
+                 message="CLI blocked in GETJOB")
+    child.sendintr()
+    child.expect_exact(prompt)
+    child.sendline("ping")
+    child.expect_exact("PONG")
+
+
 def test_interactive_auth_and_ctrl_c(server_factory, tmp_path: Path) -> None:
     secured = server_factory("--requirepass", "pw")
     prompt = f"127.0.0.1:{secured.port}> "
@@ -280,14 +293,7 @@ def test_interactive_auth_and_ctrl_c(server_factory, tmp_path: Path) -> None:
     child.sendline("auth pw")
     child.expect_exact("OK")
     child.expect_exact(prompt)
-    child.sendline("getjob from nothing-here")  # blocks until Ctrl-C
-    with Client(address(secured), password="pw") as c:
-        wait_for(lambda: c.info("clients")["clients"]["blocked_clients"] == 1,
-                 message="CLI blocked in GETJOB")
-    child.sendintr()
-    child.expect_exact(prompt)
-    child.sendline("ping")
-    child.expect_exact("PONG")
+    _ctrl_c_stops_a_blocked_getjob(child, prompt, Client(address(secured), password="pw"))
     child.sendline("exit")
     child.expect(pexpect.EOF)
     child.close()
@@ -357,13 +363,6 @@ def test_ctrl_c_stops_a_blocked_getjob_even_when_started_with_sigint_ignored(
     prompt = f"127.0.0.1:{server.port}> "
     child = spawn(server.port, tmp_path / "history", sigint=signal.SIG_IGN)
     child.expect_exact(prompt)
-    child.sendline("getjob from nothing-here")
-    with Client(address(server)) as c:
-        wait_for(lambda: c.info("clients")["clients"]["blocked_clients"] == 1,
-                 message="CLI blocked in GETJOB")
-    child.sendintr()
-    child.expect_exact(prompt)
-    child.sendline("ping")
-    child.expect_exact("PONG")
+    _ctrl_c_stops_a_blocked_getjob(child, prompt, Client(address(server)))
     child.sendline("quit")
     child.expect(pexpect.EOF)
