@@ -47,6 +47,10 @@ commands go to the measured node; with ``--measure peer`` they go to a plain
 node and the measured one is a peer receiving REPLJOBs): the cost of one
 replicated ADDJOB on the node that creates it, or on a node that copies it.
 
+``--ack N`` replaces ``redis-benchmark`` by the ACKs of fetched jobs, N IDs
+per ACKJOB (the Spark source's path, see :func:`acks`); the figure is per
+job acked.  It needs ``--prefill``.
+
 ``--pickup`` replaces ``redis-benchmark`` by one job at a time handed to a
 consumer blocked in GETJOB (the ``latency`` scenario's path, see
 :func:`pickups`): the instructions per pickup are the node's share of
@@ -111,6 +115,37 @@ def pickups(port: int, count: int, jobs: bool = True) -> None:
     finally:
         consumer.disconnect()
         producer.disconnect()
+
+
+def acks(port: int, count: int, jobs: int, per_command: int) -> None:
+    """Fetch all ``jobs`` jobs of the queue, then acknowledge ``count`` of them.
+
+    The Spark source's path: GETJOB hands out a batch, and once Spark has
+    committed it the IDs go back in ACKJOBs of ``per_command`` IDs each,
+    pipelined (``ack_many``).  Both runs fetch the same ``jobs`` (the
+    prefill), so only the ACKs differ between them.
+    """
+    import redis
+
+    connection = redis.Connection(host="127.0.0.1", port=port, protocol=2)
+    try:
+        ids: list[bytes] = []
+        while len(ids) < jobs:
+            connection.send_command("GETJOB", "NOHANG", "COUNT", 1000, "FROM", "q")
+            batch = connection.read_response() or []
+            if not batch:
+                raise RuntimeError(f"the queue held {len(ids)} jobs, not {jobs}")
+            ids.extend(entry[1] for entry in batch)
+        chunks = [ids[start:start + per_command]
+                  for start in range(0, count, per_command)]
+        chunks[-1] = chunks[-1][:count - per_command * (len(chunks) - 1)]
+        connection.send_packed_command(connection.pack_commands(
+            [("ACKJOB", *chunk) for chunk in chunks]))
+        acked = sum(connection.read_response() for _ in chunks)
+        if acked != count:
+            raise RuntimeError(f"{acked} jobs acked, not {count}")
+    finally:
+        connection.disconnect()
 
 
 def count_instructions(root: Path, command: list[str], requests: int, pipeline: int,
@@ -257,6 +292,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pickup", action="store_true",
                         help="instead of redis-benchmark: jobs handed one at a time to a "
                              "consumer blocked in GETJOB (no command)")
+    parser.add_argument("--ack", type=int, metavar="N",
+                        help="instead of redis-benchmark: ACKJOB of fetched jobs (the "
+                             "prefill), N IDs per command; counts per job acked")
     parser.add_argument("--pickup-gate", action="store_true",
                         help="--pickup without the jobs: only the PING ordering each one")
     parser.add_argument("--as-user", metavar="RULES",
@@ -278,8 +316,15 @@ def main(argv: list[str] | None = None) -> int:
         load = lambda port, count: pickups(port, count, jobs)  # noqa: E731
         args.command = ["(pickup)" if jobs else "(pickup gate: PING)"]
         args.pipeline = 1
+    elif args.ack is not None:
+        if args.command or args.ack < 1 or not args.prefill:
+            parser.error("--ack N needs N >= 1 and --prefill, and sends its own commands")
+        per_command, jobs = args.ack, args.prefill
+        load = lambda port, count: acks(port, count, jobs, per_command)  # noqa: E731
+        args.command = [f"(ACKJOB of {per_command} fetched jobs)"]
+        args.pipeline = 1
     elif not args.command:
-        parser.error("a command is needed (or --pickup)")
+        parser.error("a command is needed (or --pickup, --ack)")
     # A stale build would silently count the interpreted core.
     core = node_core()
     if not core.startswith("compiled"):

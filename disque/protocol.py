@@ -241,8 +241,10 @@ class CommandParser:
         n = len(data)
         args = self._args
         pos = 0
-        if args is None and self.max_bulk_len >= _FAST_MAX_BULK:
+        fast = self.max_bulk_len >= _FAST_MAX_BULK
+        if args is None and fast:
             pos = _whole_requests(data, out)
+            fast = False
         argc = self._argc
         bulklen = self._bulklen
         argbytes = self._argbytes
@@ -253,6 +255,15 @@ class CommandParser:
                 # A request boundary.
                 if pos >= n:
                     break
+                if fast:
+                    # The request this read continued is complete.  What
+                    # follows is usually whole requests again: pipelined
+                    # commands larger than a read (ACKJOB of 1,000 IDs is
+                    # 49 KB) would otherwise never take the fast path.
+                    fast = False
+                    pos += _whole_requests(data[pos:], out)
+                    if pos >= n:
+                        break
                 if data[pos] != 0x2A:  # not '*': an inline command
                     nl = find(b"\n", pos, pos + MAX_INLINE_SIZE + 1)
                     if nl < 0:

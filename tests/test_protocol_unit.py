@@ -117,6 +117,16 @@ def test_many_arguments() -> None:
     assert feed_all([pack(b"ACKJOB", *ids)]) == [[b"ACKJOB", *ids]]
 
 
+def test_pipelined_requests_larger_than_a_read() -> None:
+    """ACKJOBs of 1,000 IDs (49 KB each) read 64 KB at a time: every read
+    but the first starts inside a request, and what follows it parses."""
+    ids = [b"D-%08x-%s-05a1" % (i, b"A" * 24) for i in range(1000)]
+    data = b"".join(pack(b"ACKJOB", *ids[start:], *ids[:start]) for start in range(0, 1000, 100))
+    chunks = [data[at:at + 65536] for at in range(0, len(data), 65536)]
+    out = feed_all(chunks)
+    assert out == [[b"ACKJOB", *ids[start:], *ids[:start]] for start in range(0, 1000, 100)]
+
+
 def _random_request(rng: random.Random) -> tuple[bytes, list[bytes] | None]:
     """One request as sent and the command it must give (None: ignored)."""
     kind = rng.random()
