@@ -165,6 +165,30 @@ def test_the_id_check_agrees_with_the_id_pattern() -> None:
         assert not is_valid_job_id((GOOD * 2)[:length])
 
 
+def test_the_id_list_check_agrees_with_the_id_pattern() -> None:
+    """are_valid_job_ids (passes over the joined IDs) against the pattern on
+    every ID, on lists where 1-3 bytes changed, or an ID lost or gained a
+    byte (a space too: the joined IDs must not line up again)."""
+    pattern = re.compile(_ID_PATTERN)
+    rng = random.Random(41)
+    ids = [JobIdGenerator(NODE).next_id(60, 1) for _ in range(7)]
+    assert are_valid_job_ids(ids)
+    for _ in range(20_000):
+        changed = [bytearray(job_id) for job_id in ids[:rng.randint(2, 7)]]
+        for _ in range(rng.randint(1, 3)):
+            job_id = rng.choice(changed)
+            where = rng.randrange(len(job_id))
+            action = rng.random()
+            if action < 0.6:
+                job_id[where] = rng.choice((rng.randrange(256), 0x20, 0x44, 0x2D))
+            elif action < 0.8:
+                del job_id[where]
+            else:
+                job_id.insert(where, rng.choice((0x20, 0x61, 0x44)))
+        expected = all(pattern.fullmatch(job_id) for job_id in changed)
+        assert are_valid_job_ids([bytes(job_id) for job_id in changed]) == expected
+
+
 # --------------------------------------------------------------------------
 # The collector policy
 # --------------------------------------------------------------------------
