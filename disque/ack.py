@@ -47,7 +47,8 @@ def acknowledge_job(state: ServerState, job: Job, gc_follows: bool = False) -> b
     """ACK-JOB(job): mark it acked and dequeue it; False if it already was.
 
     ``gc_follows``: the caller runs :func:`try_job_gc` right away, which
-    reschedules the job (or forgets it), so no schedule entry is made here.
+    reschedules the job and makes it evictable (or forgets it), so neither
+    is done here.
     """
     if job.state == ACKED:
         return False
@@ -56,7 +57,8 @@ def acknowledge_job(state: ServerState, job: Job, gc_follows: bool = False) -> b
     job.state = ACKED
     job.confirmed = _NOBODY
     job.qtime = 0
-    state.jobs.evictable_add(job)
+    if not gc_follows:
+        state.jobs.evictable_add(job)
     # An ADDJOB still waiting for this job's copies gets its ID (the job was
     # processed), WAITJOB clients +ACKED, the AOF an ACK record.
     state.events.job_acked(state, job)
@@ -104,22 +106,24 @@ def try_job_gc(state: ServerState, job: Job) -> None:
         # The usual case (nobody confirmed yet) shares the one {myself} set.
         confirmed = job.confirmed = (confirmed | cluster.myself_set if confirmed
                                      else cluster.myself_set)
-    if job.delivered:
-        forgotten = (job.delivered - confirmed) & cluster.forgotten
-        if forgotten:
-            # CLUSTER FORGET removed them: they will never answer, and
-            # waiting for them would keep the ACK until the TTL (as the
-            # original did).
-            confirmed = job.confirmed = confirmed | forgotten
-        if job.delivered <= confirmed:
+    delivered = job.delivered
+    if delivered:
+        if cluster.forgotten:
+            forgotten = (delivered - confirmed) & cluster.forgotten
+            if forgotten:
+                # CLUSTER FORGET removed them: they will never answer, and
+                # waiting for them would keep the ACK until the TTL (as the
+                # original did).
+                confirmed = job.confirmed = confirmed | forgotten
+        if delivered <= confirmed:
             if _can_log_ack(state):
                 unregister_job(state, job)
                 return
             # Every copy knows, but our own ACK may not be in the AOF: try
             # again later (see _can_log_ack).
         else:
-            for node_id in job.delivered - job.confirmed:
-                cluster.send_setack(node_id, job, len(job.delivered))
+            for node_id in delivered - confirmed:
+                cluster.send_setack(node_id, job, len(delivered))
     else:
         # A dummy ACK: nobody here knows who has the job, so ask everybody.
         if cluster.size <= 1:
@@ -127,6 +131,7 @@ def try_job_gc(state: ServerState, job: Job) -> None:
             return
         for node_id in cluster.other_node_ids():
             cluster.send_setack(node_id, job, 0)
+    state.jobs.evictable_add(job)  # if acknowledge_job left it to us (no-op otherwise)
     job.qtime = state.clock.now_ms() + gc_retry_delay_ms(job.gc_retry)
     update_awake_time(state, job)
 
