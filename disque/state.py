@@ -31,7 +31,7 @@ from .job_table import JobRegistry
 from .latency import REPLICATION_BUCKETS_S, LatencyHistogram
 from .memory import MemoryTracker, limit_warning, rss_bytes
 from .queue_table import QUEUE_OVERHEAD_BYTES, Queue, QueueRegistry
-from .waiters import Blocked, ReplicationWait
+from .waiters import BlockDeadlines, Blocked, ReplicationWait
 
 if TYPE_CHECKING:
     from .cluster.bus import ClusterBus
@@ -114,6 +114,8 @@ class ServerState:
         self.stats = Stats()
         self.clients: dict[int, ConnectedClient] = {}
         self.blocked_clients = 0
+        #: When blocked commands time out (one loop timer for all).
+        self.block_deadlines = BlockDeadlines()
         self.started = time.time()
         self.run_id = ""
         self.event_loop_name = "asyncio"

@@ -1,4 +1,4 @@
-"""Blocked clients: what a client waits for, its timer, and how it is
+"""Blocked clients: what a client waits for, its timeout, and how it is
 released (blocked.c).
 
 A blocked command is a :class:`Blocked`: a GETJOB waiting for jobs
@@ -12,11 +12,18 @@ A GETJOB client waits on one or more queues.  Each queue keeps its waiters
 in arrival order; when a job is queued the first waiter gets it
 (``queue.serve_blocked_clients``) and is removed from every queue it was
 waiting on.
+
+Timeouts share one event-loop timer (:class:`BlockDeadlines`): a GETJOB
+that blocks is usually answered long before its TIMEOUT, and a timer of
+its own (``call_later``, then its cancellation) was a twelfth of the
+node's work per job handed to a blocked consumer.
 """
 
 from __future__ import annotations
 
 import asyncio
+import heapq
+import math
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
 from .job import Job
@@ -26,7 +33,8 @@ from .queue_table import Queue
 if TYPE_CHECKING:
     from .state import ServerState
 
-__all__ = ["Blocked", "BlockedGet", "ReplicationWait", "Waiter", "block_for_jobs", "park",
+__all__ = ["Blocked", "BlockDeadlines", "BlockedGet", "ReplicationWait", "Waiter",
+           "block_for_jobs", "park",
            "unblock", "unblock_all", "getjob_entry", "plain_entries_reply", "NO_REPLY",
            "WITH_COUNTERS", "WITH_LEASE"]
 
@@ -54,7 +62,7 @@ class Waiter(Protocol):
 
 
 class Blocked:
-    """A blocked command: its client, its timer, and what :func:`unblock`
+    """A blocked command: its client, its deadline, and what :func:`unblock`
     asks of it (release it, answer a timeout, undo it for a client gone).
 
     A base class rather than a Protocol: compiled, :func:`unblock` then reads
@@ -62,11 +70,12 @@ class Blocked:
     a Python-level lookup (a fifth of answering a replicated ADDJOB).
     """
 
-    __slots__ = ("client", "timer")
+    __slots__ = ("client", "deadline")
 
     def __init__(self, client: Waiter) -> None:
         self.client = client
-        self.timer: asyncio.TimerHandle | None = None
+        #: When it times out, in ms of the event loop's clock (0: never).
+        self.deadline = 0
 
     def release(self, state: ServerState) -> None:
         """Unblocking, whatever the cause: leave what the wait joined."""
@@ -124,7 +133,9 @@ class BlockedGet(Blocked):
         """Unblocking, whatever the cause: leave every queue's waiters."""
         now = state.clock.now_ms()
         for q in self.queues:
-            q.waiters.pop(self, None)
+            waiters = q.waiters
+            if self in waiters:  # not pop(self, None): compiled, a Python-level call
+                del waiters[self]
             q.atime = now
 
     def timeout_reply(self, state: ServerState) -> Any:
@@ -184,12 +195,118 @@ def requeue_within_ms(job: Job, now: int) -> int | None:
     return qtime - now if qtime > now else 0
 
 
+class BlockDeadlines:
+    """The blocked commands that time out, by deadline, and the one timer.
+
+    Buckets of ``2**BUCKET_SHIFT`` ms (dicts used as ordered sets) and a
+    heap of bucket numbers, as the job schedule (job_table.AwakeSchedule):
+    a command answered before its timeout leaves in O(1) and leaves the
+    timer alone.  The timer is armed for the earliest deadline and moved
+    only for an earlier one; when it fires with nothing due (the command
+    it was armed for was answered) it is armed for the next.
+    """
+
+    __slots__ = ("_buckets", "_heaped", "_keys", "timer", "timer_at")
+
+    BUCKET_SHIFT: Final = 4
+
+    def __init__(self) -> None:
+        self._buckets: dict[int, dict[Blocked, None]] = {}
+        self._keys: list[int] = []    # heap of bucket numbers (some maybe emptied since)
+        self._heaped: set[int] = set()
+        #: The loop's timer handle and the deadline it is armed for.
+        self.timer: asyncio.TimerHandle | None = None
+        self.timer_at = 0
+
+    def __len__(self) -> int:
+        return sum(map(len, self._buckets.values()))
+
+    def add(self, blocked: Blocked, deadline: int) -> None:
+        blocked.deadline = deadline
+        key = deadline >> self.BUCKET_SHIFT
+        bucket = self._buckets.get(key)
+        if bucket is None:
+            bucket = self._buckets[key] = {}
+            if key not in self._heaped:
+                self._heaped.add(key)
+                heapq.heappush(self._keys, key)
+        bucket[blocked] = None
+
+    def discard(self, blocked: Blocked) -> None:
+        key = blocked.deadline >> self.BUCKET_SHIFT
+        blocked.deadline = 0
+        bucket = self._buckets.get(key)
+        if bucket is not None and blocked in bucket:
+            del bucket[blocked]
+            if not bucket:
+                del self._buckets[key]
+                if len(self._keys) > 2 * len(self._buckets) + 1024:
+                    # Numbers of emptied buckets would otherwise stay until
+                    # their time (a day's TIMEOUT answered at once).
+                    self._keys = list(self._buckets)
+                    heapq.heapify(self._keys)
+                    self._heaped = set(self._keys)
+
+    def next_deadline(self) -> int:
+        """The earliest deadline (0: none)."""
+        keys, buckets = self._keys, self._buckets
+        while keys:
+            bucket = buckets.get(keys[0])
+            if bucket:
+                return min(blocked.deadline for blocked in bucket)
+            self._heaped.discard(heapq.heappop(keys))
+        return 0
+
+    def pop_due(self, now: int) -> list[Blocked]:
+        """Remove and return the commands whose deadline is ``now`` or earlier."""
+        keys, buckets = self._keys, self._buckets
+        due: list[Blocked] = []
+        while keys and keys[0] << self.BUCKET_SHIFT <= now:
+            key = keys[0]
+            bucket = buckets.get(key)
+            if bucket:
+                taken = [blocked for blocked in bucket if blocked.deadline <= now]
+                for blocked in taken:
+                    del bucket[blocked]
+                    blocked.deadline = 0
+                due.extend(taken)
+                if bucket:
+                    break  # the rest of it is not due yet
+                del buckets[key]
+            self._heaped.discard(heapq.heappop(keys))
+        return due
+
+
+def _loop_ms(state: ServerState) -> float:
+    """The event loop's clock in ms (what its timers follow)."""
+    return state.event_loop().time() * 1000
+
+
+def _arm_block_timer(state: ServerState, deadline: int) -> None:
+    deadlines = state.block_deadlines
+    if deadlines.timer is not None:
+        deadlines.timer.cancel()
+    deadlines.timer_at = deadline
+    deadlines.timer = state.event_loop().call_at(deadline / 1000, _block_timer_fired, state)
+
+
+def _block_timer_fired(state: ServerState) -> None:
+    deadlines = state.block_deadlines
+    deadlines.timer = None
+    for blocked in deadlines.pop_due(math.floor(_loop_ms(state))):
+        unblock(state, blocked, None, True)
+    upcoming = deadlines.next_deadline()
+    if upcoming:
+        _arm_block_timer(state, upcoming)
+
+
 def block_for_jobs(state: ServerState, client: Waiter, names: list[bytes], timeout_ms: int,
                    fields: int) -> BlockedGet:
     """Park ``client`` on the queues ``names`` (left to right, duplicates once)."""
-    queues: list[Queue] = []
-    for name in dict.fromkeys(names):
-        queues.append(state.queue_for_write(name))
+    if len(names) == 1:
+        queues = [state.queue_for_write(names[0])]
+    else:
+        queues = [state.queue_for_write(name) for name in dict.fromkeys(names)]
     blocked = BlockedGet(client, queues, fields)
     for q in queues:
         q.waiters[blocked] = None
@@ -200,9 +317,12 @@ def block_for_jobs(state: ServerState, client: Waiter, names: list[bytes], timeo
 def park(state: ServerState, blocked: Blocked, timeout_ms: int) -> None:
     """Block ``blocked.client`` until :func:`unblock`, or ``timeout_ms`` (0: forever)."""
     if timeout_ms > 0:
-        delay = min(timeout_ms, MAX_BLOCK_MS) / 1000
-        blocked.timer = state.event_loop().call_later(
-            delay, unblock, state, blocked, None, True)
+        # Rounded up, so that no command times out early.
+        deadline = math.ceil(_loop_ms(state)) + min(timeout_ms, MAX_BLOCK_MS)
+        deadlines = state.block_deadlines
+        deadlines.add(blocked, deadline)
+        if deadlines.timer is None or deadline < deadlines.timer_at:
+            _arm_block_timer(state, deadline)
     blocked.client.blocked = blocked
     state.blocked_clients += 1
 
@@ -217,9 +337,8 @@ def unblock(state: ServerState, blocked: Blocked, reply: Any, timed_out: bool = 
     if client.blocked is not blocked:
         return  # already unblocked
     blocked.release(state)
-    if blocked.timer is not None and not timed_out:
-        blocked.timer.cancel()
-    blocked.timer = None
+    if blocked.deadline:
+        state.block_deadlines.discard(blocked)
     client.blocked = None
     state.blocked_clients -= 1
     if reply is NO_REPLY:
