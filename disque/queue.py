@@ -24,7 +24,7 @@ from .job_options import JobExt, limit_reached, retry_seconds
 from .queue_limit import MAX_LIMIT_PERIOD_MS, QueueLimit
 from .queue_table import PAUSED_IN, PAUSED_OUT, QUEUE_ENTRY_BYTES, Queue
 from .schedule import requeue_time, update_awake_time
-from .waiters import WITH_LEASE, getjob_entry, plain_entries_reply, unblock
+from .waiters import WITH_LEASE, BlockedGet, getjob_entry, plain_entries_reply, unblock
 
 if TYPE_CHECKING:
     from .cluster.messages import Message
@@ -101,12 +101,18 @@ def enqueue_job(state: ServerState, job: Job, nack: bool = False, *,
     if q is None:
         q = state.queue_for_write(job.queue)
     job.queue = q.name  # share one bytes object per queue name
-    q.jobs.add(job)
     q.jobs_in += 1
     q.atime = now
-    state.memory.add(QUEUE_ENTRY_BYTES)
     # No evictable_discard: the evictable (acked, or RETRY 0 and delivered)
     # were refused above, and neither state is ever left.
+    if q.waiters and not q.jobs and q.limit is None and not q.flags & PAUSED_OUT:
+        # A client waits on an empty queue (a consumer blocked in GETJOB): it
+        # gets the job at once, which would otherwise enter the queue only
+        # to be taken out again on the way to the client.
+        _hand_over(state, q, next(iter(q.waiters)), job)
+        return True
+    q.jobs.add(job)
+    state.memory.add(QUEUE_ENTRY_BYTES)
     if q.waiters and not q.flags & PAUSED_OUT:
         serve_blocked_clients(state, q)
     return True
@@ -179,15 +185,19 @@ def fetch_jobs(state: ServerState, q: Queue, count: int) -> list[Job]:
     state.stats.delivered_jobs += count
     q.atime = state.clock.now_ms()
     state.memory.sub(QUEUE_ENTRY_BYTES * count)
-    evictable_add = state.jobs.evictable_add
     for job in taken:
-        job.state = ACTIVE
-        job.flags |= FLAG_DELIVERED
-        if job.retry == 0:
-            # At-most-once and delivered: may now be evicted under memory pressure.
-            evictable_add(job)
-    # The awake time is the same for queued and active jobs: no schedule update.
+        _delivered(state, job)
     return taken
+
+
+def _delivered(state: ServerState, job: Job) -> None:
+    """A job goes to a client (GETJOB): it is active, and delivered."""
+    job.state = ACTIVE
+    job.flags |= FLAG_DELIVERED
+    if job.retry == 0:
+        # At-most-once and delivered: may now be evicted under memory pressure.
+        state.jobs.evictable_add(job)
+    # The awake time is the same for queued and active jobs: no schedule update.
 
 
 def set_pause(state: ServerState, q: Queue, flags: int) -> None:
@@ -222,14 +232,27 @@ def serve_blocked_clients(state: ServerState, q: Queue) -> int:
             if q.limit is not None:
                 wake_when_window_opens(state, q)
             break
-        fields = blocked.fields
-        if fields:
-            now = state.clock.now_ms() if fields & WITH_LEASE else 0
-            unblock(state, blocked, [getjob_entry(job, fields, now)])
-        else:
-            unblock(state, blocked, plain_entries_reply(q.name, [job]))
+        _answer(state, q, blocked, job)
         served += 1
     return served
+
+
+def _hand_over(state: ServerState, q: Queue, blocked: BlockedGet, job: Job) -> None:
+    """Deliver ``job``, never queued, to ``blocked`` (counted as :func:`fetch_jobs` counts)."""
+    q.jobs_out += 1
+    state.stats.delivered_jobs += 1
+    _delivered(state, job)
+    _answer(state, q, blocked, job)
+
+
+def _answer(state: ServerState, q: Queue, blocked: BlockedGet, job: Job) -> None:
+    """Unblock a GETJOB with ``job``, its one entry."""
+    fields = blocked.fields
+    if fields:
+        now = state.clock.now_ms() if fields & WITH_LEASE else 0
+        unblock(state, blocked, [getjob_entry(job, fields, now)])
+    else:
+        unblock(state, blocked, plain_entries_reply(q.name, [job]))
 
 
 # --------------------------------------------------------------------------

@@ -337,16 +337,16 @@ def unblock(state: ServerState, blocked: Blocked, reply: Any, timed_out: bool = 
     if client.blocked is not blocked:
         return  # already unblocked
     blocked.release(state)
-    if blocked.deadline:
-        state.block_deadlines.discard(blocked)
     client.blocked = None
     state.blocked_clients -= 1
     if reply is NO_REPLY:
         blocked.abandoned(state)
-        return
-    if timed_out:
-        reply = blocked.timeout_reply(state)
-    client.resume(reply)
+    else:
+        if timed_out:
+            reply = blocked.timeout_reply(state)
+        client.resume(reply)
+    if blocked.deadline:  # after the answer, which waits for nothing here
+        state.block_deadlines.discard(blocked)
 
 
 def unblock_all(state: ServerState, reply: Any) -> int:

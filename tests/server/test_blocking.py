@@ -124,3 +124,38 @@ def test_many_commands_behind_a_block_all_answer_in_order(server: DisqueProcess)
             assert waiter.read() == b"%d:" % i + payload
         assert waiter.call("PING") == b"PONG"
         r.close()
+
+
+def test_a_job_handed_to_a_waiting_client_is_counted_as_one_fetched(
+        server: DisqueProcess) -> None:
+    """A job added to an empty queue a client waits on goes straight to the
+    client: the queue's counters, the job's state and the memory it counts
+    are those of a job queued and then fetched."""
+    r = server.client()
+    consumer_client = server.client()
+    out: list[object] = []
+
+    def consume(queue: str) -> None:
+        out.append(consumer_client.execute_command("GETJOB", "TIMEOUT", 10_000, "FROM", queue))
+
+    memory = [r.info("memory")["used_memory"]]
+    consumer = threading.Thread(target=consume, args=("qa",))
+    consumer.start()
+    wait_for(lambda: blocked(r) == 1, 5, message="the consumer blocked")
+    handed = r.execute_command("ADDJOB", "qa", "body", 0, "RETRY", 30)
+    consumer.join(5)
+    assert out == [[[b"qa", handed, b"body"]]]
+    reply = r.execute_command("QSTAT", "qa")
+    stat = dict(zip(reply[::2], reply[1::2], strict=True))
+    assert (stat[b"len"], stat[b"jobs-in"], stat[b"jobs-out"], stat[b"blocked"]) == (0, 1, 1, 0)
+    show = r.execute_command("SHOW", handed)
+    assert dict(zip(show[::2], show[1::2], strict=True))[b"state"] == b"active"
+    assert r.execute_command("ACKJOB", handed) == 1
+    memory.append(r.info("memory")["used_memory"])
+    # The same through the queue: added, then fetched.
+    queued = r.execute_command("ADDJOB", "qb", "body", 0, "RETRY", 30)
+    consume("qb")
+    assert out[-1] == [[b"qb", queued, b"body"]]
+    assert r.execute_command("ACKJOB", queued) == 1
+    memory.append(r.info("memory")["used_memory"])
+    assert memory[1] - memory[0] == memory[2] - memory[1]
