@@ -198,7 +198,7 @@ class JobIdGenerator:
     node's ADDJOB time here.
     """
 
-    __slots__ = ("_block", "_pos", "_prefix", "_suffixes")
+    __slots__ = ("_block", "_last_key", "_last_suffix", "_pos", "_prefix", "_suffixes")
 
     #: IDs drawn per ``os.urandom`` call (72 KiB of randomness).
     ID_BLOCK: Final = 4096
@@ -209,6 +209,10 @@ class JobIdGenerator:
         self._pos = 0
         # "-%04x" TTL suffixes by (ttl, retry > 0): a handful of distinct values in practice.
         self._suffixes: dict[tuple[int, bool], bytes] = {}
+        # The last one, by ttl * 2 + (retry > 0): a producer's jobs share it,
+        # and the comparison costs less than building and hashing the key.
+        self._last_key = -1
+        self._last_suffix = b""
 
     def next_id(self, ttl: int, retry: int) -> bytes:
         """A new job ID for a job with ``ttl`` seconds and ``retry`` seconds."""
@@ -217,12 +221,18 @@ class JobIdGenerator:
             self._block = base64.b64encode(os.urandom(18 * self.ID_BLOCK))
             pos = 0
         self._pos = pos + 24
-        key = (ttl, retry > 0)
-        suffix = self._suffixes.get(key)
-        if suffix is None:
-            if len(self._suffixes) > 1024:
-                self._suffixes.clear()
-            suffix = self._suffixes[key] = b"-%04x" % encode_ttl_minutes(ttl, retry)
+        last_key = ttl * 2 + (retry > 0)
+        if last_key == self._last_key:
+            suffix = self._last_suffix
+        else:
+            key = (ttl, retry > 0)
+            found = self._suffixes.get(key)
+            if found is None:
+                if len(self._suffixes) > 1024:
+                    self._suffixes.clear()
+                found = self._suffixes[key] = b"-%04x" % encode_ttl_minutes(ttl, retry)
+            suffix = self._last_suffix = found
+            self._last_key = last_key
         return self._prefix + self._block[pos:pos + 24] + suffix
 
 

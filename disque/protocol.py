@@ -381,15 +381,22 @@ def _whole_requests(data: bytes, out: list[list[bytes]]) -> int:
     tokens = data.split(b"\r\n")
     last = len(tokens) - 1  # the last token is not followed by CRLF: incomplete
     i = 0
+    # Pipelined requests mostly repeat one header: comparing it with the last
+    # one costs less than hashing it for the table.  (No token holds a CRLF.)
+    last_head = b"\r\n"
+    count = 0
     while i < last:
-        count = _REQUEST_COUNTS.get(tokens[i])
-        if count is None:
-            head = tokens[i]
-            if len(head) > MAX_HEADER_SIZE or head[:1] != b"*":
-                break  # the exact parser decides (and reports a bad header)
-            count = _header_int(head[1:])
-            if count is None or not 0 < count <= MAX_MULTIBULK_LENGTH:
-                break
+        head = tokens[i]
+        if head != last_head:
+            found = _REQUEST_COUNTS.get(head)
+            if found is None:
+                if len(head) > MAX_HEADER_SIZE or head[:1] != b"*":
+                    break  # the exact parser decides (and reports a bad header)
+                found = _header_int(head[1:])
+                if found is None or not 0 < found <= MAX_MULTIBULK_LENGTH:
+                    break
+            last_head = head
+            count = found
         j = i + 1 + 2 * count
         if j > last:
             break
