@@ -24,16 +24,25 @@ GETJOB sent by a user limited to some commands and queues (``aclfile``:
 ``user bench on >bench ~q* +@read +@write``; ``redis-benchmark --user``),
 which pays the permission check on every command.
 
-Every figure of ours is divided by the original's of the same round; the
-tables show medians and the per-round ratios.  Targets (ours / original):
-ADDJOB >= 0.8x unpipelined and >= 0.5x with -P 16, GETJOB NOHANG >= 1.0x
-both, the cycle >= 1.0x, memory per job <= 1.0x.  Needs
+Where ``redis-server`` is installed, each round also runs a fresh Redis
+through the same loads on its closest structures: ``XADD s * f body`` for
+ADDJOB, ``RPOP l`` from a pre-filled list for GETJOB NOHANG, the redis-py
+stream cycle of the ``cycle`` scenario (pipelines of 100 XADD, XREADGROUP
+COUNT 100 + XACK) and the memory of a stream entry: one table of ours, the
+original and Redis from the same run.
+
+Every figure of ours is divided by the original's (and Redis's) of the
+same round; the tables show medians and the per-round ratios.  The three
+servers take turns, the order rotating each round.  Targets (ours /
+original): ADDJOB >= 0.8x unpipelined and >= 0.5x with -P 16, GETJOB
+NOHANG >= 1.0x both, the cycle >= 1.0x, memory per job <= 1.0x.  Needs
 ``DISQUE_REFERENCE_SERVER``.
 """
 
 from __future__ import annotations
 
 import argparse
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +57,9 @@ PRIORITY_ADDJOB = ["ADDJOB", "pq", "body", "0", "PRIORITY", "5"]
 PRIORITY_GETJOB = ["GETJOB", "NOHANG", "FROM", "pq"]
 #: 100 bytes; redis-benchmark -r replaces __rand_int__ with a 12-digit number.
 MEMORY_BODY = "__rand_int__" + "x" * 88
+#: Redis's counterparts of ADDJOB and GETJOB NOHANG (RPOP from a pre-filled list).
+XADD = ["XADD", "s", "*", "f", "body"]
+RPOP = ["RPOP", "l"]
 
 
 def _redis_benchmarks(port: int, requests: dict[int, int]) -> dict[str, float]:
@@ -136,6 +148,38 @@ def _round(impl: str, root: Path, tag: str, requests: dict[int, int], cycle_jobs
     return out
 
 
+def _redis_round(root: Path, tag: str, requests: dict[int, int], cycle_jobs: int,
+                 memory_jobs: int) -> dict[str, float]:
+    """The figures of _round on a fresh Redis (XADD, RPOP, a stream cycle, a stream's memory)."""
+    from benchmarks.run import memory_fill, prefill, redis_cycle, start_redis
+
+    server = start_redis(root, f"{tag}-bench")
+    out: dict[str, float] = {}
+    try:
+        prefill(server.port, ["LPUSH", "l", "body"], sum(requests.values()) + 1000)
+        for pipeline, count in requests.items():
+            for name, command in (("ADDJOB", XADD), ("GETJOB NOHANG", RPOP)):
+                result = run_benchmark(benchmark_command(server.port, command, requests=count,
+                                                         pipeline=pipeline))
+                out[f"{name} P{pipeline}"] = float(result["rps"])
+        left = raw_command(server.port, "LLEN", "l")
+        if not isinstance(left, int) or left <= 0:
+            raise RuntimeError(f"RPOP: the list ran dry ({left!r} left)")
+        raw_command(server.port, "FLUSHALL", timeout=120)
+        out["cycle"] = redis_cycle(server.port, cycle_jobs, batched=True)["jobs_per_s"]
+    finally:
+        server.kill()
+    server = start_redis(root, f"{tag}-memory")
+    try:
+        filled = memory_fill(server.port, server.pid, ["XADD", "ms", "*", "f", MEMORY_BODY],
+                             memory_jobs, ["XLEN", "ms"])
+        out["memory B/job"] = filled["used_per_job"]
+        out["RSS B/job"] = filled["rss_per_job"]
+    finally:
+        server.kill()
+    return out
+
+
 #: (figure, target ratio, whether higher is better)
 TARGETS = [("ADDJOB P1", 0.8, True), ("ADDJOB P16", 0.5, True),
            ("GETJOB NOHANG P1", 1.0, True), ("GETJOB NOHANG P16", 1.0, True),
@@ -160,15 +204,23 @@ def scenario_original(args: argparse.Namespace, root: Path,
 
     cycle_jobs = 2_000 if args.smoke else 100_000
     memory_jobs = 20_000 if args.smoke else 1_000_000
-    impls = ["ours", "original"]
+    with_redis = shutil.which("redis-server") is not None
+    if not with_redis:
+        print("redis-server is not installed: ours and the original only")
+    impls = ["ours", "original", "redis"] if with_redis else ["ours", "original"]
     rounds: list[dict[str, Any]] = []
     for rnd in range(args.rounds):
-        order = impls if rnd % 2 == 0 else impls[::-1]
+        shift = rnd % len(impls)
+        order = impls[shift:] + impls[:shift]
         this: dict[str, Any] = {"order": order}
         for impl in order:
             print(f"round {rnd + 1}/{args.rounds}: {impl} ...", flush=True)
-            this[impl] = _round(impl, root, f"r{rnd}-{impl}", requests, cycle_jobs,
-                                memory_jobs)
+            if impl == "redis":
+                this[impl] = _redis_round(root, f"r{rnd}-redis", requests, cycle_jobs,
+                                          memory_jobs)
+            else:
+                this[impl] = _round(impl, root, f"r{rnd}-{impl}", requests, cycle_jobs,
+                                    memory_jobs)
         rounds.append(this)
 
     table: list[dict[str, Any]] = []
@@ -178,9 +230,15 @@ def scenario_original(args: argparse.Namespace, root: Path,
         ratios = [a / b for a, b in zip(ours, theirs, strict=True)]
         ratio = median(ratios)
         met = None if target is None else (ratio >= target if higher else ratio <= target)
-        table.append({"figure": figure, "ours": median(ours), "original": median(theirs),
-                      "ratio": ratio, "ratios": [round(x, 3) for x in ratios],
-                      "target": target, "higher_is_better": higher, "met": met})
+        row = {"figure": figure, "ours": median(ours), "original": median(theirs),
+               "ratio": ratio, "ratios": [round(x, 3) for x in ratios],
+               "target": target, "higher_is_better": higher, "met": met}
+        if with_redis:
+            redis_figures = [r["redis"][figure] for r in rounds]
+            redis_ratios = [a / b for a, b in zip(ours, redis_figures, strict=True)]
+            row.update({"redis": median(redis_figures), "redis_ratio": median(redis_ratios),
+                        "redis_ratios": [round(x, 3) for x in redis_ratios]})
+        table.append(row)
     for figure, reference in EXTENSION_FIGURES.items():
         ours = [r["ours"][figure] for r in rounds]
         theirs = [r["original"][reference] for r in rounds]
@@ -198,5 +256,14 @@ def scenario_original(args: argparse.Namespace, root: Path,
                   "-" if t["target"] is None else
                   f"{'>=' if t['higher_is_better'] else '<='} {t['target']}",
                   "-" if t["met"] is None else ("yes" if t["met"] else "no")] for t in table])
+    if with_redis:
+        print()
+        print("ours vs Redis, same rounds (XADD for ADDJOB, RPOP for GETJOB NOHANG, a stream "
+              "cycle, a stream entry's memory); ratio = ours / Redis")
+        print_table(["figure", "ours", "Redis", "ratio", "per round"],
+                    [[t["figure"], t["ours"], t["redis"], t["redis_ratio"],
+                      " ".join(f"{x:.2f}" for x in t["redis_ratios"])]
+                     for t in table if "redis" in t])
     return {"requests": {str(k): v for k, v in requests.items()}, "cycle_jobs": cycle_jobs,
-            "memory_jobs": memory_jobs, "table": table, "rounds": rounds}
+            "memory_jobs": memory_jobs, "with_redis": with_redis, "table": table,
+            "rounds": rounds}

@@ -179,3 +179,11 @@ def test_original_smoke_reports_every_target_against_the_original(tmp_path: Path
         assert row["ratio"] == pytest.approx(row["ours"] / row["original"])
     assert figures["memory B/job"]["higher_is_better"] is False
     assert "ours vs the original" in stdout and "per round" in stdout
+    # Redis in the same rounds, where it is installed (the CI installs it).
+    assert result["with_redis"] == (shutil.which("redis-server") is not None)
+    if result["with_redis"]:
+        for figure in targets:
+            row = figures[figure]
+            assert row["redis"] > 0
+            assert row["redis_ratio"] == pytest.approx(row["ours"] / row["redis"])
+        assert "ours vs Redis" in stdout
