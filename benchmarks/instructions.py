@@ -117,7 +117,7 @@ def pickups(port: int, count: int, jobs: bool = True) -> None:
         producer.disconnect()
 
 
-def acks(port: int, count: int, jobs: int, per_command: int) -> None:
+def acks(port: int, count: int, jobs: int, per_command: int, queue: str) -> None:
     """Fetch all ``jobs`` jobs of the queue, then acknowledge ``count`` of them.
 
     The Spark source's path: GETJOB hands out a batch, and once Spark has
@@ -131,7 +131,7 @@ def acks(port: int, count: int, jobs: int, per_command: int) -> None:
     try:
         ids: list[bytes] = []
         while len(ids) < jobs:
-            connection.send_command("GETJOB", "NOHANG", "COUNT", 1000, "FROM", "q")
+            connection.send_command("GETJOB", "NOHANG", "COUNT", 1000, "FROM", queue)
             batch = connection.read_response() or []
             if not batch:
                 raise RuntimeError(f"the queue held {len(ids)} jobs, not {jobs}")
@@ -319,8 +319,8 @@ def main(argv: list[str] | None = None) -> int:
     elif args.ack is not None:
         if args.command or args.ack < 1 or not args.prefill:
             parser.error("--ack N needs N >= 1 and --prefill, and sends its own commands")
-        per_command, jobs = args.ack, args.prefill
-        load = lambda port, count: acks(port, count, jobs, per_command)  # noqa: E731
+        per_command, jobs, queue = args.ack, args.prefill, args.prefill_queue
+        load = lambda port, count: acks(port, count, jobs, per_command, queue)  # noqa: E731
         args.command = [f"(ACKJOB of {per_command} fetched jobs)"]
         args.pipeline = 1
     elif not args.command:

@@ -259,7 +259,7 @@ class CommandParser:
                     # The request this read continued is complete.  What
                     # follows is usually whole requests again: pipelined
                     # commands larger than a read (ACKJOB of 1,000 IDs is
-                    # 49 KB) would otherwise never take the fast path.
+                    # 47 KB) would otherwise never take the fast path.
                     fast = False
                     pos += _whole_requests(data[pos:], out)
                     if pos >= n:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import heapq
+import logging
 import math
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
@@ -43,6 +44,8 @@ __all__ = ["Blocked", "BlockDeadlines", "BlockedGet", "ReplicationWait", "Waiter
 MAX_BLOCK_MS = 10 * 365 * 86400 * 1000
 
 NO_REPLY = object()
+
+log = logging.getLogger("disque.waiters")
 
 _NACKS = b"nacks"
 _DELIVERIES = b"additional-deliveries"
@@ -293,11 +296,16 @@ def _arm_block_timer(state: ServerState, deadline: int) -> None:
 def _block_timer_fired(state: ServerState) -> None:
     deadlines = state.block_deadlines
     deadlines.timer = None
-    for blocked in deadlines.pop_due(math.floor(_loop_ms(state))):
-        unblock(state, blocked, None, True)
-    upcoming = deadlines.next_deadline()
-    if upcoming:
-        _arm_block_timer(state, upcoming)
+    try:
+        for blocked in deadlines.pop_due(math.floor(_loop_ms(state))):
+            try:
+                unblock(state, blocked, None, True)
+            except Exception:  # a bug: say it loudly, and time the others out all the same
+                log.exception("Error timing out a blocked command")
+    finally:
+        upcoming = deadlines.next_deadline()
+        if upcoming:
+            _arm_block_timer(state, upcoming)
 
 
 def block_for_jobs(state: ServerState, client: Waiter, names: list[bytes], timeout_ms: int,

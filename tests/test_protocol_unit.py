@@ -118,7 +118,7 @@ def test_many_arguments() -> None:
 
 
 def test_pipelined_requests_larger_than_a_read() -> None:
-    """ACKJOBs of 1,000 IDs (49 KB each) read 64 KB at a time: every read
+    """ACKJOBs of 1,000 IDs (47 KB each) read 64 KB at a time: every read
     but the first starts inside a request, and what follows it parses."""
     ids = [b"D-%08x-%s-05a1" % (i, b"A" * 24) for i in range(1000)]
     data = b"".join(pack(b"ACKJOB", *ids[start:], *ids[:start]) for start in range(0, 1000, 100))

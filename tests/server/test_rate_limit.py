@@ -101,6 +101,25 @@ def test_blocked_consumers_wake_when_the_window_opens(c: Resp, node: DisqueProce
     assert waited < 2.0  # woken by the window, not by its 10 s timeout
 
 
+def test_a_job_added_for_a_waiting_consumer_waits_for_the_window_too(
+        c: Resp, node: DisqueProcess) -> None:
+    """A job added to an empty queue a consumer waits on is not handed to it
+    while the queue's window is used up: it is queued until the window opens."""
+    assert c.call("QLIMIT", "h", 1, 1500) == b"OK"
+    fill(c, "h", 1)
+    assert len(c.call("GETJOB", "FROM", "h")) == 1  # the window's one job
+    with Resp(node.port) as waiter:
+        waiter.send(pack("GETJOB", "TIMEOUT", 10_000, "FROM", "h"))
+        wait_for(lambda: pairs(c.call("QSTAT", "h"))[b"blocked"] == 1, timeout=5,
+                 message="the consumer to block")
+        job_id = c.call("ADDJOB", "h", "late", 0)
+        stat = pairs(c.call("QSTAT", "h"))
+        assert (stat[b"len"], stat[b"blocked"]) == (1, 1)
+        got = waiter.read()
+    assert got == [[b"h", job_id, b"late"]]
+    assert c.call("QLEN", "h") == 0
+
+
 def test_a_limited_queue_is_not_evicted_and_off_on_an_unknown_queue(c: Resp) -> None:
     assert c.call("QLIMIT", "kept", 5, 1000) == b"OK"  # creates the queue, like PAUSE
     assert pairs(c.call("QSTAT", "kept"))[b"rate-limit"] == [5, 1000]

@@ -9,13 +9,15 @@ import pytest
 
 from disque.ack import gc_retry_delay_ms
 from disque.cluster import ClusterNode
+from disque.commands import execute
+from disque.commands.registry import BLOCKED
 from disque.job import JobState, ttl_minutes_from_id
 from disque.job_table import JOB_OVERHEAD_BYTES
 from disque.memory import STARTUP_BYTES
 from disque.protocol import NULL_ARRAY, ReplyError
 from disque.queue_table import QUEUE_ENTRY_BYTES
 
-from .statekit import Node
+from .statekit import LocalClient, Node
 
 
 def test_delay_then_queue_without_counting_a_delivery() -> None:
@@ -274,3 +276,63 @@ def test_memory_eviction_and_oom() -> None:
             break
     assert errors and errors[0].startswith("OOM ")
     assert node("GETJOB", "NOHANG", "FROM", "q")  # reads still work
+
+
+# --------------------------------------------------------------------------
+# A job queued where a client waits: handed over, or queued
+# --------------------------------------------------------------------------
+
+def _waiting_client(node: Node, *getjob: str) -> LocalClient:
+    """Another client of ``node``, blocked in ``GETJOB`` (no TIMEOUT: no loop timer)."""
+    waiter = LocalClient(node.state.acl.default)
+    argv = [b"GETJOB", *(arg.encode() for arg in getjob)]
+    assert execute(node.state, waiter, argv) is BLOCKED
+    return waiter
+
+
+def test_a_nacked_job_handed_to_a_waiting_client_carries_its_counters() -> None:
+    node = Node()
+    job_id = node("ADDJOB", "q", "x", 0).encode()
+    node("GETJOB", "FROM", "q")
+    waiter = _waiting_client(node, "WITHCOUNTERS", "FROM", "q")
+    assert node("NACK", job_id) == 1
+    assert waiter.replies == [[[b"q", job_id, b"x", b"nacks", 1, b"additional-deliveries", 0]]]
+    assert node("QLEN", "q") == 0
+    stat = node("QSTAT", "q")
+    assert dict(zip(stat[::2], stat[1::2], strict=True))[b"jobs-out"] == 2
+    assert node.job(job_id).state == JobState.ACTIVE
+
+
+def test_a_job_added_while_a_client_waits_on_a_queue_paused_for_output_stays_queued() -> None:
+    node = Node()
+    node("PAUSE", "q", "out")
+    waiter = _waiting_client(node, "FROM", "q")
+    job_id = node("ADDJOB", "q", "x", 0).encode()
+    assert waiter.replies == [] and node("QLEN", "q") == 1
+    assert node.job(job_id).state == JobState.QUEUED
+    node("PAUSE", "q", "none")
+    assert waiter.replies == [[[b"q", job_id, b"x"]]] and node("QLEN", "q") == 0
+
+
+def test_an_acked_job_kept_for_its_copies_is_evictable() -> None:
+    """ACKJOB leaves making the job evictable to its GC, which keeps it
+    while a copy elsewhere has not confirmed the ACK."""
+    node = Node()
+    job_id = node("ADDJOB", "q", "x", 0).encode()
+    peer = "b" * 40
+    node.state.cluster.nodes[peer] = ClusterNode(peer, "127.0.0.1", 7712)
+    node.job(job_id).delivered |= {peer}
+    node("ACKJOB", job_id)
+    job = node.job(job_id)
+    assert job is not None and job.state == JobState.ACKED
+    assert job in node.state.jobs.evictable_jobs()
+
+
+def test_an_ack_does_not_wait_for_a_copy_on_a_forgotten_node() -> None:
+    node = Node()
+    job_id = node("ADDJOB", "q", "x", 0).encode()
+    peer = "b" * 40
+    node.job(job_id).delivered |= {peer}
+    node.state.cluster.forgotten.add(peer)  # CLUSTER FORGET: it will never answer
+    assert node("ACKJOB", job_id) == 1
+    assert node.job(job_id) is None and node.state.jobs.evictable_jobs() == []
