@@ -56,6 +56,7 @@ COMPILED_MODULES: tuple[str, ...] = (
     "disque.queue_order",
     "disque.queue_limit",
     "disque.queue_table",
+    "disque.time_buckets",
     "disque.job_table",
     "disque.memory",
     "disque.acked_ids",

@@ -16,7 +16,6 @@ This module holds the data; the procedures that change it are
 
 from __future__ import annotations
 
-import heapq
 from collections.abc import Callable, Iterator
 from itertools import islice
 from typing import Final
@@ -24,6 +23,7 @@ from typing import Final
 from . import _native
 from .job import Job
 from .keyspace import SlicedDict, job_id_slice
+from .time_buckets import TimeBuckets
 
 __all__ = ["AwakeSchedule", "JobRegistry", "JOB_OVERHEAD_BYTES", "job_memory"]
 
@@ -38,118 +38,77 @@ JOB_OVERHEAD_BYTES: Final = 410 if _native.activate() == "compiled" else 450
 
 
 class AwakeSchedule:
-    """Jobs by awake time, in buckets of ``2**BUCKET_SHIFT`` ms.
+    """Jobs by awake time, in buckets of ``2**BUCKET_SHIFT`` ms (time_buckets.py).
 
-    A bucket is a dict used as an ordered set of jobs; a heap orders the
-    bucket numbers.  A job is in exactly one bucket while it has an awake
-    time (``job.awakeme``): moving or forgetting a job takes it out of its
-    bucket in O(1), so the schedule never holds a job the node dropped.
-    (A lazily-deleted heap, as here before, kept every acked job and its
-    body alive until its old awake time, up to RETRY later: hundreds of
-    megabytes under a sustained ACK load.)  Precision is per job: a bucket
-    is opened when its first millisecond is due and only its jobs whose own
-    ``awakeme`` has come are taken.
-
-    Compared with a heap of ``(awakeme, seq, job)`` tuples this costs one
-    dict slot per job instead of a tuple and a sequence number, and leaves
-    the cyclic GC one object fewer per job to walk.
+    A job is in exactly one bucket while it has an awake time
+    (``job.awakeme``): moving or forgetting a job takes it out of its bucket
+    in O(1), so the schedule never holds a job the node dropped.  Precision
+    is per job: a bucket is opened when its first millisecond is due and
+    only its jobs whose own ``awakeme`` has come are taken.
     """
 
-    __slots__ = ("_buckets", "_heaped", "_keys")
+    __slots__ = ("_times",)
 
     #: Bucket width: 16 ms.
     BUCKET_SHIFT: Final = 4
 
     def __init__(self) -> None:
-        # Emptied buckets are deleted at once: a dict keeps its table after
-        # its entries go, and a bucket may have held thousands of jobs.
-        self._buckets: dict[int, dict[Job, None]] = {}
-        self._keys: list[int] = []    # heap of bucket numbers (some maybe emptied since)
-        self._heaped: set[int] = set()  # the numbers in _keys, so each is pushed once
+        self._times: TimeBuckets[Job] = TimeBuckets()
 
     def __len__(self) -> int:
         """Jobs scheduled."""
-        return sum(map(len, self._buckets.values()))
+        return len(self._times)
+
+    @property
+    def numbers_held(self) -> int:
+        """Bucket numbers held, emptied ones included (bounded: time_buckets.py)."""
+        return self._times.numbers_held
 
     def move(self, job: Job, when: int) -> None:
         """Schedule ``job`` at ``when`` (ms), wherever it was before."""
         if job.awakeme:
             self.discard(job)
         job.awakeme = when
-        key = when >> self.BUCKET_SHIFT
-        bucket = self._buckets.get(key)
-        if bucket is None:
-            bucket = self._buckets[key] = {}
-            if key not in self._heaped:
-                self._heaped.add(key)
-                heapq.heappush(self._keys, key)
-        bucket[job] = None
+        self._times.add(when >> self.BUCKET_SHIFT, job)
 
     def discard(self, job: Job) -> None:
         """Take ``job`` out of the schedule (its awake time becomes 0)."""
         when = job.awakeme
         if when:
-            key = when >> self.BUCKET_SHIFT
-            bucket = self._buckets.get(key)
-            if bucket is not None:
-                if job in bucket:  # not pop(job, None): compiled, a Python-level call
-                    del bucket[job]
-                if not bucket:
-                    del self._buckets[key]
-                    if len(self._keys) > 2 * len(self._buckets) + 1024:
-                        self._rebuild_keys()
+            self._times.remove(when >> self.BUCKET_SHIFT, job)
             job.awakeme = 0
 
-    def _rebuild_keys(self) -> None:
-        """Drop the heap's numbers of emptied buckets.
-
-        They would otherwise stay until their time comes: a job acked long
-        before its expiry (RETRY 0, a TTL of days) leaves one behind.
-        """
-        self._keys = list(self._buckets)
-        heapq.heapify(self._keys)
-        self._heaped = set(self._keys)
-
-    def _pop_key(self) -> None:
-        key = heapq.heappop(self._keys)
-        self._heaped.discard(key)
-        self._buckets.pop(key, None)
-
     def next_time(self) -> int | None:
-        """Awake time of the earliest scheduled job (empty buckets are dropped)."""
-        keys, buckets = self._keys, self._buckets
-        while keys:
-            bucket = buckets.get(keys[0])
-            if bucket:
-                return min(job.awakeme for job in bucket)
-            self._pop_key()
-        return None
+        """Awake time of the earliest scheduled job."""
+        earliest = self._times.earliest()
+        if earliest is None:
+            return None
+        return min(job.awakeme for job in earliest[1])
 
     def pop_due(self, now_ms: int, limit: int) -> list[Job]:
         """Remove and return up to ``limit`` jobs whose time has come, earliest buckets first."""
-        keys, buckets = self._keys, self._buckets
-        shift = self.BUCKET_SHIFT
+        times = self._times
         due: list[Job] = []
-        while keys and keys[0] << shift <= now_ms and len(due) < limit:
-            bucket = buckets.get(keys[0])
+        while len(due) < limit:
+            earliest = times.earliest()
+            if earliest is None or earliest[0] << self.BUCKET_SHIFT > now_ms:
+                break
+            number, bucket = earliest
+            # Stop scanning at the limit: a bucket may hold a million jobs
+            # (e.g. loaded ones expiring in the same second).
+            taken = list(islice((job for job in bucket if job.awakeme <= now_ms),
+                                limit - len(due)))
+            for job in taken:
+                del bucket[job]
+                job.awakeme = 0  # unscheduled: update_awake_time schedules it again
+                due.append(job)
             if bucket:
-                # Stop scanning at the limit: a bucket may hold a million jobs
-                # (e.g. loaded ones expiring in the same second).
-                taken = list(islice((job for job in bucket if job.awakeme <= now_ms),
-                                    limit - len(due)))
-                for job in taken:
-                    del bucket[job]
-                    job.awakeme = 0  # unscheduled: update_awake_time schedules it again
-                    due.append(job)
-                if bucket:
-                    break  # not due yet, or over the limit: nothing later is due either
-            self._pop_key()
+                break  # not due yet, or over the limit: nothing later is due either
+            times.drop(number)
         return due
 
     def clear(self) -> None:
-        self._buckets.clear()
-        self._keys.clear()
-        self._heaped.clear()
+        self._times.clear()
 
 
 class JobRegistry:

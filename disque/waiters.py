@@ -22,7 +22,6 @@ node's work per job handed to a blocked consumer.
 from __future__ import annotations
 
 import asyncio
-import heapq
 import logging
 import math
 from typing import TYPE_CHECKING, Any, Final, Protocol
@@ -30,6 +29,7 @@ from typing import TYPE_CHECKING, Any, Final, Protocol
 from .job import Job
 from .protocol import CRLF, NULL_ARRAY, Encoded, array_header, bulk_header
 from .queue_table import Queue
+from .time_buckets import TimeBuckets
 
 if TYPE_CHECKING:
     from .state import ServerState
@@ -201,82 +201,63 @@ def requeue_within_ms(job: Job, now: int) -> int | None:
 class BlockDeadlines:
     """The blocked commands that time out, by deadline, and the one timer.
 
-    Buckets of ``2**BUCKET_SHIFT`` ms (dicts used as ordered sets) and a
-    heap of bucket numbers, as the job schedule (job_table.AwakeSchedule):
-    a command answered before its timeout leaves in O(1) and leaves the
-    timer alone.  The timer is armed for the earliest deadline and moved
-    only for an earlier one; when it fires with nothing due (the command
-    it was armed for was answered) it is armed for the next.
+    Buckets of ``2**BUCKET_SHIFT`` ms (time_buckets.py), as the job
+    schedule: a command answered before its timeout leaves in O(1) and
+    leaves the timer alone.  The timer is armed for the earliest deadline
+    and moved only for an earlier one; when it fires with nothing due (the
+    command it was armed for was answered) it is armed for the next.
     """
 
-    __slots__ = ("_buckets", "_heaped", "_keys", "timer", "timer_at")
+    __slots__ = ("_times", "timer", "timer_at")
 
     BUCKET_SHIFT: Final = 4
 
     def __init__(self) -> None:
-        self._buckets: dict[int, dict[Blocked, None]] = {}
-        self._keys: list[int] = []    # heap of bucket numbers (some maybe emptied since)
-        self._heaped: set[int] = set()
+        self._times: TimeBuckets[Blocked] = TimeBuckets()
         #: The loop's timer handle and the deadline it is armed for.
         self.timer: asyncio.TimerHandle | None = None
         self.timer_at = 0
 
     def __len__(self) -> int:
-        return sum(map(len, self._buckets.values()))
+        return len(self._times)
+
+    @property
+    def numbers_held(self) -> int:
+        """Bucket numbers held, emptied ones included (bounded: time_buckets.py)."""
+        return self._times.numbers_held
 
     def add(self, blocked: Blocked, deadline: int) -> None:
         blocked.deadline = deadline
-        key = deadline >> self.BUCKET_SHIFT
-        bucket = self._buckets.get(key)
-        if bucket is None:
-            bucket = self._buckets[key] = {}
-            if key not in self._heaped:
-                self._heaped.add(key)
-                heapq.heappush(self._keys, key)
-        bucket[blocked] = None
+        self._times.add(deadline >> self.BUCKET_SHIFT, blocked)
 
     def discard(self, blocked: Blocked) -> None:
-        key = blocked.deadline >> self.BUCKET_SHIFT
+        self._times.remove(blocked.deadline >> self.BUCKET_SHIFT, blocked)
         blocked.deadline = 0
-        bucket = self._buckets.get(key)
-        if bucket is not None and blocked in bucket:
-            del bucket[blocked]
-            if not bucket:
-                del self._buckets[key]
-                if len(self._keys) > 2 * len(self._buckets) + 1024:
-                    # Numbers of emptied buckets would otherwise stay until
-                    # their time (a day's TIMEOUT answered at once).
-                    self._keys = list(self._buckets)
-                    heapq.heapify(self._keys)
-                    self._heaped = set(self._keys)
 
     def next_deadline(self) -> int:
         """The earliest deadline (0: none)."""
-        keys, buckets = self._keys, self._buckets
-        while keys:
-            bucket = buckets.get(keys[0])
-            if bucket:
-                return min(blocked.deadline for blocked in bucket)
-            self._heaped.discard(heapq.heappop(keys))
-        return 0
+        earliest = self._times.earliest()
+        if earliest is None:
+            return 0
+        return min(blocked.deadline for blocked in earliest[1])
 
     def pop_due(self, now: int) -> list[Blocked]:
         """Remove and return the commands whose deadline is ``now`` or earlier."""
-        keys, buckets = self._keys, self._buckets
+        times = self._times
         due: list[Blocked] = []
-        while keys and keys[0] << self.BUCKET_SHIFT <= now:
-            key = keys[0]
-            bucket = buckets.get(key)
+        while True:
+            earliest = times.earliest()
+            if earliest is None or earliest[0] << self.BUCKET_SHIFT > now:
+                break
+            number, bucket = earliest
+            taken = [blocked for blocked in bucket if blocked.deadline <= now]
+            for blocked in taken:
+                del bucket[blocked]
+                blocked.deadline = 0
+            due.extend(taken)
             if bucket:
-                taken = [blocked for blocked in bucket if blocked.deadline <= now]
-                for blocked in taken:
-                    del bucket[blocked]
-                    blocked.deadline = 0
-                due.extend(taken)
-                if bucket:
-                    break  # the rest of it is not due yet
-                del buckets[key]
-            self._heaped.discard(heapq.heappop(keys))
+                break  # the rest of it is not due yet
+            times.drop(number)
         return due
 
 

@@ -371,7 +371,7 @@ def test_acked_long_lived_jobs_leave_no_heap_keys_behind() -> None:
         node.clock.advance(16)  # a new 16 ms bucket for every job's expiry
     schedule = node.state.jobs.schedule
     assert len(node.state.jobs) == 0 and len(schedule) == 0
-    assert len(schedule._keys) <= 1024 and len(schedule._heaped) <= 1024
+    assert schedule.numbers_held <= 1024
 
 
 def test_a_failing_job_stays_scheduled(monkeypatch: pytest.MonkeyPatch) -> None:
