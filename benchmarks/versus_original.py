@@ -47,7 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.cluster import NODE_ARGS, cycle, start_nodes
-from benchmarks.redis_tools import benchmark_command, run_benchmark
+from benchmarks.redis_tools import RedisProcess, benchmark_command, run_benchmark
 from tests.support.cluster import reference_server
 from tests.support.process import DisqueProcess, raw_command
 
@@ -121,7 +121,7 @@ def _extension_benchmarks(port: int, root: Path, tag: str,
 
 def _round(impl: str, root: Path, tag: str, requests: dict[int, int], cycle_jobs: int,
            memory_jobs: int) -> dict[str, float]:
-    from benchmarks.run import disque_cycle, memory_fill
+    from benchmarks.run import disque_cycle
 
     (node,) = start_nodes(root, impl, 1, f"{tag}-bench")
     try:
@@ -138,20 +138,28 @@ def _round(impl: str, root: Path, tag: str, requests: dict[int, int], cycle_jobs
     finally:
         node.kill()
     (node,) = start_nodes(root, impl, 1, f"{tag}-memory")  # a fresh heap for the memory
-    try:
-        filled = memory_fill(node.port, node.pid, ["ADDJOB", "mq", MEMORY_BODY, "0"],
-                             memory_jobs, ["QLEN", "mq"])
-        out["memory B/job"] = filled["used_per_job"]
-        out["RSS B/job"] = filled["rss_per_job"]
-    finally:
-        node.kill()
+    out.update(_memory_figures(node, ["ADDJOB", "mq", MEMORY_BODY, "0"], memory_jobs,
+                               ["QLEN", "mq"]))
     return out
+
+
+def _memory_figures(server: DisqueProcess | RedisProcess, fill: list[str], jobs: int,
+                    count: list[str]) -> dict[str, float]:
+    """``used_memory`` and RSS per job of ``jobs`` ``fill`` commands on a fresh
+    ``server``, which is stopped afterwards."""
+    from benchmarks.run import memory_fill
+
+    try:
+        filled = memory_fill(server.port, server.pid, fill, jobs, count)
+        return {"memory B/job": filled["used_per_job"], "RSS B/job": filled["rss_per_job"]}
+    finally:
+        server.kill()
 
 
 def _redis_round(root: Path, tag: str, requests: dict[int, int], cycle_jobs: int,
                  memory_jobs: int) -> dict[str, float]:
     """The figures of _round on a fresh Redis (XADD, RPOP, a stream cycle, a stream's memory)."""
-    from benchmarks.run import memory_fill, prefill, redis_cycle, start_redis
+    from benchmarks.run import prefill, redis_cycle, start_redis
 
     server = start_redis(root, f"{tag}-bench")
     out: dict[str, float] = {}
@@ -169,14 +177,9 @@ def _redis_round(root: Path, tag: str, requests: dict[int, int], cycle_jobs: int
         out["cycle"] = redis_cycle(server.port, cycle_jobs, batched=True)["jobs_per_s"]
     finally:
         server.kill()
-    server = start_redis(root, f"{tag}-memory")
-    try:
-        filled = memory_fill(server.port, server.pid, ["XADD", "ms", "*", "f", MEMORY_BODY],
-                             memory_jobs, ["XLEN", "ms"])
-        out["memory B/job"] = filled["used_per_job"]
-        out["RSS B/job"] = filled["rss_per_job"]
-    finally:
-        server.kill()
+    out.update(_memory_figures(start_redis(root, f"{tag}-memory"),
+                               ["XADD", "ms", "*", "f", MEMORY_BODY], memory_jobs,
+                               ["XLEN", "ms"]))
     return out
 
 
