@@ -62,21 +62,36 @@ XADD = ["XADD", "s", "*", "f", "body"]
 RPOP = ["RPOP", "l"]
 
 
-def _redis_benchmarks(port: int, requests: dict[int, int]) -> dict[str, float]:
-    from benchmarks.run import PIPELINE, prefill
+def _rates(port: int, requests: dict[int, int], fill: list[str],
+           loads: tuple[tuple[str, list[str]], ...], length: list[str],
+           user: str | None = None) -> dict[str, float]:
+    """``redis-benchmark`` rates of each ``(name, command)`` of ``loads`` at each
+    pipeline depth of ``requests``, after a pre-fill (not timed) with ``fill``
+    of more entries than the loads take out; ``length`` must show some left
+    afterwards (the takes never ran dry).  ``user`` authenticates the loads
+    (its password is its name)."""
+    from benchmarks.run import prefill
 
-    prefill(port, ADDJOB, sum(requests.values()) + 1000)
+    prefill(port, fill, sum(requests.values()) + 1000)
     out: dict[str, float] = {}
     for pipeline, count in requests.items():
-        for name, command in (("ADDJOB", ADDJOB), ("GETJOB NOHANG", GETJOB)):
+        for name, command in loads:
             result = run_benchmark(benchmark_command(port, command, requests=count,
-                                                     pipeline=pipeline))
+                                                     pipeline=pipeline, user=user,
+                                                     password=user))
             out[f"{name} P{pipeline}"] = float(result["rps"])
-    left = raw_command(port, "QLEN", "q")
+    left = raw_command(port, *length)
     if not isinstance(left, int) or left <= 0:
-        raise RuntimeError(f"GETJOB NOHANG: the queue ran dry ({left!r} left)")
-    assert PIPELINE in requests
+        raise RuntimeError(f"{loads[-1][0]}: {' '.join(length)} ran dry ({left!r} left)")
     return out
+
+
+def _redis_benchmarks(port: int, requests: dict[int, int]) -> dict[str, float]:
+    from benchmarks.run import PIPELINE
+
+    assert PIPELINE in requests
+    return _rates(port, requests, ADDJOB, (("ADDJOB", ADDJOB), ("GETJOB NOHANG", GETJOB)),
+                  ["QLEN", "q"])
 
 
 #: The user the ACL runs authenticate as, and its rules.
@@ -86,34 +101,16 @@ BENCH_USER = "user bench on >bench ~q* +@read +@write\n"
 def _extension_benchmarks(port: int, root: Path, tag: str,
                           requests: dict[int, int]) -> dict[str, float]:
     """Ours only: the loads of _redis_benchmarks with priorities, and as a user."""
-    from benchmarks.run import prefill
-
-    out: dict[str, float] = {}
-    prefill(port, PRIORITY_ADDJOB, sum(requests.values()) + 1000)
-    for pipeline, count in requests.items():
-        for name, command in (("ADDJOB PRIORITY", PRIORITY_ADDJOB),
-                              ("GETJOB NOHANG, priorities", PRIORITY_GETJOB)):
-            result = run_benchmark(benchmark_command(port, command, requests=count,
-                                                     pipeline=pipeline))
-            out[f"{name} P{pipeline}"] = float(result["rps"])
-    left = raw_command(port, "QLEN", "pq")
-    if not isinstance(left, int) or left <= 0:
-        raise RuntimeError(f"GETJOB NOHANG FROM pq: the queue ran dry ({left!r} left)")
+    out = _rates(port, requests, PRIORITY_ADDJOB,
+                 (("ADDJOB PRIORITY", PRIORITY_ADDJOB),
+                  ("GETJOB NOHANG, priorities", PRIORITY_GETJOB)), ["QLEN", "pq"])
     aclfile = root / f"{tag}-users.acl"
     aclfile.write_text(BENCH_USER)
     node = DisqueProcess(root / f"{tag}-acl", *NODE_ARGS, "--aclfile", str(aclfile)).start()
     try:
-        prefill(node.port, ADDJOB, sum(requests.values()) + 1000)
-        for pipeline, count in requests.items():
-            for name, command in (("ADDJOB as a user", ADDJOB),
-                                  ("GETJOB NOHANG as a user", GETJOB)):
-                result = run_benchmark(benchmark_command(
-                    node.port, command, requests=count, pipeline=pipeline, user="bench",
-                    password="bench"))
-                out[f"{name} P{pipeline}"] = float(result["rps"])
-        left = raw_command(node.port, "QLEN", "q")
-        if not isinstance(left, int) or left <= 0:
-            raise RuntimeError(f"GETJOB NOHANG as a user: the queue ran dry ({left!r} left)")
+        out.update(_rates(node.port, requests, ADDJOB,
+                          (("ADDJOB as a user", ADDJOB), ("GETJOB NOHANG as a user", GETJOB)),
+                          ["QLEN", "q"], user="bench"))
     finally:
         node.kill()
     return out
@@ -159,20 +156,12 @@ def _memory_figures(server: DisqueProcess | RedisProcess, fill: list[str], jobs:
 def _redis_round(root: Path, tag: str, requests: dict[int, int], cycle_jobs: int,
                  memory_jobs: int) -> dict[str, float]:
     """The figures of _round on a fresh Redis (XADD, RPOP, a stream cycle, a stream's memory)."""
-    from benchmarks.run import prefill, redis_cycle, start_redis
+    from benchmarks.run import redis_cycle, start_redis
 
     server = start_redis(root, f"{tag}-bench")
-    out: dict[str, float] = {}
     try:
-        prefill(server.port, ["LPUSH", "l", "body"], sum(requests.values()) + 1000)
-        for pipeline, count in requests.items():
-            for name, command in (("ADDJOB", XADD), ("GETJOB NOHANG", RPOP)):
-                result = run_benchmark(benchmark_command(server.port, command, requests=count,
-                                                         pipeline=pipeline))
-                out[f"{name} P{pipeline}"] = float(result["rps"])
-        left = raw_command(server.port, "LLEN", "l")
-        if not isinstance(left, int) or left <= 0:
-            raise RuntimeError(f"RPOP: the list ran dry ({left!r} left)")
+        out = _rates(server.port, requests, ["LPUSH", "l", "body"],
+                     (("ADDJOB", XADD), ("GETJOB NOHANG", RPOP)), ["LLEN", "l"])
         raw_command(server.port, "FLUSHALL", timeout=120)
         out["cycle"] = redis_cycle(server.port, cycle_jobs, batched=True)["jobs_per_s"]
     finally:
