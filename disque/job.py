@@ -207,10 +207,10 @@ class JobIdGenerator:
         self._prefix = b"D-" + node_id[:8].encode() + b"-"
         self._block = b""
         self._pos = 0
-        # "-%04x" TTL suffixes by (ttl, retry > 0): a handful of distinct values in practice.
-        self._suffixes: dict[tuple[int, bool], bytes] = {}
-        # The last one, by ttl * 2 + (retry > 0): a producer's jobs share it,
-        # and the comparison costs less than building and hashing the key.
+        # "-%04x" TTL suffixes by ttl * 2 + (retry > 0): a handful of distinct
+        # values in practice; the last one apart, since a producer's jobs
+        # share it and comparing its key costs less than a lookup.
+        self._suffixes: dict[int, bytes] = {}
         self._last_key = -1
         self._last_suffix = b""
 
@@ -221,18 +221,17 @@ class JobIdGenerator:
             self._block = base64.b64encode(os.urandom(18 * self.ID_BLOCK))
             pos = 0
         self._pos = pos + 24
-        last_key = ttl * 2 + (retry > 0)
-        if last_key == self._last_key:
+        key = ttl * 2 + (retry > 0)
+        if key == self._last_key:
             suffix = self._last_suffix
         else:
-            key = (ttl, retry > 0)
             found = self._suffixes.get(key)
             if found is None:
                 if len(self._suffixes) > 1024:
                     self._suffixes.clear()
                 found = self._suffixes[key] = b"-%04x" % encode_ttl_minutes(ttl, retry)
             suffix = self._last_suffix = found
-            self._last_key = last_key
+            self._last_key = key
         return self._prefix + self._block[pos:pos + 24] + suffix
 
 
