@@ -24,7 +24,7 @@ from .job_options import JobExt, limit_reached, retry_seconds
 from .queue_limit import MAX_LIMIT_PERIOD_MS, QueueLimit
 from .queue_table import PAUSED_IN, PAUSED_OUT, QUEUE_ENTRY_BYTES, Queue
 from .schedule import requeue_time, update_awake_time
-from .waiters import WITH_LEASE, BlockedGet, getjob_entry, plain_entries_reply, unblock
+from .waiters import BlockedGet, entries_reply, unblock
 
 if TYPE_CHECKING:
     from .cluster.messages import Message
@@ -105,7 +105,8 @@ def enqueue_job(state: ServerState, job: Job, nack: bool = False, *,
     q.atime = now
     # No evictable_discard: the evictable (acked, or RETRY 0 and delivered)
     # were refused above, and neither state is ever left.
-    if q.waiters and not q.jobs and q.limit is None and not q.flags & PAUSED_OUT:
+    serve = bool(q.waiters) and not q.flags & PAUSED_OUT
+    if serve and not q.jobs and q.limit is None:
         # A client waits on an empty queue (a consumer blocked in GETJOB): it
         # gets the job at once, which would otherwise enter the queue only
         # to be taken out again on the way to the client.
@@ -113,7 +114,7 @@ def enqueue_job(state: ServerState, job: Job, nack: bool = False, *,
         return True
     q.jobs.add(job)
     state.memory.add(QUEUE_ENTRY_BYTES)
-    if q.waiters and not q.flags & PAUSED_OUT:
+    if serve:
         serve_blocked_clients(state, q)
     return True
 
@@ -247,12 +248,7 @@ def _hand_over(state: ServerState, q: Queue, blocked: BlockedGet, job: Job) -> N
 
 def _answer(state: ServerState, q: Queue, blocked: BlockedGet, job: Job) -> None:
     """Unblock a GETJOB with ``job``, its one entry."""
-    fields = blocked.fields
-    if fields:
-        now = state.clock.now_ms() if fields & WITH_LEASE else 0
-        unblock(state, blocked, [getjob_entry(job, fields, now)])
-    else:
-        unblock(state, blocked, plain_entries_reply(q.name, [job]))
+    unblock(state, blocked, entries_reply(state, q.name, [job], blocked.fields))
 
 
 # --------------------------------------------------------------------------

@@ -36,7 +36,8 @@ if TYPE_CHECKING:
 
 __all__ = ["Blocked", "BlockDeadlines", "BlockedGet", "ReplicationWait", "Waiter",
            "block_for_jobs", "park",
-           "unblock", "unblock_all", "getjob_entry", "plain_entries_reply", "NO_REPLY",
+           "unblock", "unblock_all", "entries_reply", "getjob_entry", "plain_entries_reply",
+           "NO_REPLY",
            "WITH_COUNTERS", "WITH_LEASE"]
 
 #: Timeouts are capped: a wait this long is "forever" for every practical purpose
@@ -182,6 +183,16 @@ def plain_entries_reply(queue: bytes, jobs: list[Job]) -> Encoded:
         out.append(body)
         out.append(CRLF)
     return Encoded(b"".join(out))
+
+
+def entries_reply(state: ServerState, queue: bytes, jobs: list[Job],
+                  fields: int) -> list[list[Any]] | Encoded:
+    """GETJOB's reply for ``jobs`` taken from ``queue``, with the ``fields``
+    asked for (encoded at once when there are none)."""
+    if not fields:
+        return plain_entries_reply(queue, jobs)
+    now = state.clock.now_ms() if fields & WITH_LEASE else 0
+    return [getjob_entry(job, fields, now) for job in jobs]
 
 
 def requeue_within_ms(job: Job, now: int) -> int | None:

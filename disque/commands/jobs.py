@@ -22,7 +22,7 @@ from ..queue import (
 from ..queue_table import PAUSED_IN, PAUSED_OUT
 from ..replication import replicate_job
 from ..schedule import requeue_time, update_awake_time
-from ..waiters import WITH_COUNTERS, WITH_LEASE, block_for_jobs, getjob_entry, plain_entries_reply
+from ..waiters import WITH_COUNTERS, WITH_LEASE, block_for_jobs, entries_reply, getjob_entry
 from ..waitjob import completion_of, wait_for
 from .registry import (
     BLOCKED,
@@ -326,15 +326,13 @@ def _take_jobs(state: ServerState, queues: list[bytes], count: int,
     usual GETJOB of one queue without extra fields): one job per queue per
     pass, left to right."""
     lookup = state.queues.lookup
-    now = state.clock.now_ms() if fields & WITH_LEASE else 0
     if len(queues) == 1:  # the usual case: take them in one go
         q = lookup(queues[0])
         if q is None or q.flags & PAUSED_OUT:
             return []
         jobs = fetch_jobs(state, q, count)
-        if not fields:
-            return plain_entries_reply(q.name, jobs) if jobs else []
-        return [getjob_entry(job, fields, now) for job in jobs]
+        return entries_reply(state, q.name, jobs, fields) if jobs else []
+    now = state.clock.now_ms() if fields & WITH_LEASE else 0
     emitted: list[list[Any]] = []
     while True:
         before = len(emitted)
