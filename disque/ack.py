@@ -11,7 +11,7 @@ first attempt: every copy (this one) knows about the ACK.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 from .clock import random_time_error
 from .job import ACKED, QUEUED, Job, ttl_minutes_from_id
@@ -29,18 +29,18 @@ __all__ = ["acknowledge_job", "acked_elsewhere", "try_job_gc", "create_dummy_ack
            "remember_collected", "gc_retry_delay_ms", "node_reachable_again", "receive_deljob",
            "receive_gotack", "receive_setack"]
 
-log = logging.getLogger("disque.ack")
+log: Final = logging.getLogger("disque.ack")
 
 #: gc_retry stops growing here (the original's cap).
-GC_RETRY_CAP = 10
+GC_RETRY_CAP: Final = 10
 #: Longest pause between two GC attempts.
-GC_MAX_DELAY_MS = 180_000
+GC_MAX_DELAY_MS: Final = 180_000
 #: When a node the GC waits for is reachable again, the waiting jobs retry
 #: within this many ms (spread, not all in one turn).
-GC_RESUME_SPREAD_MS = 1000
+GC_RESUME_SPREAD_MS: Final = 1000
 
 
-_NOBODY: frozenset[str] = frozenset()
+_NOBODY: Final[frozenset[str]] = frozenset()
 
 
 def acknowledge_job(state: ServerState, job: Job, gc_follows: bool = False) -> bool:

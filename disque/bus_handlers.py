@@ -12,7 +12,7 @@ event (a node flagged failing answers again) to the ACK garbage collection.
 from __future__ import annotations
 
 from functools import partial
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 from . import ack, copies, federation, replication, requeue
 from .cluster import messages
@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
 __all__ = ["register_job_messages"]
 
-HANDLERS = {
+HANDLERS: Final = {
     messages.REPLJOB: copies.receive_repljob,
     messages.GOTJOB: replication.receive_gotjob,
     messages.ENQUEUE: copies.receive_enqueue,
@@ -42,7 +42,7 @@ HANDLERS = {
 
 
 #: Handlers of a whole batched job-ID message (see ClusterBus.batch_handlers).
-BATCH_HANDLERS = {
+BATCH_HANDLERS: Final = {
     messages.GOTJOB: replication.receive_gotjobs,
 }
 

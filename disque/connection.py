@@ -51,21 +51,21 @@ if TYPE_CHECKING:
 
 __all__ = ["ClientConnection", "ReplyBatch"]
 
-log = logging.getLogger("disque.connection")
+log: Final = logging.getLogger("disque.connection")
 
 _client_ids = itertools.count(1)
 #: Final: compiled, a C static rather than two lookups for every read.
 _monotonic: Final = time.monotonic
 
 #: Commands a client may queue behind a blocked one before reading pauses.
-MAX_PENDING_COMMANDS = 10_000
+MAX_PENDING_COMMANDS: Final = 10_000
 #: ADDJOBs of one client that may wait for their copies at the same time;
 #: the next one waits in ``pending`` like any blocked-behind command.
 MAX_OVERLAPPED_ADDJOBS: Final = 1024
 _ADDJOBS: Final = frozenset((b"addjob", b"addjobs"))
 #: Queued reply bytes after which running a client's pending commands waits
 #: for the next loop turn (the replies are written, back-pressure applies).
-DRAIN_OUTPUT_LIMIT = 256 * 1024
+DRAIN_OUTPUT_LIMIT: Final = 256 * 1024
 
 
 class ReplyBatch:

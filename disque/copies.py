@@ -45,7 +45,7 @@ if TYPE_CHECKING:
 
 __all__ = ["adopt_copy", "jobs_in", "merge_copy", "receive_enqueue", "receive_repljob"]
 
-log = logging.getLogger("disque.copies")
+log: Final = logging.getLogger("disque.copies")
 
 
 def jobs_in(msg: Message, sender: ClusterNode) -> list[Job]:

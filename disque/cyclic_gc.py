@@ -23,13 +23,14 @@ under load, and no unbounded leak.
 from __future__ import annotations
 
 import gc
+from typing import Final
 
 __all__ = ["CollectorPolicy"]
 
 #: How often objects alive now are moved out of the collector's sight.
-FREEZE_PERIOD_S = 1.0
+FREEZE_PERIOD_S: Final = 1.0
 #: How often they are handed back, so that frozen cycles are eventually freed.
-UNFREEZE_PERIOD_S = 3600.0
+UNFREEZE_PERIOD_S: Final = 3600.0
 
 
 #: Gen-1 collections between full ones (CPython's default is 10).  A full
@@ -38,7 +39,7 @@ UNFREEZE_PERIOD_S = 3600.0
 #: the same new jobs again each time (7% of a cluster node's CPU).  At 1000
 #: they practically never run between two freezes; garbage cycles still go
 #: in gen-0/1 collections, or in the hourly full collection.
-FULL_COLLECTION_THRESHOLD = 1000
+FULL_COLLECTION_THRESHOLD: Final = 1000
 
 
 class CollectorPolicy:

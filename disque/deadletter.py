@@ -22,7 +22,7 @@ trailer and keeps a plain job in the first queue.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 from .job import Job
 from .job_options import dead_letter_queue
@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 
 __all__ = ["dead_letter"]
 
-log = logging.getLogger("disque.deadletter")
+log: Final = logging.getLogger("disque.deadletter")
 
 
 def dead_letter(state: ServerState, job: Job) -> None:

@@ -6,7 +6,7 @@ the levels)."""
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 from .jobs import unregister_job
 
@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 __all__ = ["free_memory_if_needed", "EVICTION_BUDGET_S"]
 
 #: Eviction stops after this long, so one command never stalls the loop.
-EVICTION_BUDGET_S = 0.001
+EVICTION_BUDGET_S: Final = 0.001
 
 
 def free_memory_if_needed(state: ServerState) -> int:

@@ -25,7 +25,7 @@ use, so queues that never federate cost nothing.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 from .ack import acked_elsewhere
 from .cluster import messages
@@ -46,18 +46,18 @@ __all__ = ["import_from", "import_rate", "need_jobs", "need_jobs_cron", "receive
            "receive_yourjobs", "send_jobs"]
 
 #: A node that sent jobs within this long is a responder.
-RESPONDER_WINDOW_MS = 5000
+RESPONDER_WINDOW_MS: Final = 5000
 #: NEEDJOBS count bounds (the original's), and the most jobs one YOURJOBS carries.
 MIN_COUNT, MAX_COUNT = 5, 100
 BCAST_BASE_MS, BCAST_MAX_MS = 2000, 30_000
 ADHOC_BASE_MS, ADHOC_MAX_MS = 25, 2000
 #: One YOURJOBS carries at most this many bytes of jobs (at least one job):
 #: a receiver refuses a message over its proto-max-bulk-len + 1 MB.
-MAX_YOURJOBS_BYTES = 16 * 1024 * 1024
+MAX_YOURJOBS_BYTES: Final = 16 * 1024 * 1024
 #: Back-off attempts stop growing here (the original's counters overflowed).
-MAX_ATTEMPT = 16
+MAX_ATTEMPT: Final = 16
 #: The import rate is 0 once its newest second is this old.
-RATE_STALE_MS = 5000
+RATE_STALE_MS: Final = 5000
 
 
 def _fed(q: Queue) -> QueueFederation:

@@ -78,14 +78,14 @@ ACTIVE: Final = JobState.ACTIVE
 QUEUED: Final = JobState.QUEUED
 ACKED: Final = JobState.ACKED
 
-_STATE_LABELS = {
+_STATE_LABELS: Final = {
     JobState.WAIT_REPL: "wait-repl",
     JobState.ACTIVE: "active",
     JobState.QUEUED: "queued",
     JobState.ACKED: "acked",
 }
-_LABEL_STATES = {v: k for k, v in _STATE_LABELS.items()}
-STATE_LABEL_BYTES = {int(k): v.encode() for k, v in _STATE_LABELS.items()}
+_LABEL_STATES: Final = {v: k for k, v in _STATE_LABELS.items()}
+STATE_LABEL_BYTES: Final = {int(k): v.encode() for k, v in _STATE_LABELS.items()}
 
 # Job flags, same bits as the original so the serialized form matches.
 #: The next enqueue must broadcast QUEUED (set after the first, silent one).
@@ -179,7 +179,7 @@ class Job:
 # Job IDs
 # --------------------------------------------------------------------------
 
-_B64 = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"
+_B64: Final = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"
 #: 6-bit value of each base64 character (-1 for others); used for scan slices.
 B64_VALUE: Final[list[int]] = [-1] * 256
 for _i, _c in enumerate(_B64):
@@ -242,7 +242,7 @@ def encode_ttl_minutes(ttl: int, retry: int) -> int:
 
 
 #: The form of a job ID (is_valid_job_id checks it without a regex).
-_ID_PATTERN = rb"D-[0-9a-f]{8}-[A-Za-z0-9+/]{24}-[0-9a-f]{4}"
+_ID_PATTERN: Final = rb"D-[0-9a-f]{8}-[A-Za-z0-9+/]{24}-[0-9a-f]{4}"
 
 
 def _id_classes(hex_as: int) -> bytes:

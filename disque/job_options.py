@@ -76,9 +76,9 @@ MAGIC: Final = b"DQX"
 VERSION: Final = 2
 TRAILER_MAGIC: Final = b"DQXT"
 
-_HEAD = struct.Struct("<3sBI")
-_FIXED = struct.Struct("<II")
-_U32 = struct.Struct("<I")
+_HEAD: Final = struct.Struct("<3sBI")
+_FIXED: Final = struct.Struct("<II")
+_U32: Final = struct.Struct("<I")
 #: Priorities run from 0 (the default: the original's order) to this.
 MAX_PRIORITY: Final = 31
 

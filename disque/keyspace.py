@@ -18,7 +18,7 @@ from __future__ import annotations
 import zlib
 from collections.abc import Callable, Iterator
 from itertools import compress, islice
-from typing import Generic, TypeVar
+from typing import Final, Generic, TypeVar
 
 from .job import B64_VALUE
 
@@ -27,8 +27,8 @@ __all__ = ["SlicedDict", "SLICES", "job_id_slice", "name_slice"]
 K = TypeVar("K")
 V = TypeVar("V")
 
-SLICE_BITS = 12
-SLICES = 1 << SLICE_BITS
+SLICE_BITS: Final = 12
+SLICES: Final = 1 << SLICE_BITS
 
 
 def job_id_slice(job_id: bytes) -> int:

@@ -7,11 +7,13 @@ into the exposition's cumulative buckets at scrape time).
 
 from __future__ import annotations
 
+from typing import Final
+
 __all__ = ["REPLICATION_BUCKETS_S", "LatencyHistogram"]
 
 #: From a loopback round trip to a replication that needed extra nodes
 #: (added every 50 ms) or waited for a slow peer.
-REPLICATION_BUCKETS_S: tuple[float, ...] = (
+REPLICATION_BUCKETS_S: Final[tuple[float, ...]] = (
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 

@@ -66,9 +66,9 @@ __all__ = [
 CRLF: Final = b"\r\n"
 
 #: The original (like Redis) refuses inline requests longer than 64 KiB.
-MAX_INLINE_SIZE = 64 * 1024
+MAX_INLINE_SIZE: Final = 64 * 1024
 #: Largest argument count accepted in one multi-bulk request.
-MAX_MULTIBULK_LENGTH = 1024 * 1024
+MAX_MULTIBULK_LENGTH: Final = 1024 * 1024
 
 
 class ProtocolError(Exception):
@@ -130,14 +130,14 @@ class _NullArray:
         return "NULL_ARRAY"
 
 
-NULL_ARRAY = _NullArray()
+NULL_ARRAY: Final = _NullArray()
 
 
-OK = Status("OK")
+OK: Final = Status("OK")
 
 
 #: Longest "*count" / "$len" header line accepted (digits + sign + CRLF).
-MAX_HEADER_SIZE = 32
+MAX_HEADER_SIZE: Final = 32
 
 
 class CommandParser:
@@ -495,7 +495,7 @@ def split_inline(line: bytes) -> list[bytes]:
         args.append(bytes(cur))
 
 
-_ESCAPES = {ord("n"): 10, ord("r"): 13, ord("t"): 9, ord("b"): 8, ord("a"): 7}
+_ESCAPES: Final = {ord("n"): 10, ord("r"): 13, ord("t"): 9, ord("b"): 8, ord("a"): 7}
 
 
 def _ishex(two: bytes) -> bool:
@@ -506,10 +506,10 @@ def _ishex(two: bytes) -> bool:
 # Reply encoding
 # --------------------------------------------------------------------------
 
-_NULL_BULK = b"$-1\r\n"
-_NULL_ARRAY2 = b"*-1\r\n"
-_NULL3 = b"_\r\n"
-_SMALL_INTS = [b":%d\r\n" % i for i in range(0, 1024)]
+_NULL_BULK: Final = b"$-1\r\n"
+_NULL_ARRAY2: Final = b"*-1\r\n"
+_NULL3: Final = b"_\r\n"
+_SMALL_INTS: Final = [b":%d\r\n" % i for i in range(0, 1024)]
 #: Reply headers of the usual sizes, looked up rather than formatted: a
 #: ``b"$%d\r\n%s\r\n" % (...)`` costs a tuple, the format's parsing and a
 #: copy of the value, a third of encoding a GETJOB reply.  Final (compiled:

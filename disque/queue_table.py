@@ -14,7 +14,7 @@ GETJOB) are in ``queue.py``.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 from .job import Job
 from .keyspace import SlicedDict, name_slice
@@ -47,15 +47,16 @@ class QueueFederation:
         self.prev_count = 0
 
 
-PAUSED_IN = 1
-PAUSED_OUT = 2
-_PAUSE_LABELS = {0: "none", PAUSED_IN: "in", PAUSED_OUT: "out", PAUSED_IN | PAUSED_OUT: "all"}
+PAUSED_IN: Final = 1
+PAUSED_OUT: Final = 2
+_PAUSE_LABELS: Final = {0: "none", PAUSED_IN: "in", PAUSED_OUT: "out",
+                         PAUSED_IN | PAUSED_OUT: "all"}
 
 #: Memory attributed to one queue besides its jobs (measured, see tests).
-QUEUE_OVERHEAD_BYTES = 1200
+QUEUE_OVERHEAD_BYTES: Final = 1200
 #: Memory attributed to one queued entry (a deque slot; a re-queued job's
 #: sorted-list entry costs more, but such jobs are few).
-QUEUE_ENTRY_BYTES = 8
+QUEUE_ENTRY_BYTES: Final = 8
 
 
 def pause_label(flags: int) -> str:

@@ -53,21 +53,21 @@ if TYPE_CHECKING:
 __all__ = ["BlockedAdd", "abort_all", "acked_while_waiting", "broadcast_repljob_noreply",
            "receive_gotjob", "receive_gotjobs", "replicate_job", "replication_removed"]
 
-log = logging.getLogger("disque.replication")
+log: Final = logging.getLogger("disque.replication")
 
 #: Final: compiled, a C static rather than two lookups (module, attribute).
 _perf_counter: Final = time.perf_counter
 _random: Final = random.random
 
 #: One more node is asked this often while confirmations are missing.
-EXTRA_NODE_PERIOD_S = 0.05
+EXTRA_NODE_PERIOD_S: Final = 0.05
 #: The silent nodes of a job get its REPLJOB again this often (ms) when no
 #: node could be added.
-RESEND_PERIOD_MS = 1000
+RESEND_PERIOD_MS: Final = 1000
 
-NOREPL_TIMEOUT = ("NOREPL Timeout reached before replicating to the requested number "
+NOREPL_TIMEOUT: Final = ("NOREPL Timeout reached before replicating to the requested number "
                   "of nodes")
-NOREPL_REMOVED = ("NOREPL job removed (expired?) before the requested replication level "
+NOREPL_REMOVED: Final = ("NOREPL job removed (expired?) before the requested replication level "
                   "was achieved")
 
 

@@ -38,12 +38,12 @@ if TYPE_CHECKING:
 
 __all__ = ["ServerState", "Stats", "ConnectedClient", "NO_JOB_TIMER"]
 
-log = logging.getLogger("disque.state")
+log: Final = logging.getLogger("disque.state")
 
 #: Recent job times kept for sharing (see ServerState.shared_int).
-SHARED_INTS = 4096
+SHARED_INTS: Final = 4096
 #: How long an empty queue lives with nobody using it (by memory level).
-QUEUE_IDLE_MS = {0: 300_000, 1: 10_000, 2: 2_000, 3: 2_000}
+QUEUE_IDLE_MS: Final = {0: 300_000, 1: 10_000, 2: 2_000, 3: 2_000}
 
 
 @dataclass

@@ -17,7 +17,7 @@ client that went away) alive until its time came.
 from __future__ import annotations
 
 import heapq
-from typing import Generic, TypeVar
+from typing import Final, Generic, TypeVar
 
 __all__ = ["TimeBuckets"]
 
@@ -25,7 +25,7 @@ T = TypeVar("T")
 
 #: Numbers of emptied buckets the heap may hold beyond twice the live ones
 #: before it is rebuilt.
-STALE_NUMBERS = 1024
+STALE_NUMBERS: Final = 1024
 
 
 class TimeBuckets(Generic[T]):

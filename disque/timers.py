@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
 __all__ = ["process_job", "process_due_jobs", "MAX_JOBS_PER_RUN"]
 
-log = logging.getLogger("disque.timers")
+log: Final = logging.getLogger("disque.timers")
 
 #: At most this many due jobs are processed per timer run, so a burst of
 #: expiries cannot stall the event loop; the rest run on the next turn.

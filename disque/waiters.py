@@ -42,15 +42,15 @@ __all__ = ["Blocked", "BlockDeadlines", "BlockedGet", "ReplicationWait", "Waiter
 
 #: Timeouts are capped: a wait this long is "forever" for every practical purpose
 #: and larger values would overflow the event loop's timer.
-MAX_BLOCK_MS = 10 * 365 * 86400 * 1000
+MAX_BLOCK_MS: Final = 10 * 365 * 86400 * 1000
 
-NO_REPLY = object()
+NO_REPLY: Final = object()
 
-log = logging.getLogger("disque.waiters")
+log: Final = logging.getLogger("disque.waiters")
 
-_NACKS = b"nacks"
-_DELIVERIES = b"additional-deliveries"
-_REQUEUE_WITHIN = b"next-requeue-within"
+_NACKS: Final = b"nacks"
+_DELIVERIES: Final = b"additional-deliveries"
+_REQUEUE_WITHIN: Final = b"next-requeue-within"
 
 #: GETJOB's optional entry fields (a bit set): WITHCOUNTERS adds the NACK and
 #: delivery counters, WITHLEASE (an extension) the milliseconds left before

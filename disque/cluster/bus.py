@@ -40,11 +40,11 @@ from .state import ClusterState
 
 __all__ = ["BUS_PORT_OFFSET", "ClusterBus", "Handler", "connect_within"]
 
-log = logging.getLogger("disque.cluster")
+log: Final = logging.getLogger("disque.cluster")
 
-BUS_PORT_OFFSET = 10000
+BUS_PORT_OFFSET: Final = 10000
 #: The original's clusterCron period.
-CRON_PERIOD_S = 0.1
+CRON_PERIOD_S: Final = 0.1
 
 #: How many more event-loop turns the end-of-turn flush may wait while each
 #: one adds copies of new jobs (REPLJOB) to send: see ClusterBus.flush.
@@ -433,8 +433,8 @@ class ClusterBus:
         return sum(self.stats_received.values())
 
 
-_MEMBERSHIP_TYPES = frozenset((messages.PING, messages.PONG, messages.MEET, messages.FAIL))
-_NO_JOB_MESSAGES = frozenset(("handshake", "myself"))
+_MEMBERSHIP_TYPES: Final = frozenset((messages.PING, messages.PONG, messages.MEET, messages.FAIL))
+_NO_JOB_MESSAGES: Final = frozenset(("handshake", "myself"))
 
 
 async def connect_within(loop: asyncio.AbstractEventLoop, sock: socket.socket,

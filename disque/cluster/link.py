@@ -46,11 +46,11 @@ if TYPE_CHECKING:
 
 __all__ = ["EARLY_WRITE_ENTRIES", "OUTPUT_LIMIT", "BusLink"]
 
-log = logging.getLogger("disque.cluster")
+log: Final = logging.getLogger("disque.cluster")
 
 #: Bytes written to a peer and not yet taken by it, beyond which the link is
 #: dropped rather than buffered without limit (a peer that stopped reading).
-OUTPUT_LIMIT = 256 * 1024 * 1024
+OUTPUT_LIMIT: Final = 256 * 1024 * 1024
 
 #: A run this long is written at once rather than at the end of the turn
 #: (ClusterBus.write_early).  Under a pipelined load (50 clients x -P 16)

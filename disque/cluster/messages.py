@@ -62,7 +62,7 @@ __all__ = [
 ]
 
 SIGNATURE: Final = b"DbuZ"
-VERSION = 1
+VERSION: Final = 1
 HEADER: Final = struct.Struct(">4sIHHHH40s46s34sHHB3s")
 HEADER_SIZE: Final = 144
 assert HEADER.size == HEADER_SIZE
@@ -98,7 +98,7 @@ WORKING: Final = 14
 PAUSE: Final = 15
 #: A queue's rate limit (QLIMIT ... BCAST), between our nodes only.
 QLIMIT: Final = 16
-TYPE_NAMES = ("ping", "pong", "meet", "fail", "repljob", "gotjob", "enqueue", "queued",
+TYPE_NAMES: Final = ("ping", "pong", "meet", "fail", "repljob", "gotjob", "enqueue", "queued",
               "setack", "willqueue", "gotack", "deljob", "needjobs", "yourjobs", "working",
               "pause", "qlimit")
 GOSSIP_TYPES: Final = frozenset((PING, PONG, MEET))
@@ -123,19 +123,19 @@ _MAX_MERGED: Final = 256 * 1024
 _MAX_MERGED_REPLJOB: Final = 64 * 1024
 
 # Node flag bits, in the header (the sender's own flags) and in gossip entries.
-WIRE_FLAGS = {"fail?": 1, "fail": 2, "myself": 4, "handshake": 8, "noaddr": 16,
+WIRE_FLAGS: Final = {"fail?": 1, "fail": 2, "myself": 4, "handshake": 8, "noaddr": 16,
               "meet": 32, "deleted": 64, "leaving": 128}
-_FLAG_BITS = tuple((bit, name) for name, bit in WIRE_FLAGS.items())
+_FLAG_BITS: Final = tuple((bit, name) for name, bit in WIRE_FLAGS.items())
 
 #: Messages up to this size are buffered from anybody; bigger ones (jobs
 #: with large bodies) only when the reader's ``large_ok`` agrees.
-SMALL_MESSAGE = 1024 * 1024
+SMALL_MESSAGE: Final = 1024 * 1024
 #: The largest message a reader accepts unless told otherwise: a REPLJOB of
 #: one job of the largest body a client may send (proto-max-bulk-len) fits.
-DEFAULT_MAX_MESSAGE = 512 * 1024 * 1024 + 1024 * 1024
+DEFAULT_MAX_MESSAGE: Final = 512 * 1024 * 1024 + 1024 * 1024
 
 
-_NODE_ID = re.compile(r"[0-9a-f]{40}")
+_NODE_ID: Final = re.compile(r"[0-9a-f]{40}")
 
 
 def is_node_id(text: str) -> bool:
@@ -234,7 +234,7 @@ def fail_message(sender_id: str, port: int, flags: int, failing_id: str) -> byte
 #: Headers from offset 8 (all but the signature and totlen) of the
 #: messages sent per job (GOTJOB, QUEUED, REPLJOB ...), by what varies in
 #: them: thousands a second go out with the same one.
-_HEADER_RESTS: dict[tuple[int, str, int, int, int], bytes] = {}
+_HEADER_RESTS: Final[dict[tuple[int, str, int, int, int], bytes]] = {}
 #: The first 8 bytes of every job-ID message (they all have one length).
 _JOB_ID_PREFIX: Final = SIGNATURE + _TOTLEN.pack(HEADER_SIZE + 44)
 
@@ -483,8 +483,8 @@ def _text(raw: bytes) -> str:
 
 #: Sender IDs already checked -> their text: a message's sender is nearly
 #: always a node we heard from a moment ago.
-_SENDERS: dict[bytes, str] = {}
-_SENDERS_MAX = 4096
+_SENDERS: Final[dict[bytes, str]] = {}
+_SENDERS_MAX: Final = 4096
 
 
 def _valid_sender(raw: bytes) -> str | None:

@@ -31,7 +31,7 @@ from .nodes_file import load_nodes_file, save_nodes_file
 
 __all__ = ["ClusterState"]
 
-log = logging.getLogger("disque.cluster")
+log: Final = logging.getLogger("disque.cluster")
 
 
 class ClusterState:

@@ -23,7 +23,7 @@ than one job) and the reply comes when every job is replicated or failed.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 from ..acl import User
 from ..eviction import free_memory_if_needed
@@ -39,12 +39,12 @@ __all__ = ["MAX_BODIES", "addjobs"]
 
 #: Bodies per ADDJOBS.  One command runs to completion before the node
 #: serves anybody else: 10,000 small jobs take ~0.1 s here.
-MAX_BODIES = 10_000
+MAX_BODIES: Final = 10_000
 
-_BODIES = b"bodies"
+_BODIES: Final = b"bodies"
 #: Errors that depend only on the command and the node, not on which body:
 #: the first body shows them, and they refuse the whole command.
-_WHOLE_COMMAND_ERRORS = ("NOREPL Not enough reachable nodes", "PAUSED", "LEAVING", "ERR")
+_WHOLE_COMMAND_ERRORS: Final = ("NOREPL Not enough reachable nodes", "PAUSED", "LEAVING", "ERR")
 
 
 class _Member:

@@ -42,23 +42,24 @@ from .registry import (
 if TYPE_CHECKING:
     from ..state import ServerState
 
-DEFAULT_TTL = 86400
-MAX_RETRY_DEFAULT = 300
+DEFAULT_TTL: Final = 86400
+MAX_RETRY_DEFAULT: Final = 300
 #: Jobs live at most ~10 years: far beyond any use, and keeps times in range.
-MAX_TTL = 10 * 365 * 86400
+MAX_TTL: Final = 10 * 365 * 86400
 #: RETRY/DELAY are stored as unsigned 32-bit seconds (the serialized form).
-MAX_SECONDS = 2 ** 32 - 1
+MAX_SECONDS: Final = 2 ** 32 - 1
 
 
-DELAY_AFTER_TTL = ("ERR The specified DELAY is greater than TTL. Job refused since "
+DELAY_AFTER_TTL: Final = ("ERR The specified DELAY is greater than TTL. Job refused since "
                    "would never be delivered")
 
 
 #: MAXDELIVERIES is compared with the original's delivery counters, 16-bit in its blob.
-MAX_DELIVERIES = 65535
+MAX_DELIVERIES: Final = 65535
 #: A NACK may delay a job at most as long as a job may live.
-MAX_NACK_DELAY = MAX_TTL
-NACK_DELAY_ERROR = f"ERR NACK DELAY must be a number of seconds between 0 and {MAX_NACK_DELAY}"
+MAX_NACK_DELAY: Final = MAX_TTL
+NACK_DELAY_ERROR: Final = (
+    f"ERR NACK DELAY must be a number of seconds between 0 and {MAX_NACK_DELAY}")
 
 
 class AddJobOptions:
@@ -93,7 +94,7 @@ _MAXDELIVERIES_ERROR: Final = f"ERR MAXDELIVERIES must be between 1 and {MAX_DEL
 PRIORITY_ERROR: Final = f"ERR PRIORITY must be between 0 and {MAX_PRIORITY}"
 
 #: ADDJOB without options (the common case) shares one options object.
-_DEFAULT_OPTIONS = AddJobOptions()
+_DEFAULT_OPTIONS: Final = AddJobOptions()
 
 
 def parse_addjob(argv: list[bytes]) -> AddJobOptions:
@@ -147,7 +148,7 @@ def parse_addjob(argv: list[bytes]) -> AddJobOptions:
     return opts
 
 
-_EXTENSION_OPTIONS = frozenset((b"backoff", b"maxdeliveries", b"deadletter", b"priority"))
+_EXTENSION_OPTIONS: Final = frozenset((b"backoff", b"maxdeliveries", b"deadletter", b"priority"))
 
 
 def _parse_extension_option(opts: AddJobOptions, opt: bytes, value: bytes) -> None:
@@ -190,8 +191,8 @@ def job_ext_for(opts: AddJobOptions, queue: bytes, retry: int) -> JobExt | None:
 # IDMP (idempotent ADDJOB, an extension: idmp.py, docs/EXTENSIONS.md)
 # --------------------------------------------------------------------------
 
-IDMP_WINDOW_ERROR = f"ERR IDMP-WINDOW must be between 1 and {MAX_WINDOW_S} seconds"
-IDMP_BUSY = ("IDMPBUSY The first ADDJOB with this IDMP key is still waiting for its "
+IDMP_WINDOW_ERROR: Final = f"ERR IDMP-WINDOW must be between 1 and {MAX_WINDOW_S} seconds"
+IDMP_BUSY: Final = ("IDMPBUSY The first ADDJOB with this IDMP key is still waiting for its "
              "replication: retry later")
 
 
@@ -316,7 +317,7 @@ def addjob(state: ServerState, client: CommandClient, argv: list[bytes]) -> Any:
 # GETJOB
 # --------------------------------------------------------------------------
 
-LEAVING_ERROR = ("LEAVING This node is leaving the cluster, please connect to a "
+LEAVING_ERROR: Final = ("LEAVING This node is leaving the cluster, please connect to a "
                  "different one")
 
 
@@ -536,7 +537,7 @@ def working(state: ServerState, client: CommandClient, argv: list[bytes]) -> Any
 
 #: IDs per WORKINGS: one command runs to completion before the node serves
 #: anybody else (10,000 heartbeats take ~20 ms here).
-MAX_WORKING_IDS = 10_000
+MAX_WORKING_IDS: Final = 10_000
 
 
 @command("workings", -2, "write fast", keys=KEYS_JOBS)

@@ -45,7 +45,7 @@ __all__ = [
     "queue_refusal",
 ]
 
-log = logging.getLogger("disque.commands")
+log: Final = logging.getLogger("disque.commands")
 
 class CommandClient(Protocol):
     """What the command table and the job commands use of the connection that
@@ -67,17 +67,17 @@ class CommandClient(Protocol):
 Handler = Callable[["ServerState", Any, list[bytes]], Any]
 
 #: Returned by a handler that parked the client; the reply comes later.
-BLOCKED = object()
+BLOCKED: Final = object()
 
-SYNTAX_ERROR = "ERR syntax error"
-INT_ERROR = "ERR value is not an integer or out of range"
-BADID = "BADID Invalid Job ID format."
-NOAUTH = ReplyError("NOAUTH Authentication required.")
-OOM = ReplyError("OOM command not allowed when used memory > 'maxmemory'.")
+SYNTAX_ERROR: Final = "ERR syntax error"
+INT_ERROR: Final = "ERR value is not an integer or out of range"
+BADID: Final = "BADID Invalid Job ID format."
+NOAUTH: Final = ReplyError("NOAUTH Authentication required.")
+OOM: Final = ReplyError("OOM command not allowed when used memory > 'maxmemory'.")
 
 # 64-bit signed range, like getLongLongFromObject.
-INT64_MIN = -(2 ** 63)
-INT64_MAX = 2 ** 63 - 1
+INT64_MIN: Final = -(2 ** 63)
+INT64_MAX: Final = 2 ** 63 - 1
 
 
 class CommandError(Exception):
@@ -135,7 +135,7 @@ class Command:
         return argc == self.arity if self.arity >= 0 else argc >= -self.arity
 
 
-COMMANDS: dict[bytes, Command] = {}
+COMMANDS: Final[dict[bytes, Command]] = {}
 
 
 def command(name: str, arity: int, flags: str = "", *, keys: int = KEYS_NONE,
@@ -165,7 +165,7 @@ def _categories(flags: frozenset[str], declared: str) -> frozenset[str]:
     return frozenset(found)
 
 
-_CATALOG: dict[str, frozenset[str]] = {}
+_CATALOG: Final[dict[str, frozenset[str]]] = {}
 
 
 def acl_catalog() -> dict[str, frozenset[str]]:
@@ -330,7 +330,7 @@ def range_error(low: int, high: int) -> str:
 
 
 #: getTimeoutFromObjectOrReply's text, for what is not a number.
-TIMEOUT_ERROR = "ERR timeout is not an integer or out of range"
+TIMEOUT_ERROR: Final = "ERR timeout is not an integer or out of range"
 
 
 def parse_timeout_ms(raw: bytes) -> int:
