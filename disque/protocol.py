@@ -244,6 +244,8 @@ class CommandParser:
         fast = self.max_bulk_len >= _FAST_MAX_BULK
         if args is None and fast:
             pos = _whole_requests(data, out)
+            if pos == n:
+                return  # whole requests only (the usual read): nothing to hold
             fast = False
         argc = self._argc
         bulklen = self._bulklen
@@ -388,7 +390,11 @@ def _whole_requests(data: bytes, out: list[list[bytes]]) -> int:
     while i < last:
         head = tokens[i]
         if head != last_head:
-            found = _REQUEST_COUNTS.get(head)
+            # "*1" to "*9" read directly: hashing the header costs more.
+            if len(head) == 2 and head[0] == 0x2A and 0x31 <= head[1] <= 0x39:
+                found: int | None = head[1] - 0x30
+            else:
+                found = _REQUEST_COUNTS.get(head)
             if found is None:
                 if len(head) > MAX_HEADER_SIZE or head[:1] != b"*":
                     break  # the exact parser decides (and reports a bad header)

@@ -97,7 +97,6 @@ def enqueue_job(state: ServerState, job: Job, nack: bool = False, *,
                                           now)
     else:
         job.qtime = 0
-    update_awake_time(state, job)
     if q is None:
         q = state.queue_for_write(job.queue)
     job.queue = q.name  # share one bytes object per queue name
@@ -110,8 +109,12 @@ def enqueue_job(state: ServerState, job: Job, nack: bool = False, *,
         # A client waits on an empty queue (a consumer blocked in GETJOB): it
         # gets the job at once, which would otherwise enter the queue only
         # to be taken out again on the way to the client.
-        _hand_over(state, q, next(iter(q.waiters)), job)
+        _hand_over(state, q, first_waiter(q), job)
+        # The schedule after the answer, which does not depend on it: the
+        # consumer's wait ends with the write, and nothing else runs between.
+        update_awake_time(state, job)
         return True
+    update_awake_time(state, job)
     q.jobs.add(job)
     state.memory.add(QUEUE_ENTRY_BYTES)
     if serve:
@@ -227,7 +230,7 @@ def serve_blocked_clients(state: ServerState, q: Queue) -> int:
     served; if its rate limit stops that, wake them when the window opens."""
     served = 0
     while q.waiters and q.jobs and not q.paused_out:
-        blocked = next(iter(q.waiters))
+        blocked = first_waiter(q)
         job = fetch_job(state, q)
         if job is None:
             if q.limit is not None:
@@ -239,11 +242,26 @@ def serve_blocked_clients(state: ServerState, q: Queue) -> int:
 
 
 def _hand_over(state: ServerState, q: Queue, blocked: BlockedGet, job: Job) -> None:
-    """Deliver ``job``, never queued, to ``blocked`` (counted as :func:`fetch_jobs` counts)."""
+    """Deliver ``job``, never queued, to ``blocked`` (counted as :func:`fetch_jobs` counts).
+
+    The answer goes first: it reads none of what follows, and a consumer
+    blocked in GETJOB waits for this write (the pickup latency).
+    """
+    _answer(state, q, blocked, job)
     q.jobs_out += 1
     state.stats.delivered_jobs += 1
     _delivered(state, job)
-    _answer(state, q, blocked, job)
+
+
+def first_waiter(q: Queue) -> BlockedGet:
+    """The client that has waited longest on ``q`` (which has some).
+
+    A loop rather than ``next(iter(...))``: compiled, it walks the dict in
+    place where ``iter`` makes an iterator object.
+    """
+    for blocked in q.waiters:
+        return blocked
+    raise LookupError("no client waits on this queue")
 
 
 def _answer(state: ServerState, q: Queue, blocked: BlockedGet, job: Job) -> None:

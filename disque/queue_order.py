@@ -61,23 +61,26 @@ class JobOrder:
     a priority; equal ctimes in arrival order within the deque and within
     the sorted list."""
 
-    __slots__ = ("_fifo", "_late", "_levels", "_stale")
+    __slots__ = ("_fifo", "_late", "_late_count", "_levels", "_stale")
 
     def __init__(self) -> None:
         # Non-decreasing ctimes, stale entries included.
         self._fifo: deque[Job] = deque()
         self._late: SortedKeyList = SortedKeyList(key=_by_ctime)
+        # len(self._late), kept here: the sorted list's own len() is Python
+        # code (~600 instructions), asked on every add and pop of the queue.
+        self._late_count = 0
         self._stale = 0
         # The jobs of priorities above 0, once the queue had one.
         self._levels: _Levels | None = None
 
     def __len__(self) -> int:
-        size = len(self._fifo) - self._stale + len(self._late)
+        size = len(self._fifo) - self._stale + self._late_count
         levels = self._levels
         return size if levels is None else size + levels.count
 
     def __bool__(self) -> bool:
-        if len(self._fifo) > self._stale or self._late:
+        if len(self._fifo) > self._stale or self._late_count:
             return True
         levels = self._levels
         return levels is not None and levels.count > 0
@@ -144,6 +147,7 @@ class JobOrder:
             job.flags &= ~(FLAG_IN_FIFO | FLAG_FIFO_STALE)
         self._fifo.clear()
         self._late.clear()
+        self._late_count = 0
         self._stale = 0
         levels = self._levels
         if levels is not None:
@@ -160,6 +164,7 @@ class JobOrder:
             job.flags = flags | FLAG_IN_FIFO
         else:
             self._late.add(job)
+            self._late_count += 1
 
     def _remove_here(self, job: Job) -> bool:
         flags = job.flags
@@ -175,14 +180,17 @@ class JobOrder:
             self._late.remove(job)
         except ValueError:
             return False
+        self._late_count -= 1
         return True
 
     def _pop_here(self) -> Job | None:
         fifo = self._fifo
-        late = self._late
-        if late and (not fifo or late[0].ctime < fifo[0].ctime):
-            job: Job = late.pop(0)
-            return job
+        if self._late_count:
+            late = self._late
+            if not fifo or late[0].ctime < fifo[0].ctime:
+                job: Job = late.pop(0)
+                self._late_count -= 1
+                return job
         if not fifo:
             return None
         job = fifo.popleft()

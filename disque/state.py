@@ -198,9 +198,12 @@ class ServerState:
         loop = self.loop
         return loop if loop is not None else asyncio.get_running_loop()
 
-    def next_ctime(self, now_ms: int | None = None) -> int:
+    def next_ctime(self, now_ms: int) -> int:
         """Creation time ``ms * 1e6 + counter``, strictly increasing on this node."""
-        ctime = (self.clock.now_ms() if now_ms is None else now_ms) * 1_000_000
+        # now_ms * 1_000_000 in two products of factors below 2**31: compiled,
+        # a larger factor sends the product through boxed ints (~800
+        # instructions, a tenth of an ADDJOB's path to a waiting consumer).
+        ctime = ((now_ms >> 16) * 1_000_000 << 16) + (now_ms & 0xFFFF) * 1_000_000
         if ctime <= self._last_ctime:
             ctime = self._last_ctime + 1
         self._last_ctime = ctime

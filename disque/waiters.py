@@ -162,6 +162,7 @@ def getjob_entry(job: Job, fields: int, now: int = 0) -> list[Any]:
 
 
 _ENTRY_HEADER: Final = array_header(3)
+_ONE_ENTRY: Final = array_header(1) + _ENTRY_HEADER
 
 
 def plain_entries_reply(queue: bytes, jobs: list[Job]) -> Encoded:
@@ -170,6 +171,12 @@ def plain_entries_reply(queue: bytes, jobs: list[Job]) -> Encoded:
     read the same in RESP2 and RESP3, and this costs half of building the
     lists for the generic encoder (the usual GETJOB, and every wake-up)."""
     queue_bulk = bulk_header(len(queue)) + queue + CRLF
+    if len(jobs) == 1:  # a woken GETJOB, or COUNT 1: one join of a tuple, no list
+        job = jobs[0]
+        job_id = job.id
+        body = job.body
+        return Encoded(b"".join((_ONE_ENTRY, queue_bulk, bulk_header(len(job_id)), job_id,
+                                 CRLF, bulk_header(len(body)), body, CRLF)))
     out = [array_header(len(jobs))]
     for job in jobs:
         job_id = job.id
@@ -336,15 +343,19 @@ def unblock(state: ServerState, blocked: Blocked, reply: Any, timed_out: bool = 
     client = blocked.client
     if client.blocked is not blocked:
         return  # already unblocked
-    blocked.release(state)
     client.blocked = None
     state.blocked_clients -= 1
     if reply is NO_REPLY:
+        blocked.release(state)
         blocked.abandoned(state)
+    elif timed_out:
+        blocked.release(state)
+        client.resume(blocked.timeout_reply(state))
     else:
-        if timed_out:
-            reply = blocked.timeout_reply(state)
+        # The answer first: releasing changes nothing it says, and the
+        # client's wait ends with its write (a woken GETJOB's latency).
         client.resume(reply)
+        blocked.release(state)
     if blocked.deadline:  # after the answer, which waits for nothing here
         state.block_deadlines.discard(blocked)
 
