@@ -37,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import os
 import time
 from collections import deque
 from typing import TYPE_CHECKING, Any, Final, cast
@@ -56,6 +57,8 @@ log: Final = logging.getLogger("disque.connection")
 _client_ids = itertools.count(1)
 #: Final: compiled, a C static rather than two lookups for every read.
 _monotonic: Final = time.monotonic
+#: After a blocked client's reply is written (see resume).
+_sched_yield: Final = os.sched_yield
 
 #: Commands a client may queue behind a blocked one before reading pauses.
 MAX_PENDING_COMMANDS: Final = 10_000
@@ -354,6 +357,15 @@ class ClientConnection(asyncio.Protocol):
         if self.transport is None:
             return
         self._reply(encode(reply, self.resp3))
+        if not self._out:
+            # Written: the client is runnable now.  If the kernel queued it
+            # on this CPU (a VM's scheduler avoids waking an idle vCPU), it
+            # would wait for the rest of this loop turn (the command that
+            # woke it, the other replies); yielding lets it read its job
+            # first.  Elsewhere this is a system call that returns at once.
+            # It is the difference between a pickup slower than the
+            # original's and a faster one (docs/BENCHMARKS.md).
+            _sched_yield()
         if self.pending:
             # Run the rest on the next loop turn: we may be inside another
             # client's command (the one whose job unblocked us).
