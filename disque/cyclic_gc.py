@@ -7,14 +7,13 @@ of sustained ADDJOB load, and about a fifth of the node's CPU (measured with
 perf under a sustained ADDJOB load).  Jobs never form reference cycles, so walking them is
 wasted work.
 
-The policy: young collections run every ``YOUNG_COLLECTION_THRESHOLD``
-allocations rather than CPython's 700, and every ``FREEZE_PERIOD_S`` the
-cron calls :func:`gc.freeze`, which moves every object that is alive at
-that moment into the permanent generation (O(1), no traversal). Collections
-then only look at what was allocated since, which is what produces cyclic
-garbage in a server (a closed connection, a finished task). A cycle that
-was alive at a freeze and dies later is not collected while frozen, so
-every ``UNFREEZE_PERIOD_S`` the permanent generation is handed back and one
+The policy: every ``FREEZE_PERIOD_S`` the cron calls :func:`gc.freeze`,
+which moves every object that is alive at that moment into the permanent
+generation (O(1), no traversal).  Collections then only look at what was
+allocated since, which is what produces cyclic garbage in a server (a
+closed connection, a finished task).  A cycle that was alive at a freeze
+and dies later is not collected while frozen, so every
+``UNFREEZE_PERIOD_S`` the permanent generation is handed back and one
 full collection runs at once (it must run before the next freeze, or a
 quiet node would freeze the same garbage again): one full collection an
 hour, about 0.4 s per million stored jobs, instead of one every few seconds
@@ -43,17 +42,6 @@ UNFREEZE_PERIOD_S: Final = 3600.0
 FULL_COLLECTION_THRESHOLD: Final = 1000
 
 
-#: Allocations between two young (gen-0) collections (CPython's default is
-#: 700).  Every request allocates a few containers, and a young collection
-#: walks whatever is alive among the recent ones: at 700, collections ran
-#: every ~200 pipelined ADDJOBs and cost ~1,200 of their 13,300
-#: instructions each; at 10,000 an ADDJOB costs ~600 fewer (more of the
-#: requests' short-lived containers are gone when one runs, and the fixed
-#: cost is paid less often).  A young garbage cycle lives at most that many
-#: allocations longer.
-YOUNG_COLLECTION_THRESHOLD: Final = 10_000
-
-
 class CollectorPolicy:
     """Called from the cron with the monotonic time; see the module docstring."""
 
@@ -68,8 +56,8 @@ class CollectorPolicy:
     @staticmethod
     def install() -> None:
         """The node's collector thresholds (process-wide: call once, at start)."""
-        _gen0, gen1, _gen2 = gc.get_threshold()
-        gc.set_threshold(YOUNG_COLLECTION_THRESHOLD, gen1, FULL_COLLECTION_THRESHOLD)
+        gen0, gen1, _gen2 = gc.get_threshold()
+        gc.set_threshold(gen0, gen1, FULL_COLLECTION_THRESHOLD)
 
     def tick(self, now: float) -> None:
         if now - self._last_unfreeze >= UNFREEZE_PERIOD_S:
