@@ -126,6 +126,30 @@ def test_many_commands_behind_a_block_all_answer_in_order(server: DisqueProcess)
         r.close()
 
 
+def test_a_job_handed_to_a_waiting_client_is_queued_again_after_its_retry(
+        server: DisqueProcess) -> None:
+    """The hand-over answers the consumer first and schedules the job after:
+    the job must still come back to its queue when RETRY passes unacked."""
+    r = server.client()
+    consumer_client = server.client()
+    out: list[object] = []
+    consumer = threading.Thread(target=lambda: out.append(consumer_client.execute_command(
+        "GETJOB", "TIMEOUT", 10_000, "FROM", "qr")))
+    consumer.start()
+    wait_for(lambda: blocked(r) == 1, 5, message="the consumer blocked")
+    handed = r.execute_command("ADDJOB", "qr", "body", 0, "RETRY", 1)
+    consumer.join(5)
+    assert out == [[[b"qr", handed, b"body"]]]
+    assert r.execute_command("QLEN", "qr") == 0
+    # RETRY 1 s, with the original's jitter of up to half a second either way.
+    wait_for(lambda: r.execute_command("QLEN", "qr") == 1, 5,
+             message="the unacked job queued again after its RETRY")
+    again = r.execute_command("GETJOB", "NOHANG", "WITHCOUNTERS", "FROM", "qr")
+    assert again[0][1] == handed
+    entry = dict(zip(again[0][3::2], again[0][4::2], strict=True))
+    assert entry[b"additional-deliveries"] == 1
+
+
 def test_a_job_handed_to_a_waiting_client_is_counted_as_one_fetched(
         server: DisqueProcess) -> None:
     """A job added to an empty queue a client waits on goes straight to the

@@ -540,3 +540,21 @@ def test_memory_levels_keep_the_originals_thresholds_for_limits_of_any_size() ->
             expected = (0 if used * 20 <= limit * 15 else 1 if used * 20 <= limit * 19
                         else 2 if used < limit else 3)
             assert tracker.level() == expected, (limit, used)
+
+
+def test_creation_times_are_milliseconds_times_a_million_and_increase() -> None:
+    """next_ctime computes ``ms * 10**6`` from two small products (so that a
+    compiled node stays on machine integers): the value must be the plain
+    product, for this century's clocks and the edges of its split, and
+    strictly increasing within one millisecond."""
+    state = Node().state
+    rng = random.Random(7)
+    now = int(time.time() * 1000)
+    samples = sorted({0, 1, 0xFFFF, 0x10000, 2**31 - 1, 2**31, now, now + 1,
+                      *(rng.randrange(2**40, 2**46) for _ in range(2000))})
+    last = 0  # a new node's: the first creation time is at least 1
+    for ms in samples:
+        ctime = state.next_ctime(ms)
+        assert ctime == max(ms * 1_000_000, last + 1)
+        last = ctime
+    assert [state.next_ctime(samples[-1]) for _ in range(3)] == [last + 1, last + 2, last + 3]
