@@ -241,16 +241,16 @@ class CommandParser:
         n = len(data)
         args = self._args
         pos = 0
-        fast = self.max_bulk_len >= _FAST_MAX_BULK
-        if args is None and fast:
-            pos = _whole_requests(data, out)
+        max_bulk_len = self.max_bulk_len
+        fast = True
+        if args is None:
+            pos = _whole_requests(data, 0, max_bulk_len, out)
             if pos == n:
                 return  # whole requests only (the usual read): nothing to hold
             fast = False
         argc = self._argc
         bulklen = self._bulklen
         argbytes = self._argbytes
-        max_bulk_len = self.max_bulk_len
         find = data.find
         while True:
             if args is None:
@@ -263,7 +263,7 @@ class CommandParser:
                     # commands larger than a read (ACKJOB of 1,000 IDs is
                     # 47 KB) would otherwise never take the fast path.
                     fast = False
-                    pos += _whole_requests(data[pos:], out)
+                    pos = _whole_requests(data, pos, max_bulk_len, out)
                     if pos >= n:
                         break
                 if data[pos] != 0x2A:  # not '*': an inline command
@@ -358,73 +358,74 @@ class CommandParser:
         return data[nl + 1:]
 
 
-#: ``$<len>`` for every bulk length the fast path handles.
-_FAST_MAX_BULK: Final = 4096
-_BULK_HEADERS: Final = [b"$%d" % size for size in range(_FAST_MAX_BULK)]
-#: ``*<count>`` headers of the usual sizes, parsed in advance.
-#: Final (compiled: C statics): a module global is a dict lookup per use,
-#: and a bound ``dict.get`` a Python-level call per request.
-_REQUEST_COUNTS: Final = {b"*%d" % count: count for count in range(1, 256)}
+#: The longest ``*count`` / ``$len`` value the fast path reads (longer ones,
+#: legal or not, go to the exact parser).  Below 2**62: a tagged int.
+_FAST_MAX_DIGITS: Final = 18
 
 
-def _whole_requests(data: bytes, out: list[list[bytes]]) -> int:
-    """The fast path: append the complete, simple requests at the start of ``data``.
+def _whole_requests(data: bytes, start: int, max_bulk_len: int,
+                    out: list[list[bytes]]) -> int:
+    """The fast path: append the complete, well-formed requests from ``data[start:]``.
 
-    Most reads hold whole requests whose arguments contain no CRLF.  Then
-    ``data.split(CRLF)`` yields, per request, ``*count`` followed by
-    alternating ``$len`` headers and bodies, and the whole request is
-    validated at C speed: every header must be exactly ``$`` + the length of
-    the token after it.  A body that contains a CRLF makes its token shorter
-    than its header says, so it never validates.  The first request that is
-    not of that kind (inline, incomplete, a CRLF in a body, a body of 4 KiB
-    or more, anything malformed) stops the fast path; the exact parser
-    goes on from there (and reports errors).  Returns the bytes consumed.
+    Returns where the first request it did not take starts (``len(data)``
+    when it took them all, the usual read).  It walks the bytes once, in
+    compiled code: ``*count`` CRLF, then per argument ``$len`` CRLF, ``len``
+    bytes, CRLF, and slices each body out of ``data``.  Whatever it does not
+    recognise (an inline command, a request cut by the end of the read, a
+    header the original would refuse, a body over ``max_bulk_len``) stops it
+    at that request's first byte: the exact parser goes on from there and
+    reports the error, so both parsers accept exactly the same requests.
     """
-    tokens = data.split(b"\r\n")
-    last = len(tokens) - 1  # the last token is not followed by CRLF: incomplete
-    i = 0
-    # Pipelined requests mostly repeat one header: comparing it with the last
-    # one costs less than hashing it for the table.  (No token holds a CRLF.)
-    last_head = b"\r\n"
-    count = 0
-    while i < last:
-        head = tokens[i]
-        if head != last_head:
-            # "*1" to "*9" read directly: hashing the header costs more.
-            if len(head) == 2 and head[0] == 0x2A and 0x31 <= head[1] <= 0x39:
-                found: int | None = head[1] - 0x30
-            else:
-                found = _REQUEST_COUNTS.get(head)
-            if found is None:
-                if len(head) > MAX_HEADER_SIZE or head[:1] != b"*":
-                    break  # the exact parser decides (and reports a bad header)
-                found = _header_int(head[1:])
-                if found is None or not 0 < found <= MAX_MULTIBULK_LENGTH:
-                    break
-            last_head = head
-            count = found
-        j = i + 1 + 2 * count
-        if j > last:
+    n = len(data)
+    pos = start
+    while pos < n:
+        if data[pos] != 0x2A:  # '*'
             break
-        # One compiled loop: every header is exactly "$" + its body's length.
-        bodies: list[bytes] = []
-        k = i + 1
-        while k < j:
-            body = tokens[k + 1]
-            size = len(body)
-            if size >= _FAST_MAX_BULK or tokens[k] != _BULK_HEADERS[size]:
+        count, p = _decimal(data, pos + 1, n)
+        if count <= 0 or count > MAX_MULTIBULK_LENGTH:
+            break
+        args: list[bytes] = []
+        while count:
+            if p >= n or data[p] != 0x24:  # '$'
                 break
-            bodies.append(body)
-            k += 2
-        if k < j:
+            size, p = _decimal(data, p + 1, n)
+            if size < 0 or size > max_bulk_len:
+                break
+            end = p + size
+            if end + 1 >= n or data[end] != 0x0D or data[end + 1] != 0x0A:
+                break
+            args.append(data[p:end])
+            p = end + 2
+            count -= 1
+        if count:
             break
-        out.append(bodies)
-        i = j
-    if not i:
-        return 0
-    if i == last and not tokens[last]:
-        return len(data)  # the usual case: the read ended with the last request
-    return sum(map(len, tokens[:i])) + 2 * i
+        out.append(args)
+        pos = p
+    return pos
+
+
+def _decimal(data: bytes, pos: int, n: int) -> tuple[int, int]:
+    """The header value at ``data[pos:]`` and the position after its CRLF.
+
+    The value is -1 where the fast path must leave the header to the exact
+    parser: no digits, a sign, a leading zero (refused by the original's
+    string2ll), more than :data:`_FAST_MAX_DIGITS` digits, anything before
+    the CRLF, or the end of the read.
+    """
+    value = 0
+    i = pos
+    limit = min(pos + _FAST_MAX_DIGITS, n)
+    while i < limit:
+        c = data[i]
+        if c < 0x30 or c > 0x39:
+            break
+        value = value * 10 + (c - 0x30)
+        i += 1
+    digits = i - pos
+    if (digits == 0 or (digits > 1 and data[pos] == 0x30)
+            or i + 1 >= n or data[i] != 0x0D or data[i + 1] != 0x0A):
+        return -1, pos
+    return value, i + 2
 
 
 def _error(message: str, commands: list[list[bytes]]) -> ProtocolError:

@@ -164,6 +164,40 @@ def test_random_streams_cut_anywhere(seed: int) -> None:
     assert feed_all([data]) == expected
 
 
+def _outcome(chunks: list[bytes]) -> tuple[list[list[bytes]], str | None]:
+    """The commands a parser returns for ``chunks`` and the error it stops with."""
+    parser = CommandParser()
+    out: list[list[bytes]] = []
+    for chunk in chunks:
+        try:
+            out += parser.feed(chunk)
+        except ProtocolError as err:
+            return out + (err.commands or []), str(err)
+    return out, None
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_mutated_streams_get_the_same_answer_whole_or_byte_by_byte(seed: int) -> None:
+    """Valid pipelines with bytes changed into header characters.
+
+    Fed whole, a stream mostly goes through the fast path; fed byte by byte,
+    through the exact parser alone.  Both must accept the same requests and
+    refuse at the same one with the same error: the fast path only ever
+    hands over to the exact parser, never decides differently.
+    """
+    rng = random.Random(seed)
+    alphabet = b"*$\r\n0123456789-+ x"
+    for _ in range(40):
+        requests = (_random_request(rng)[0] for _ in range(rng.randrange(1, 12)))
+        data = bytearray(b"".join(raw for raw in requests if len(raw) < 400))
+        if not data:
+            continue
+        for _ in range(rng.randrange(1, 4)):
+            data[rng.randrange(len(data))] = alphabet[rng.randrange(len(alphabet))]
+        stream = bytes(data)
+        assert _outcome([stream]) == _outcome(bytewise(stream)), stream
+
+
 # --------------------------------------------------------------------------
 # Malformed multi-bulk frames
 # --------------------------------------------------------------------------
