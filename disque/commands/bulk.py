@@ -30,7 +30,16 @@ from ..eviction import free_memory_if_needed
 from ..protocol import Encoded, ReplyError, Status
 from ..waiters import NO_REPLY, Blocked, Waiter, park, unblock
 from .jobs import addjob, parse_addjob
-from .registry import BLOCKED, KEYS_QUEUE, OOM, CommandClient, CommandError, command
+from .registry import (
+    BLOCKED,
+    KEYS_QUEUE,
+    OOM,
+    CommandClient,
+    CommandError,
+    OptionName,
+    command,
+    is_option,
+)
 
 if TYPE_CHECKING:
     from ..state import ServerState
@@ -41,7 +50,7 @@ __all__ = ["MAX_BODIES", "addjobs"]
 #: serves anybody else: 10,000 small jobs take ~0.1 s here.
 MAX_BODIES: Final = 10_000
 
-_BODIES: Final = b"bodies"
+_BODIES: Final = OptionName(b"bodies")
 #: Errors that depend only on the command and the node, not on which body:
 #: the first body shows them, and they refuse the whole command.
 _WHOLE_COMMAND_ERRORS: Final = ("NOREPL Not enough reachable nodes", "PAUSED", "LEAVING", "ERR")
@@ -126,7 +135,7 @@ def _split(argv: list[bytes]) -> tuple[list[bytes], list[bytes]]:
     ``DELAY bodies x`` DELAY lacks its value, a syntax error.
     """
     for i in range(3, len(argv)):
-        if argv[i].lower() == _BODIES:
+        if is_option(argv[i], _BODIES):
             return argv[3:i], argv[i + 1:]
     raise CommandError("ERR syntax error: ADDJOBS needs BODIES followed by at least one body")
 

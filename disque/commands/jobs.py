@@ -26,13 +26,16 @@ from ..waiters import WITH_COUNTERS, WITH_LEASE, block_for_jobs, entries_reply, 
 from ..waitjob import completion_of, wait_for
 from .registry import (
     BLOCKED,
+    FROM,
     KEYS_FROM,
     KEYS_JOBS,
     KEYS_QUEUE,
     SYNTAX_ERROR,
     CommandClient,
     CommandError,
+    OptionName,
     command,
+    is_option,
     parse_int,
     parse_job_ids,
     parse_timeout_ms,
@@ -93,6 +96,13 @@ _BACKOFF_TOO_BIG: Final = ("ERR BACKOFF must be a number of seconds > 0 "
 _MAXDELIVERIES_ERROR: Final = f"ERR MAXDELIVERIES must be between 1 and {MAX_DELIVERIES}"
 PRIORITY_ERROR: Final = f"ERR PRIORITY must be between 0 and {MAX_PRIORITY}"
 
+_REPLICATE: Final = OptionName(b"replicate")
+_TTL: Final = OptionName(b"ttl")
+_RETRY: Final = OptionName(b"retry")
+_DELAY: Final = OptionName(b"delay")
+_MAXLEN: Final = OptionName(b"maxlen")
+_ASYNC: Final = OptionName(b"async")
+
 #: ADDJOB without options (the common case) shares one options object.
 _DEFAULT_OPTIONS: Final = AddJobOptions()
 
@@ -105,43 +115,46 @@ def parse_addjob(argv: list[bytes]) -> AddJobOptions:
     opts = AddJobOptions()
     i = 4
     while i < n:
-        opt = argv[i].lower()
+        arg = argv[i]
         has_value = i + 1 < n
-        if opt == b"replicate" and has_value:
+        if is_option(arg, _REPLICATE) and has_value:
             opts.replicate = parse_int(argv[i + 1], "ERR REPLICATE must be between 1 and 65535",
                                        1, 65535, "ERR REPLICATE must be between 1 and 65535")
             i += 2
-        elif opt == b"ttl" and has_value:
+        elif is_option(arg, _TTL) and has_value:
             opts.ttl = parse_int(argv[i + 1], "ERR TTL must be a number > 0", 1, MAX_TTL,
                                  _TTL_TOO_BIG)
             i += 2
-        elif opt == b"retry" and has_value:
+        elif is_option(arg, _RETRY) and has_value:
             opts.retry = parse_int(argv[i + 1], "ERR RETRY time must be a non negative number",
                                    0, MAX_SECONDS, _RETRY_TOO_BIG)
             i += 2
-        elif opt == b"delay" and has_value:
+        elif is_option(arg, _DELAY) and has_value:
             # Any DELAY too big to be a number is also beyond the TTL: say that.
             opts.delay = parse_int(argv[i + 1], "ERR DELAY time must be a non negative number",
                                    0, too_big=DELAY_AFTER_TTL)
             i += 2
-        elif opt == b"maxlen" and has_value:
+        elif is_option(arg, _MAXLEN) and has_value:
             opts.maxlen = parse_int(argv[i + 1], "ERR MAXLEN must be a positive number", 1)
             i += 2
-        elif opt == b"async":
+        elif is_option(arg, _ASYNC):
             opts.async_ = True
             i += 1
-        elif opt in _EXTENSION_OPTIONS and has_value:
-            _parse_extension_option(opts, opt, argv[i + 1])
-            i += 2
-        elif opt == b"idmp" and has_value:
-            opts.idmp = parse_idmp_key(argv[i + 1])
-            i += 2
-        elif opt == b"idmp-window" and has_value:
-            opts.idmp_window = parse_int(argv[i + 1], IDMP_WINDOW_ERROR, 1, MAX_WINDOW_S,
-                                         IDMP_WINDOW_ERROR)
-            i += 2
-        else:
+        elif not has_value:
             raise CommandError(SYNTAX_ERROR)
+        else:
+            # The extensions' options, less common: one lower() for them all.
+            opt = arg.lower()
+            if opt in _EXTENSION_OPTIONS:
+                _parse_extension_option(opts, opt, argv[i + 1])
+            elif opt == b"idmp":
+                opts.idmp = parse_idmp_key(argv[i + 1])
+            elif opt == b"idmp-window":
+                opts.idmp_window = parse_int(argv[i + 1], IDMP_WINDOW_ERROR, 1, MAX_WINDOW_S,
+                                             IDMP_WINDOW_ERROR)
+            else:
+                raise CommandError(SYNTAX_ERROR)
+            i += 2
     if opts.idmp_window != -1 and opts.idmp is None:
         raise CommandError("ERR IDMP-WINDOW needs IDMP <key>")
     opts.timeout = parse_timeout_ms(argv[3])
@@ -351,6 +364,13 @@ def _take_jobs(state: ServerState, queues: list[bytes], count: int,
             return emitted
 
 
+_COUNT: Final = OptionName(b"count")
+_TIMEOUT: Final = OptionName(b"timeout")
+_NOHANG: Final = OptionName(b"nohang")
+_WITHCOUNTERS: Final = OptionName(b"withcounters")
+_WITHLEASE: Final = OptionName(b"withlease")
+
+
 @command("getjob", -3, "write", keys=KEYS_FROM, categories="blocking")
 def getjob(state: ServerState, client: CommandClient, argv: list[bytes]) -> Any:
     """GETJOB [NOHANG] [TIMEOUT ms] [COUNT n] [WITHCOUNTERS] [WITHLEASE] FROM q1 q2 ...
@@ -365,23 +385,23 @@ def getjob(state: ServerState, client: CommandClient, argv: list[bytes]) -> Any:
     queues: list[bytes] = []
     i, n = 1, len(argv)
     while i < n:
-        opt = argv[i].lower()
+        arg = argv[i]
         has_value = i + 1 < n
-        if opt == b"nohang":
-            nohang = True
-        elif opt == b"withcounters":
-            fields |= WITH_COUNTERS
-        elif opt == b"withlease":
-            fields |= WITH_LEASE
-        elif opt == b"timeout" and has_value:
-            timeout = parse_timeout_ms(argv[i + 1])
-            i += 1
-        elif opt == b"count" and has_value:
-            count = parse_int(argv[i + 1], "ERR COUNT must be a number greater than zero", 1)
-            i += 1
-        elif opt == b"from":
+        if is_option(arg, FROM):
             queues = argv[i + 1:]
             break
+        if is_option(arg, _COUNT) and has_value:
+            count = parse_int(argv[i + 1], "ERR COUNT must be a number greater than zero", 1)
+            i += 1
+        elif is_option(arg, _TIMEOUT) and has_value:
+            timeout = parse_timeout_ms(argv[i + 1])
+            i += 1
+        elif is_option(arg, _NOHANG):
+            nohang = True
+        elif is_option(arg, _WITHCOUNTERS):
+            fields |= WITH_COUNTERS
+        elif is_option(arg, _WITHLEASE):
+            fields |= WITH_LEASE
         else:
             raise CommandError(SYNTAX_ERROR)
         i += 1

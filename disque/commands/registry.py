@@ -40,6 +40,7 @@ if TYPE_CHECKING:
 __all__ = [
     "CommandClient",
     "Command", "CommandError", "COMMANDS", "command", "execute", "BLOCKED",
+    "FROM", "OptionName", "is_option",
     "parse_int", "parse_job_ids", "parse_timeout_ms", "range_error", "SYNTAX_ERROR",
     "INT_ERROR", "KEYS_NONE", "KEYS_QUEUE", "KEYS_FROM", "KEYS_JOBS", "acl_catalog",
     "queue_refusal",
@@ -149,6 +150,8 @@ def command(name: str, arity: int, flags: str = "", *, keys: int = KEYS_NONE,
         COMMANDS[name.encode()] = cmd
         COMMANDS[name.upper().encode()] = cmd
         _CATALOG.clear()
+        _LAST.name = b""
+        _LAST.command = None
         return handler
     return register
 
@@ -181,17 +184,41 @@ def acl_catalog() -> dict[str, frozenset[str]]:
     return _CATALOG
 
 
+class _LastLookup:
+    """The last name :func:`lookup` found and its command."""
+
+    __slots__ = ("command", "name")
+
+    def __init__(self) -> None:
+        self.name = b""
+        self.command: Command | None = None
+
+
+#: A connection, a pipeline, most workloads send one command over and over:
+#: comparing the name with the last one costs less than hashing it for the
+#: table (names arrive as new bytes objects, their hash not yet computed).
+#: Forgotten whenever a command is declared.
+_LAST: Final = _LastLookup()
+
+
 def lookup(name: bytes) -> Command | None:
     """The command called ``name``, in any letter case."""
+    last = _LAST
+    if name == last.name:
+        return last.command
     cmd = COMMANDS.get(name)
     if cmd is None:
         cmd = COMMANDS.get(name.lower())
+        if cmd is None:
+            return None
+    last.name = name
+    last.command = cmd
     return cmd
 
 
 def execute(state: ServerState, client: CommandClient, argv: list[bytes]) -> Any:
     """Run one command and return its reply (or ``BLOCKED``)."""
-    cmd = COMMANDS.get(argv[0]) or lookup(argv[0])
+    cmd = lookup(argv[0])
     if cmd is None:
         name = argv[0][:128].decode("utf-8", "replace")
         return ReplyError(f"ERR unknown command '{name}'")
@@ -244,7 +271,7 @@ def _acl_refusal(state: ServerState, user: User, cmd: Command,
     if keys == KEYS_FROM:
         for i in range(1, len(argv)):
             arg = argv[i]
-            if len(arg) == 4 and arg.lower() == b"from":  # lower() only for candidates
+            if is_option(arg, FROM):
                 for name in argv[i + 1:]:
                     refused = queue_refusal(state, user, name)
                     if refused is not None:
@@ -274,6 +301,33 @@ def queue_refusal(state: ServerState, user: User, queue: bytes) -> ReplyError | 
 # --------------------------------------------------------------------------
 # Argument helpers
 # --------------------------------------------------------------------------
+
+class OptionName:
+    """A command option's name in both letter cases, for :func:`is_option`."""
+
+    __slots__ = ("lower", "upper")
+
+    def __init__(self, lower: bytes) -> None:
+        self.lower = lower
+        self.upper = lower.upper()
+
+
+def is_option(arg: bytes, option: OptionName) -> bool:
+    """Whether ``arg`` is ``option``, in any letter case.
+
+    Clients write an option all in capitals or all in lower case: two
+    comparisons decide, and only a mixed-case word pays for ``lower()``
+    (a new bytes object per argument and option tried, as Python code
+    in the compiled core).
+    """
+    if arg == option.upper or arg == option.lower:
+        return True
+    return len(arg) == len(option.lower) and arg.lower() == option.lower
+
+
+#: GETJOB's FROM: the queues follow it (also read by the users' permissions).
+FROM: Final = OptionName(b"from")
+
 
 def parse_int(raw: bytes, error: str = INT_ERROR, low: int = INT64_MIN,
               high: int = INT64_MAX, too_big: str | None = None) -> int:
