@@ -15,12 +15,9 @@ moves the monotonic clock too, so a well-kept clock is followed exactly.
 
 from __future__ import annotations
 
-import random as _random_module
+import random
 import time
 from typing import Final
-
-#: Final (compiled: a C static): an imported name is a dict lookup per call.
-_random: Final = _random_module.random
 
 __all__ = ["Clock", "FOLLOW_RATE", "ManualClock", "random_time_error"]
 
@@ -28,6 +25,7 @@ __all__ = ["Clock", "FOLLOW_RATE", "ManualClock", "random_time_error"]
 #: in a method every command calls.
 _time_ns: Final = time.time_ns
 _monotonic_ns: Final = time.monotonic_ns
+_monotonic: Final = time.monotonic
 
 #: The node's clock moves toward a stepped system clock by at most this
 #: fraction of the time elapsed (1%: a 30 s step is absorbed in 50 minutes).
@@ -39,10 +37,14 @@ class Clock:
 
     def __init__(self) -> None:
         self._offset_ns = _time_ns() - _monotonic_ns()
+        # The same offset in float milliseconds, for now_ms(): ns since 1970
+        # are past what the compiled core keeps unboxed, a float's 53 bits
+        # hold today's milliseconds to well under a microsecond.
+        self._offset_ms = self._offset_ns / 1e6
         self._last_follow_ns = _monotonic_ns()
 
     def now_ms(self) -> int:
-        return (_monotonic_ns() + self._offset_ns) // 1_000_000
+        return int(_monotonic() * 1000.0 + self._offset_ms)
 
     def skew_ms(self) -> int:
         """The system clock minus this clock, in ms (0 unless it was stepped)."""
@@ -57,6 +59,7 @@ class Clock:
         skew = _time_ns() - mono - self._offset_ns
         step = max(-budget, min(budget, skew))
         self._offset_ns += step
+        self._offset_ms = self._offset_ns / 1e6
         return (skew - step) // 1_000_000
 
 
@@ -80,11 +83,34 @@ class ManualClock(Clock):
         self.ms += ms
 
 
+class _Jitter:
+    """The state of :func:`random_time_error`'s generator."""
+
+    __slots__ = ("state",)
+
+    def __init__(self) -> None:
+        self.state = random.getrandbits(30)
+
+
+#: A linear congruential generator modulo 2**30: a multiplier = 1 (mod 4)
+#: and an odd increment give it the full period (Hull-Dobell), and both
+#: factors of each step stay below 2**30, where the compiled core multiplies
+#: machine integers (random.random() is a call into Python per job).
+#: Jitter needs no better randomness: it only has to spread copies apart.
+_LCG_MULTIPLIER: Final = 29773421
+_LCG_INCREMENT: Final = 1013904223 & 0x3FFFFFFF
+_JITTER: Final = _Jitter()
+
+
 def random_time_error(span_ms: int = 500) -> int:
     """Jitter in [-span/2, span/2), like the original's randomTimeError.
 
     Copies of a job on different nodes must not all requeue at the same
     instant; the jitter spreads them so WILLQUEUE/QUEUED can de-duplicate.
+    Each process seeds its own generator, so nodes do not draw alike.
     """
-    # random() rather than randrange(): the same distribution at half the cost.
-    return int(_random() * span_ms) - span_ms // 2
+    jitter = _JITTER
+    state = (jitter.state * _LCG_MULTIPLIER + _LCG_INCREMENT) & 0x3FFFFFFF
+    jitter.state = state
+    # The high bits: an LCG's low bits repeat with short periods.
+    return ((state * span_ms) >> 30) - span_ms // 2
