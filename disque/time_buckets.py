@@ -29,7 +29,7 @@ STALE_NUMBERS: Final = 1024
 
 
 class TimeBuckets(Generic[T]):
-    __slots__ = ("_buckets", "_heaped", "_keys")
+    __slots__ = ("_buckets", "_heaped", "_keys", "_last_bucket", "_last_number")
 
     def __init__(self) -> None:
         # Emptied buckets are deleted at once: a dict keeps its table after
@@ -37,6 +37,11 @@ class TimeBuckets(Generic[T]):
         self._buckets: dict[int, dict[T, None]] = {}
         self._keys: list[int] = []    # heap of bucket numbers (some maybe emptied since)
         self._heaped: set[int] = set()  # the numbers in _keys, so each is pushed once
+        # The bucket add() used last: items mostly arrive in the same
+        # millisecond bucket as the one before (a pipeline of ADDJOBs, their
+        # RETRY times), and comparing a number costs less than a dict lookup.
+        self._last_number = 0
+        self._last_bucket: dict[T, None] | None = None
 
     def __len__(self) -> int:
         """Items held."""
@@ -48,13 +53,22 @@ class TimeBuckets(Generic[T]):
         return len(self._keys)
 
     def add(self, number: int, item: T) -> None:
-        bucket = self._buckets.get(number)
-        if bucket is None:
-            bucket = self._buckets[number] = {}
-            if number not in self._heaped:
-                self._heaped.add(number)
-                heapq.heappush(self._keys, number)
+        bucket = self._last_bucket
+        if bucket is None or number != self._last_number:
+            bucket = self._buckets.get(number)
+            if bucket is None:
+                bucket = self._buckets[number] = {}
+                if number not in self._heaped:
+                    self._heaped.add(number)
+                    heapq.heappush(self._keys, number)
+            self._last_number = number
+            self._last_bucket = bucket
         bucket[item] = None
+
+    def _forget_last(self, number: int) -> None:
+        """Bucket ``number`` was deleted: add() must not fill it any more."""
+        if number == self._last_number:
+            self._last_bucket = None
 
     def remove(self, number: int, item: T) -> None:
         """Take ``item`` out of bucket ``number`` (nothing if it is not there)."""
@@ -64,6 +78,7 @@ class TimeBuckets(Generic[T]):
                 del bucket[item]
             if not bucket:
                 del self._buckets[number]
+                self._forget_last(number)
                 if len(self._keys) > 2 * len(self._buckets) + STALE_NUMBERS:
                     self._rebuild_keys()
 
@@ -94,8 +109,10 @@ class TimeBuckets(Generic[T]):
         heapq.heappop(self._keys)
         self._heaped.discard(number)
         self._buckets.pop(number, None)
+        self._forget_last(number)
 
     def clear(self) -> None:
         self._buckets.clear()
         self._keys.clear()
         self._heaped.clear()
+        self._last_bucket = None
