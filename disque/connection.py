@@ -1,6 +1,6 @@
 """One client connection: read requests, run them in order, write replies.
 
-An ``asyncio.Protocol`` rather than streams: every chunk read is parsed and
+An asyncio protocol (its callbacks) rather than streams: every chunk read is parsed and
 its commands run in the same callback, and the replies to one read leave
 with one ``write``: pipelining costs one syscall per batch, not per command.
 While the AOF logs, replies are not written from that callback: they wait
@@ -40,17 +40,17 @@ import logging
 import os
 import time
 from collections import deque
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final, cast
 
-from .commands import BLOCKED, execute
+from .commands import BLOCKED, CommandClient, execute
 from .protocol import CommandParser, ProtocolError, ReplyError, encode
-from .waiters import NO_REPLY, Blocked, unblock
+from .waiters import NO_REPLY, Waiter, unblock
 
 if TYPE_CHECKING:
-    from .acl import User
     from .state import ServerState
 
-__all__ = ["ClientConnection", "ReplyBatch"]
+__all__ = ["ClientConnection", "ReplyBatch", "connection_factory"]
 
 log: Final = logging.getLogger("disque.connection")
 
@@ -123,7 +123,7 @@ class ReplyBatch:
             connection.drop_output()
 
 
-class ReplySlot:
+class ReplySlot(Waiter):
     """The place of one reply among replies that must leave in order.
 
     A replicating ADDJOB moved out of the connection's way waits here (the
@@ -131,11 +131,9 @@ class ReplySlot:
     :meth:`resume`); a reply produced behind it is stored already encoded.
     """
 
-    __slots__ = ("blocked", "connection", "reply")
-
     def __init__(self, connection: ClientConnection, reply: bytes | None = None) -> None:
+        super().__init__()
         self.connection = connection
-        self.blocked: Blocked | None = None
         self.reply = reply
 
     def resume(self, reply: Any) -> None:
@@ -152,8 +150,20 @@ def _overlappable(argv: list[bytes]) -> bool:
     return name == b"ADDJOB" or name == b"addjob" or name.lower() in _ADDJOBS
 
 
-class ClientConnection(asyncio.Protocol):
+class ClientConnection(CommandClient):
+    """A client's connection: the event loop's protocol callbacks and the
+    command client the command table runs commands for.
+
+    Not an ``asyncio.Protocol`` subclass: event loops call a protocol's
+    methods by name (uvloop's transports are not asyncio's classes either),
+    and deriving from a Python class would make this one a Python class in
+    the compiled core, every field read a dictionary lookup.
+    """
+
     def __init__(self, state: ServerState, batch: ReplyBatch) -> None:
+        #: The user this connection authenticated as (acl.py); None until
+        #: AUTH when ``default`` needs a password.
+        super().__init__(state.acl.initial_user())
         self.state = state
         self._batch = batch
         self._out: list[bytes] = []   # replies waiting for the end of the loop turn
@@ -162,10 +172,6 @@ class ClientConnection(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         config = state.config
         self.parser = CommandParser(config.proto_max_bulk_len, config.client_query_buffer_limit)
-        #: The user this connection authenticated as (acl.py); None until
-        #: AUTH when ``default`` needs a password.
-        self.user: User | None = state.acl.initial_user()
-        self.resp3 = False
         self.name = b""
         self.lib_name = b""
         self.lib_ver = b""
@@ -174,8 +180,6 @@ class ClientConnection(asyncio.Protocol):
         self.local_ip = "127.0.0.1"
         self.created = time.monotonic()
         self.last_interaction = self.created
-        self.last_command = "NULL"
-        self.blocked: Blocked | None = None
         #: Replies owed in order behind overlapped ADDJOBs (see ReplySlot).
         self.slots: deque[ReplySlot] = deque()
         self.pending: deque[list[bytes]] = deque()
@@ -232,6 +236,10 @@ class ClientConnection(asyncio.Protocol):
                 self._pause_reading()
             return
         self._run(commands, at_once=True)
+
+    def eof_received(self) -> bool | None:
+        """The client closed its side: let the transport close ours (None)."""
+        return None
 
     def pause_writing(self) -> None:
         self._write_paused = True
@@ -466,6 +474,13 @@ class ClientConnection(asyncio.Protocol):
                 f"user={self.user.name if self.user is not None else ''} "
                 f"lib-name={self.lib_name.decode('latin-1')} "
                 f"lib-ver={self.lib_ver.decode('latin-1')}")
+
+
+def connection_factory(state: ServerState, batch: ReplyBatch) -> Callable[[], asyncio.Protocol]:
+    """What ``create_server`` and ``connect_accepted_socket`` take: a
+    :class:`ClientConnection` has every method of ``asyncio.Protocol``, which
+    event loops call by name (the cast is for the type checker only)."""
+    return lambda: cast(asyncio.Protocol, ClientConnection(state, batch))
 
 
 def _format_addr(addr: Any) -> str:

@@ -41,7 +41,7 @@ from .cluster.auth import BusAuth
 from .cluster.bus import BUS_PORT_OFFSET, ClusterBus
 from .commands.acl import load_acl_file
 from .config import Config, ConfigError
-from .connection import ClientConnection, ReplyBatch
+from .connection import ReplyBatch, connection_factory
 from .cyclic_gc import CollectorPolicy
 from .drain import Drain
 from .federation import need_jobs_cron
@@ -201,7 +201,7 @@ class DisqueServer:
             host = None if address == "*" else address
             try:
                 server = await loop.create_server(
-                    lambda: ClientConnection(state, replies), host, port,
+                    connection_factory(state, replies), host, port,
                     backlog=config.tcp_backlog, reuse_address=True)
             except OSError as err:
                 for other in servers:

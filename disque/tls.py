@@ -23,7 +23,7 @@ import ssl
 from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any
 
-from .connection import ClientConnection, ReplyBatch
+from .connection import ReplyBatch, connection_factory
 from .log import RateLimitedLog
 
 if TYPE_CHECKING:
@@ -144,7 +144,7 @@ class TLSListener:
         state, replies = self.state, self.replies
         try:
             await asyncio.get_running_loop().connect_accepted_socket(
-                lambda: ClientConnection(state, replies), sock, ssl=self.context,
+                connection_factory(state, replies), sock, ssl=self.context,
                 ssl_handshake_timeout=HANDSHAKE_TIMEOUT_S)
         except (OSError, ssl.SSLError, TimeoutError, ConnectionError) as err:
             sock.close()

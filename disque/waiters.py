@@ -24,8 +24,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-from typing import TYPE_CHECKING, Any, Final, Protocol
+from typing import TYPE_CHECKING, Any, Final
 
+from .compiled import mypyc_attr
 from .job import Job
 from .protocol import CRLF, NULL_ARRAY, Encoded, array_header, bulk_header
 from .queue_table import Queue
@@ -59,10 +60,24 @@ WITH_COUNTERS: Final = 1
 WITH_LEASE: Final = 2
 
 
-class Waiter(Protocol):
-    blocked: Blocked | None
+@mypyc_attr(allow_interpreted_subclasses=True)
+class Waiter:
+    """Who gets a blocked command's reply: :func:`unblock` calls :meth:`resume`.
 
-    def resume(self, reply: Any) -> None: ...
+    The connection that sent the command, or a stand-in for it (the place of
+    a reply among others, one body of an ADDJOBS, a test's client).  A base
+    class rather than a Protocol: compiled, the core then reads ``blocked``
+    and calls ``resume`` natively, where a Protocol made each a Python-level
+    lookup.  Interpreted subclasses are allowed for the tests' stand-ins.
+    """
+
+    def __init__(self) -> None:
+        #: The command this client waits for (None: not blocked).
+        self.blocked: Blocked | None = None
+
+    def resume(self, reply: Any) -> None:
+        """The blocked command completed with ``reply``."""
+        raise NotImplementedError
 
 
 class Blocked:

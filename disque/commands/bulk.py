@@ -56,20 +56,15 @@ _BODIES: Final = OptionName(b"bodies")
 _WHOLE_COMMAND_ERRORS: Final = ("NOREPL Not enough reachable nodes", "PAUSED", "LEAVING", "ERR")
 
 
-class _Member:
+class _Member(CommandClient):
     """The stand-in client of one body's ADDJOB while its copies are made:
     its reply lands in the batch's reply instead of a connection."""
 
-    __slots__ = ("batch", "blocked", "index", "last_command", "resp3", "user")
-
     def __init__(self, batch: BlockedBatch, index: int, user: User | None) -> None:
+        # The user of the ADDJOBS: ADDJOB checks a DEADLETTER queue against it.
+        super().__init__(user, "addjobs")
         self.batch = batch
         self.index = index
-        self.blocked: Blocked | None = None
-        #: The user of the ADDJOBS (ADDJOB checks a DEADLETTER queue against it).
-        self.user = user
-        self.last_command = "addjobs"
-        self.resp3 = False
 
     def resume(self, reply: Any) -> None:
         self.batch.member_done(self.index, reply)

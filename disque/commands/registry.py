@@ -26,16 +26,17 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Final, Protocol
+from typing import TYPE_CHECKING, Any, Final
 
 from ..acl import User
+from ..compiled import mypyc_attr
 from ..eviction import free_memory_if_needed
 from ..job import are_valid_job_ids, is_valid_job_id
 from ..protocol import ReplyError
+from ..waiters import Waiter
 
 if TYPE_CHECKING:
     from ..state import ServerState
-    from ..waiters import Blocked
 
 __all__ = [
     "CommandClient",
@@ -48,20 +49,25 @@ __all__ = [
 
 log: Final = logging.getLogger("disque.commands")
 
-class CommandClient(Protocol):
-    """What the command table and the job commands use of the connection that
-    sent a command.  A Protocol rather than ``ClientConnection``: in the
-    compiled core a class annotation is checked at run time, and the
-    in-process test harness drives commands with a stand-in."""
 
-    #: The user the connection authenticated as; None before AUTH (when
-    #: ``default`` needs a password).
-    user: User | None
-    last_command: str
-    blocked: Blocked | None
-    resp3: bool
+@mypyc_attr(allow_interpreted_subclasses=True)
+class CommandClient(Waiter):
+    """What the command table and the job commands use of the client that
+    sent a command: the connection (``ClientConnection``), or a stand-in
+    that runs a command without one (each body of an ADDJOBS, the tests'
+    in-process node).  A base class rather than a Protocol: compiled, its
+    fields are then read natively (a Protocol made each read a Python-level
+    attribute lookup, several per command)."""
 
-    def resume(self, reply: Any) -> None: ...
+    def __init__(self, user: User | None, last_command: str = "NULL") -> None:
+        super().__init__()
+        #: The user the client authenticated as; None before AUTH (when
+        #: ``default`` needs a password).
+        self.user = user
+        #: The last command it ran (CLIENT LIST's ``cmd``).
+        self.last_command = last_command
+        #: HELLO 3 switched it to RESP3.
+        self.resp3 = False
 
 
 #: Handlers of commands outside the job core take the real ClientConnection.

@@ -13,27 +13,23 @@ import hiredis
 from disque.acl import User
 from disque.clock import ManualClock
 from disque.cluster import ClusterNode, ClusterState
-from disque.commands import execute
+from disque.commands import CommandClient, execute
 from disque.config import Config
 from disque.node_events import NodeEvents
 from disque.protocol import Encoded, ReplyError, Status
 from disque.state import ServerState
 from disque.timers import process_due_jobs
-from disque.waiters import BlockedGet
 
 NODE_ID = "a" * 40
 
 
-class LocalClient:
-    """The attributes the command table reads from a connection."""
+class LocalClient(CommandClient):
+    """A command client without a socket: its replies are kept in a list."""
 
     def __init__(self, user: User) -> None:
-        self.user: User | None = user
-        self.last_command = ""
-        self.blocked: BlockedGet | None = None
+        super().__init__(user)
         self.replies: list[Any] = []
         self.local_ip = "127.0.0.1"
-        self.resp3 = False
         self.id = 1
 
     def resume(self, reply: Any) -> None:

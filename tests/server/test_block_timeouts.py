@@ -5,13 +5,11 @@ from __future__ import annotations
 import threading
 import time
 
-from disque.waiters import BlockDeadlines, Blocked
+from disque.waiters import BlockDeadlines, Blocked, Waiter
 from tests.support.process import DisqueProcess, wait_for
 
 
-class _Client:
-    blocked = None
-
+class _Client(Waiter):
     def resume(self, reply: object) -> None:
         pass
 
