@@ -44,6 +44,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any, Final
 
+from .compiled import i64, mypyc_attr
 from .replies import Map, Status
 
 __all__ = [
@@ -83,8 +84,13 @@ class ProtocolError(Exception):
         self.commands: list[list[bytes]] = commands if commands is not None else []
 
 
+@mypyc_attr(acyclic=True)
 class ReplyError:
-    """A RESP error reply. ``message`` starts with the error code (``ERR``, ``NOJOB``...)."""
+    """A RESP error reply. ``message`` starts with the error code (``ERR``, ``NOJOB``...).
+
+    Acyclic (for mypyc: not tracked by the cyclic collector), as
+    :class:`Encoded`: it holds a string.
+    """
 
     __slots__ = ("message",)
 
@@ -101,12 +107,15 @@ class ReplyError:
         return hash(self.message)
 
 
+@mypyc_attr(acyclic=True)
 class Encoded:
     """A reply already in RESP form, sent as it is.
 
     For ``+<job ID>``, the answer of every ADDJOB: made from the ID's bytes
     in one concatenation, where a Status needed the ID decoded, a str
     subclass instantiated (a Python-level call) and the text encoded back.
+    Acyclic (for mypyc: not tracked by the cyclic collector, one per
+    ADDJOB that the collector need not count or walk): it holds bytes.
     """
 
     __slots__ = ("raw",)
@@ -359,12 +368,12 @@ class CommandParser:
 
 
 #: The longest ``*count`` / ``$len`` value the fast path reads (longer ones,
-#: legal or not, go to the exact parser).  Below 2**62: a tagged int.
+#: legal or not, go to the exact parser): 18 digits fit an ``i64``.
 _FAST_MAX_DIGITS: Final = 18
 
 
-def _whole_requests(data: bytes, start: int, max_bulk_len: int,
-                    out: list[list[bytes]]) -> int:
+def _whole_requests(data: bytes, start: i64, max_bulk_len: i64,
+                    out: list[list[bytes]]) -> i64:
     """The fast path: append the complete, well-formed requests from ``data[start:]``.
 
     Returns where the first request it did not take starts (``len(data)``
@@ -376,7 +385,7 @@ def _whole_requests(data: bytes, start: int, max_bulk_len: int,
     at that request's first byte: the exact parser goes on from there and
     reports the error, so both parsers accept exactly the same requests.
     """
-    n = len(data)
+    n: i64 = len(data)
     pos = start
     while pos < n:
         if data[pos] != 0x2A:  # '*'
@@ -404,7 +413,7 @@ def _whole_requests(data: bytes, start: int, max_bulk_len: int,
     return pos
 
 
-def _decimal(data: bytes, pos: int, n: int) -> tuple[int, int]:
+def _decimal(data: bytes, pos: i64, n: i64) -> tuple[i64, i64]:
     """The header value at ``data[pos:]`` and the position after its CRLF.
 
     The value is -1 where the fast path must leave the header to the exact
@@ -412,11 +421,11 @@ def _decimal(data: bytes, pos: int, n: int) -> tuple[int, int]:
     string2ll), more than :data:`_FAST_MAX_DIGITS` digits, anything before
     the CRLF, or the end of the read.
     """
-    value = 0
+    value: i64 = 0
     i = pos
     limit = min(pos + _FAST_MAX_DIGITS, n)
     while i < limit:
-        c = data[i]
+        c: i64 = data[i]
         if c < 0x30 or c > 0x39:
             break
         value = value * 10 + (c - 0x30)
