@@ -1,11 +1,13 @@
 """Keep CPython's cyclic garbage collector off the stored jobs.
 
-Every stored job is a GC-tracked object.  The collector's full collections
-walk all of them, and by default one runs each time the long-lived objects
-grow by 25%: with a million jobs that is a 0.3-0.5 s stall every few seconds
-of sustained ADDJOB load, and about a fifth of the node's CPU (measured with
-perf under a sustained ADDJOB load).  Jobs never form reference cycles, so walking them is
-wasted work.
+Run interpreted, every stored job is a GC-tracked object (compiled, ``Job``
+is declared acyclic and is not tracked, but what the node holds besides
+jobs is).  The collector's full collections walk all tracked objects, and
+by default one runs each time the long-lived ones grow by 25%: with a
+million jobs that is a 0.3-0.5 s stall every few seconds of sustained
+ADDJOB load, and about a fifth of the node's CPU (measured with perf under
+a sustained ADDJOB load).  Jobs never form reference cycles, so walking
+them is wasted work.
 
 The policy: every ``FREEZE_PERIOD_S`` the cron calls :func:`gc.freeze`,
 which moves every object that is alive at that moment into the permanent

@@ -51,6 +51,7 @@ import struct
 from collections.abc import Sequence
 from typing import Final
 
+from .compiled import mypyc_attr
 from .job import Job, SerializationError, deserialize_job, serialize_job
 
 __all__ = [
@@ -87,8 +88,12 @@ class ExtError(SerializationError):
     """An extension record that is truncated or inconsistent."""
 
 
+@mypyc_attr(acyclic=True)
 class JobExt:
-    """The extension options of one job (``Job.ext``)."""
+    """The extension options of one job (``Job.ext``).
+
+    Acyclic, as its job: it holds numbers, bytes and a flag.
+    """
 
     __slots__ = ("backoff", "dead_from", "dead_letter", "max_deliveries", "nack_pending",
                  "priority")
