@@ -56,6 +56,26 @@ def test_the_compiled_modules_are_what_runs() -> None:
 
 
 @needs_compiled
+def test_compiled_jobs_and_replies_are_not_tracked_by_the_cyclic_collector() -> None:
+    """Job, JobExt, Encoded and ReplyError are acyclic (disque/compiled.py):
+    a node's stored jobs are never walked by a collection.  Connections and
+    the commands' stand-in clients are native classes; the tests' own
+    stand-ins may still subclass them."""
+    code = ("import gc; from disque.job import Job; from disque.job_options import JobExt; "
+            "from disque.protocol import Encoded, ReplyError; "
+            "from disque.commands.registry import CommandClient; "
+            "from disque.connection import ClientConnection; "
+            "job = Job(b'D-1', b'q', b'body'); job.ext = JobExt(priority=3); "
+            "print([gc.is_tracked(x) for x in (job, job.ext, Encoded(b'+x'), ReplyError('ERR'))]); "
+            "print('__dict__' in ClientConnection.__dict__); "
+            "Local = type('Local', (CommandClient,), {}); print(Local(None).last_command)")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            cwd=PACKAGE.parent, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split("\n")[:3] == ["[False, False, False, False]", "False", "NULL"]
+
+
+@needs_compiled
 def test_disque_interpreted_runs_the_source() -> None:
     mode, module_file, _ = _probe({_native.ENV_VAR: "1"})
     assert mode == "interpreted" and module_file.endswith("protocol.py")
