@@ -266,7 +266,7 @@ def first_waiter(q: Queue) -> BlockedGet:
 
 def _answer(state: ServerState, q: Queue, blocked: BlockedGet, job: Job) -> None:
     """Unblock a GETJOB with ``job``, its one entry."""
-    unblock(state, blocked, entries_reply(state, q.name, [job], blocked.fields))
+    unblock(state, blocked, entries_reply(state, q, [job], blocked.fields))
 
 
 # --------------------------------------------------------------------------

@@ -70,6 +70,7 @@ class Queue:
         "atime",
         "ctime",
         "dead_lettered",
+        "entry_prefix",
         "fed",
         "flags",
         "jobs",
@@ -98,6 +99,9 @@ class Queue:
         self.fed: QueueFederation | None = None
         #: The rate limit (QLIMIT, an extension; queue_limit.py), or None.
         self.limit: QueueLimit | None = None
+        #: How GETJOB's reply starts each entry of this queue, encoded on
+        #: first use (waiters.py); b"" until then.
+        self.entry_prefix = b""
 
     def __len__(self) -> int:
         return len(self.jobs)

@@ -27,7 +27,7 @@ import math
 from typing import TYPE_CHECKING, Any, Final
 
 from .compiled import mypyc_attr
-from .job import Job
+from .job import JOB_ID_LEN, Job
 from .protocol import CRLF, NULL_ARRAY, Encoded, array_header, bulk_header
 from .queue_table import Queue
 from .time_buckets import TimeBuckets
@@ -177,42 +177,64 @@ def getjob_entry(job: Job, fields: int, now: int = 0) -> list[Any]:
 
 
 _ENTRY_HEADER: Final = array_header(3)
-_ONE_ENTRY: Final = array_header(1) + _ENTRY_HEADER
+_ONE_ENTRY: Final = array_header(1)
+_ID_HEADER: Final = bulk_header(JOB_ID_LEN)
+#: What follows a job's ID in an entry: its CRLF and the body's header, made
+#: ahead for bodies below 1 KiB.
+_BODY_HEADERS: Final = [CRLF + bulk_header(size) for size in range(1024)]
 
 
-def plain_entries_reply(queue: bytes, jobs: list[Job]) -> Encoded:
-    """GETJOB's reply for ``jobs`` taken from ``queue`` without extra fields
+def _body_header(size: int) -> bytes:
+    return _BODY_HEADERS[size] if size < 1024 else CRLF + bulk_header(size)
+
+
+def _entry_prefix(q: Queue) -> bytes:
+    """How each of ``q``'s GETJOB entries starts: ``*3``, the queue's name
+    and the ID's header, encoded once per queue."""
+    prefix = q.entry_prefix
+    if not prefix:
+        name = q.name
+        prefix = _ENTRY_HEADER + bulk_header(len(name)) + name + CRLF + _ID_HEADER
+        q.entry_prefix = prefix
+    return prefix
+
+
+def plain_entries_reply(q: Queue, jobs: list[Job]) -> Encoded:
+    """GETJOB's reply for ``jobs`` taken from ``q`` without extra fields
     (``[[queue, id, body], ...]``), already encoded: arrays of bulk strings
     read the same in RESP2 and RESP3, and this costs half of building the
     lists for the generic encoder (the usual GETJOB, and every wake-up)."""
-    queue_bulk = bulk_header(len(queue)) + queue + CRLF
+    prefix = _entry_prefix(q)
     if len(jobs) == 1:  # a woken GETJOB, or COUNT 1: one join of a tuple, no list
         job = jobs[0]
         job_id = job.id
         body = job.body
-        return Encoded(b"".join((_ONE_ENTRY, queue_bulk, bulk_header(len(job_id)), job_id,
-                                 CRLF, bulk_header(len(body)), body, CRLF)))
+        if len(job_id) == JOB_ID_LEN:
+            return Encoded(b"".join((_ONE_ENTRY, prefix, job_id, _body_header(len(body)),
+                                     body, CRLF)))
     out = [array_header(len(jobs))]
     for job in jobs:
         job_id = job.id
         body = job.body
-        out.append(_ENTRY_HEADER)
-        out.append(queue_bulk)
-        out.append(bulk_header(len(job_id)))
+        if len(job_id) == JOB_ID_LEN:
+            out.append(prefix)
+        else:  # not an ID this node makes or accepts: spelled out all the same
+            out.append(_ENTRY_HEADER)
+            out.append(bulk_header(len(q.name)) + q.name + CRLF)
+            out.append(bulk_header(len(job_id)))
         out.append(job_id)
-        out.append(CRLF)
-        out.append(bulk_header(len(body)))
+        out.append(_body_header(len(body)))
         out.append(body)
         out.append(CRLF)
     return Encoded(b"".join(out))
 
 
-def entries_reply(state: ServerState, queue: bytes, jobs: list[Job],
+def entries_reply(state: ServerState, q: Queue, jobs: list[Job],
                   fields: int) -> list[list[Any]] | Encoded:
-    """GETJOB's reply for ``jobs`` taken from ``queue``, with the ``fields``
+    """GETJOB's reply for ``jobs`` taken from ``q``, with the ``fields``
     asked for (encoded at once when there are none)."""
     if not fields:
-        return plain_entries_reply(queue, jobs)
+        return plain_entries_reply(q, jobs)
     now = state.clock.now_ms() if fields & WITH_LEASE else 0
     return [getjob_entry(job, fields, now) for job in jobs]
 

@@ -450,13 +450,18 @@ def test_getjob_replies_encoded_ahead_equal_the_generic_encoding(
     the entry lists: the bytes must be those of the generic encoder, in
     RESP2 and RESP3, around the header tables' edges (1024) too."""
     from disque.job import Job
+    from disque.queue_table import Queue
     from disque.waiters import getjob_entry, plain_entries_reply
 
     queue_size, body_size = sizes
     queue = b"q" * queue_size
+    q = Queue(queue, 0)
     jobs = [Job(b"D-%08x-%s-0001" % (i, b"A" * 24), queue, b"%d" % i + b"b" * body_size)
             for i in range(count)]
-    generic = [getjob_entry(job, 0) for job in jobs]
-    fast = plain_entries_reply(queue, jobs)
-    assert encode(fast) == encode(generic) == encode(generic, resp3=True)
-    assert encode(fast, resp3=True) == encode(generic)
+    # An ID of another length (none this node makes or accepts): spelled out.
+    odd = Job(b"D-odd", queue, b"odd body")
+    for batch in (jobs, [odd], [*jobs, odd], jobs):  # the queue's prefix made once, reused
+        generic = [getjob_entry(job, 0) for job in batch]
+        fast = plain_entries_reply(q, batch)
+        assert encode(fast) == encode(generic) == encode(generic, resp3=True)
+        assert encode(fast, resp3=True) == encode(generic)

@@ -345,7 +345,7 @@ def _take_jobs(state: ServerState, queues: list[bytes], count: int,
         if q is None or q.flags & PAUSED_OUT:
             return []
         jobs = fetch_jobs(state, q, count)
-        return entries_reply(state, q.name, jobs, fields) if jobs else []
+        return entries_reply(state, q, jobs, fields) if jobs else []
     now = state.clock.now_ms() if fields & WITH_LEASE else 0
     emitted: list[list[Any]] = []
     while True:

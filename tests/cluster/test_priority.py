@@ -5,6 +5,8 @@ in the cluster keeps a plain copy that it serves in creation order."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from tests.support.cluster import reference_server, show, with_original
@@ -68,6 +70,11 @@ def test_an_original_node_keeps_a_plain_copy_in_creation_order(server_factory,
     with with_original(server_factory, tmp_path) as ((ours, other), original):
         o = original.client()
         older = o.execute_command("ADDJOB", "q", "older", 0, "REPLICATE", 1)
+        # Both nodes make ctime = ms x 10**6 (+ a per-node counter): a job
+        # made in the same millisecond on another node may sort either way.
+        older_ms = int(show(original, older)[b"ctime"]) // 10**6
+        wait_for(lambda: time.time_ns() // 10**6 > older_ms + 1, timeout=5,
+                 message="a millisecond after the older job's")
         # Synchronous replication completes: the original stores the job from
         # a REPLJOB that carries the priority in its trailer.
         urgent = ours.client().execute_command("ADDJOB", "q", "urgent", 5000, "REPLICATE", 3,
