@@ -3,9 +3,8 @@
 ``mypyc_attr`` tunes how mypyc compiles a class (a base class that the
 tests' stand-ins may subclass; a class whose instances can never be part
 of a reference cycle, which the cyclic collector then does not track);
-``i64`` is a machine
-integer in the compiled core (arithmetic and comparisons without the
-checks an ``int``, which may be boxed, needs).  Both come from
+``i64`` is a machine integer in the compiled core (arithmetic and
+comparisons without the checks an ``int``, which may be boxed, needs).  Both come from
 ``mypy_extensions``, which the build has (mypy brings it) but an installed
 node need not: mypyc reads them while it compiles, and when the source runs
 interpreted the decorator does nothing and ``i64`` is ``int``.

@@ -1,8 +1,9 @@
 """One client connection: read requests, run them in order, write replies.
 
-An asyncio protocol (its callbacks) rather than streams: every chunk read is parsed and
-its commands run in the same callback, and the replies to one read leave
-with one ``write``: pipelining costs one syscall per batch, not per command.
+An asyncio protocol (its callbacks) rather than streams: every chunk read is
+parsed and its commands run in the same callback, and the replies to one
+read leave with one ``write``: pipelining costs one syscall per batch, not
+per command.
 While the AOF logs, replies are not written from that callback: they wait
 in the connection until every callback of the current event-loop turn has
 run, then :class:`ReplyBatch` runs the persistence hooks once (under
@@ -44,6 +45,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final, cast
 
 from .commands import BLOCKED, CommandClient, execute
+from .commands.registry import OptionName, is_option
 from .protocol import CommandParser, ProtocolError, ReplyError, encode
 from .waiters import NO_REPLY, Waiter, unblock
 
@@ -65,7 +67,8 @@ MAX_PENDING_COMMANDS: Final = 10_000
 #: ADDJOBs of one client that may wait for their copies at the same time;
 #: the next one waits in ``pending`` like any blocked-behind command.
 MAX_OVERLAPPED_ADDJOBS: Final = 1024
-_ADDJOBS: Final = frozenset((b"addjob", b"addjobs"))
+_ADDJOB: Final = OptionName(b"addjob")
+_ADDJOBS: Final = OptionName(b"addjobs")
 #: Queued reply bytes after which running a client's pending commands waits
 #: for the next loop turn (the replies are written, back-pressure applies).
 DRAIN_OUTPUT_LIMIT: Final = 256 * 1024
@@ -146,8 +149,7 @@ def _overlappable(argv: list[bytes]) -> bool:
     if not argv:
         return False
     name = argv[0]
-    # The usual spellings first: lower() makes a new bytes object.
-    return name == b"ADDJOB" or name == b"addjob" or name.lower() in _ADDJOBS
+    return is_option(name, _ADDJOB) or is_option(name, _ADDJOBS)
 
 
 class ClientConnection(CommandClient):

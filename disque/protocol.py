@@ -251,12 +251,12 @@ class CommandParser:
         args = self._args
         pos = 0
         max_bulk_len = self.max_bulk_len
-        fast = True
+        # After a request this read completes, whole requests may follow.
+        fast = args is not None
         if args is None:
             pos = _whole_requests(data, 0, max_bulk_len, out)
             if pos == n:
                 return  # whole requests only (the usual read): nothing to hold
-            fast = False
         argc = self._argc
         bulklen = self._bulklen
         argbytes = self._argbytes

@@ -218,9 +218,8 @@ def plain_entries_reply(q: Queue, jobs: list[Job]) -> Encoded:
         body = job.body
         if len(job_id) == JOB_ID_LEN:
             out.append(prefix)
-        else:  # not an ID this node makes or accepts: spelled out all the same
-            out.append(_ENTRY_HEADER)
-            out.append(bulk_header(len(q.name)) + q.name + CRLF)
+        else:  # not an ID this node makes or accepts: its own length's header
+            out.append(prefix[:-len(_ID_HEADER)])
             out.append(bulk_header(len(job_id)))
         out.append(job_id)
         out.append(_body_header(len(body)))

@@ -309,7 +309,8 @@ def queue_refusal(state: ServerState, user: User, queue: bytes) -> ReplyError | 
 # --------------------------------------------------------------------------
 
 class OptionName:
-    """A command option's name in both letter cases, for :func:`is_option`."""
+    """A command's keyword (an option, or a command's own name) in both
+    letter cases, for :func:`is_option`."""
 
     __slots__ = ("lower", "upper")
 
