@@ -4,6 +4,7 @@ Throughput (default)::
 
     python -m benchmarks.spark_sink [--rows 1000000] [--partitions 2] [--master local[2]]
     python -m benchmarks.spark_sink --standalone    # on a standalone cluster (spark_standalone.py)
+    python -m benchmarks.spark_sink --pyspark-zips keep   # Spark as pip installs it
 
 starts one real node and a local Spark session, builds one DataFrame of
 ``--rows`` small rows (``body = "job-<id>"``), writes it to the ``noop``
@@ -50,7 +51,7 @@ import hiredis
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.aof_throughput import RawClient, encode
-from benchmarks.spark_standalone import Placement, add_arguments, placement
+from benchmarks.spark_standalone import Placement, add_arguments, placement, pyspark_zips
 from tests.support.process import DisqueProcess, wait_for
 
 SINK_CLIENT = re.compile(r"name=spark-disque-sink-p(\d+)-(\d+) ")
@@ -194,6 +195,7 @@ def throughput(args: argparse.Namespace, node: DisqueProcess) -> None:
     from benchmarks.run import median, print_table
     from disque.client import Client
 
+    zips_at_start = pyspark_zips()
     spark = spark_session(args.master)
     address = f"127.0.0.1:{node.port}"
     client = Client(address)
@@ -263,6 +265,8 @@ def throughput(args: argparse.Namespace, node: DisqueProcess) -> None:
           f"{os.cpu_count()} CPUs; ceilings: {args.ceiling_rows} jobs from "
           f"{args.partitions} raw sockets, one round trip of {args.batch_size} jobs in flight "
           f"each, commands encoded in advance; {args.rounds} rounds, order rotated")
+    print("PySpark's zips on the path of Spark's Python processes: "
+          + (", ".join(zips_at_start) or "none (they load the installed bytecode)"))
     rows = []
     for name in names:
         figures = [r[name] for r in rounds]

@@ -5,9 +5,11 @@ Throughput (default)::
     python3 -m benchmarks.spark_source [--jobs 200000] [--body-bytes 100] [--json PATH]
     python3 -m benchmarks.spark_source --smoke            # a few thousand jobs, < 60 s
     python3 -m benchmarks.spark_source --standalone [--staging s3]   # see spark_standalone.py
+    python3 -m benchmarks.spark_source --pyspark-zips keep   # Spark as pip installs it
 
 starts one real node (``appendonly no``) and one local Spark session
-(``local[2]``) and, in the same run:
+(``local[2]``; by default from a ``SPARK_HOME`` without PySpark's zips, as
+the Spark image runs it: spark_standalone.py) and, in the same run:
 
 1. for every source configuration (``--config``, repeatable; by default
    driver fetch with maxJobsPerTrigger 20000 and 100000, FASTACK, executor
@@ -75,7 +77,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.redis_tools import machine_cpu_ticks, process_cpu_s
-from benchmarks.spark_standalone import Placement, add_arguments, placement
+from benchmarks.spark_standalone import Placement, add_arguments, placement, pyspark_zips
 from disque.client import Client
 from tests.support.process import DisqueProcess, wait_for
 
@@ -526,6 +528,8 @@ def print_report(args: argparse.Namespace, result: dict[str, Any]) -> None:
     print(f"machine: {result['cpus']} CPUs; load average (1/5/15 min) before "
           f"{result['load_before']}, after {result['load_after']}; Spark "
           f"{result['spark_version']}, master {args.master}")
+    print("PySpark's zips on the path of Spark's Python processes: "
+          + (", ".join(result["pyspark_zips"]) or "none (they load the installed bytecode)"))
     print(f"{args.jobs} jobs of {args.body_bytes} bytes per run, fresh pre-fill each "
           f"(pipelined ADDJOB, not timed: {result['prefill_rate']:.0f} jobs/s)")
     print()
@@ -698,6 +702,7 @@ def run(args: argparse.Namespace) -> None:
         "jobs": args.jobs,
         "body_bytes": args.body_bytes, "master": args.master, "smoke": args.smoke,
         "standalone": args.standalone, "staging": args.staging,
+        "pyspark_zips": pyspark_zips(),
         "rate": [], "disque": [], "ceilings": [], "round_ceilings": [],
         "rounds": args.rounds}
     root = Path(tempfile.mkdtemp(prefix="spark-source-bench-"))

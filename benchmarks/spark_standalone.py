@@ -8,6 +8,13 @@ over loopback, as on a real cluster. ``--staging s3`` starts ``moto_server``
 ``stagingPath`` on it, its credentials and endpoint passed to the executors
 through ``spark.executorEnv``. moto is a Python server sharing the machine's
 cores: S3 figures measured against it are a floor, not what AWS S3 gives.
+
+Spark runs from a ``SPARK_HOME`` without PySpark's zips by default, as the
+Spark image does (docker/Dockerfile.spark, spark_connector/pyspark_zips.py):
+a temporary directory of links to the pip install's files, ``python/lib``
+left out, so that each Python process Spark starts loads the installed
+bytecode instead of compiling the zip's modules. ``--pyspark-zips keep``
+measures the pip install as it is.
 """
 
 from __future__ import annotations
@@ -21,7 +28,7 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["Placement", "add_arguments", "placement"]
+__all__ = ["Placement", "add_arguments", "placement", "pyspark_zips", "spark_home_without_zips"]
 
 
 @dataclass
@@ -45,6 +52,47 @@ def add_arguments(parser: argparse.ArgumentParser, staging: bool = True) -> None
         parser.add_argument("--staging", choices=("local", "s3"), default="local",
                             help="stagingPath on a local directory or on a local moto_server "
                                  "(S3)")
+    parser.add_argument("--pyspark-zips", choices=("skip", "keep"), default="skip",
+                        help="skip: Spark runs from a SPARK_HOME without PySpark's zips, as "
+                             "the Spark image does; keep: the pip install as it is "
+                             "(default: %(default)s)")
+
+
+def spark_home_without_zips(root: Path, real: Path) -> Path:
+    """A ``SPARK_HOME`` under ``root``: links to ``real``'s files, but no python/lib."""
+    home = root / "spark-home"
+    (home / "python").mkdir(parents=True)
+    for entry in real.iterdir():
+        if entry.name != "python":
+            (home / entry.name).symlink_to(entry)
+    for entry in (real / "python").iterdir():
+        if entry.name != "lib":
+            (home / "python" / entry.name).symlink_to(entry)
+    return home
+
+
+def pyspark_zips() -> list[str]:
+    """The zips Spark would put on its Python processes' path now."""
+    from spark_connector.pyspark_zips import spark_home, zips
+
+    return [str(p) for p in zips(spark_home())]
+
+
+@contextmanager
+def _without_zips() -> Iterator[None]:
+    """``SPARK_HOME`` set to a copy of links without the zips, for this context."""
+    from spark_connector.pyspark_zips import spark_home
+
+    before = os.environ.get("SPARK_HOME")
+    with tempfile.TemporaryDirectory(prefix="spark-home-") as root:
+        os.environ["SPARK_HOME"] = str(spark_home_without_zips(Path(root), spark_home()))
+        try:
+            yield
+        finally:
+            if before is None:
+                os.environ.pop("SPARK_HOME", None)
+            else:
+                os.environ["SPARK_HOME"] = before
 
 
 @contextmanager
@@ -52,6 +100,8 @@ def placement(args: argparse.Namespace) -> Iterator[Placement]:
     """Start what ``--standalone`` / ``--staging s3`` ask for; stop it after."""
     with ExitStack() as stack:
         where = Placement(master=args.master)
+        if getattr(args, "pyspark_zips", "keep") == "skip":
+            stack.enter_context(_without_zips())
         if args.standalone:
             from tests.support.spark_cluster import driver_conf, standalone_cluster
 

@@ -197,6 +197,9 @@ BLOCKS: dict[tuple[str, str], str] = {
         "staging.endpoint_override option against moto_server",
     ("docs/SPARK.md", '{"batch": 12, "jobsFetched"'):
         "sample progress; tests/spark/test_cluster.py checks the per-node fields",
+    ("docs/SPARK.md", "python -m spark_connector.pyspark_zips"):
+        "changes a PySpark install; tests/spark/test_pyspark_zips.py runs both commands on "
+        "a copy of the layout, tests/containers/test_images.py the image that ran --remove",
     ("docs/SPARK_SINK.md", "import spark_connector"): HERE,
     ("docs/SPARK_SINK.md", "disque sink: could not add jobs"):
         "sample error messages; tests/spark/test_sink.py and test_unreachable.py check them",

@@ -23,6 +23,9 @@ def test_smoke_mode_drains_the_queue_and_reports_throughput(tmp_path: Path) -> N
     assert proc.returncode == 0, f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
     result = json.loads(out.read_text())
     assert result["smoke"] is True
+    # By default Spark runs from a SPARK_HOME without PySpark's zips.
+    assert result["pyspark_zips"] == []
+    assert "PySpark's zips on the path of Spark's Python processes: none" in proc.stdout
     assert result["disque"], "no disque run reported"
     for run in result["disque"]:
         assert run["rows"] == run["jobs"] == result["jobs"]

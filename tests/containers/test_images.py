@@ -3,8 +3,9 @@
 Three node containers on their own bridge network join, replicate, keep a
 job across a stop/start with their AOF volume, answer the health check,
 drain on ``podman stop`` (SIGTERM) losing nothing; ``disque-server
---version`` runs through the image; compose's nodes and Spark service run
-the example pipeline.
+--version`` runs through the image; the Spark image's Python workers load
+compiled PySpark (no zips); compose's nodes and Spark service run the
+example pipeline.
 """
 
 from __future__ import annotations
@@ -187,6 +188,34 @@ def test_podman_stop_drains_losing_nothing(podman: Podman,
     assert a.client().execute_command("CLUSTER", "LEAVING") == b"no"
     wait_for(lambda: all(_reachable(n) == 2 for n in cluster), timeout=60, interval=0.2,
              message="the node to rejoin")
+
+
+def test_spark_python_processes_load_compiled_pyspark(podman: Podman, spark_image: str) -> None:
+    """The Spark image has no pyspark.zip: Spark still names it first on its
+    Python workers' path, which then import the venv's PySpark and its
+    bytecode instead of compiling the zip's modules again in every process."""
+    script = (
+        "import importlib.util, os\n"
+        "from spark_connector.session import local_session\n"
+        "spark = local_session('zips', 'local[1]')\n"
+        "def where(_):\n"
+        "    import sys, pyspark.sql.dataframe as m\n"
+        "    return (m.__file__, os.path.exists(importlib.util.cache_from_source(m.__file__)),\n"
+        "            [p for p in sys.path if p.endswith('.zip')])\n"
+        "print('WORKER', *spark.sparkContext.parallelize([0], 1).map(where).collect()[0],\n"
+        "      sep='|')\n")
+    listed = podman("run", "--rm", spark_image, "python", "-m", "spark_connector.pyspark_zips")
+    assert "no zips under python/lib" in listed.stdout, listed.stdout + listed.stderr
+    name = podman.name("container", "disque-test-zips")
+    result = podman("run", "--rm", "--name", name, spark_image, "python", "-c", script,
+                    timeout=600)
+    line = next((x for x in result.stdout.splitlines() if x.startswith("WORKER|")), None)
+    assert line is not None, result.stdout[-3000:] + result.stderr[-3000:]
+    _, module, cached, zips_on_path = line.split("|")
+    assert module.startswith("/opt/venv/lib/") and ".zip" not in module, line
+    assert cached == "True", line
+    # Spark's entry for the zip is still there, pointing at nothing.
+    assert "pyspark.zip" in zips_on_path, line
 
 
 # --------------------------------------------------------------------------

@@ -432,6 +432,8 @@ def test_spark_dockerfile() -> None:
     # In a virtualenv: a Debian base's pip refuses the system (PEP 668).
     assert "python -m venv --upgrade-deps /opt/venv && /opt/venv/bin/pip install '.[spark]'" in run
     assert re.search(r"^ENV PATH=/opt/venv/bin:\$PATH", text, re.M)
+    # Spark's Python processes load the venv's bytecode, not PySpark's zips.
+    assert "/opt/venv/bin/python -m spark_connector.pyspark_zips --remove" in run
     assert (["jobs/"], "./jobs/") in copies(dockerfile)
 
 

@@ -33,6 +33,9 @@ WORKER_REGISTERED = re.compile(r"Successfully registered with master")
 
 
 def spark_home() -> Path:
+    """``SPARK_HOME`` if set (the driver's pyspark launches from it too), else the pip install."""
+    if os.environ.get("SPARK_HOME"):
+        return Path(os.environ["SPARK_HOME"])
     import pyspark
 
     return Path(pyspark.__file__).resolve().parent
