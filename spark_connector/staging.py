@@ -39,7 +39,7 @@ import pyarrow.ipc
 from .schema import STAGED_SCHEMA, empty_table
 from .stores import Store, open_store
 
-__all__ = ["StagingArea", "BatchPlan", "table_bytes", "table_from"]
+__all__ = ["StagingArea", "BatchPlan", "table_buffer", "table_bytes", "table_from"]
 
 PLAN = "plan.json"
 ACKED = "acked.json"
@@ -48,14 +48,25 @@ DRIVER_PART = "part-00000.arrow"
 _BATCH_PREFIX = "batch-"
 
 
-def table_bytes(table: pa.Table) -> bytes:
+def table_buffer(table: pa.Table) -> memoryview:
     """A staged table as an Arrow IPC stream (its metadata, e.g. the node an
-    executor task fetched from, kept)."""
+    executor task fetched from, kept), written once into a buffer of its
+    exact size: a growing buffer and a copy to ``bytes`` would touch a
+    batch's megabytes three times (fresh pages, each a fault, cost more
+    than the copies)."""
     schema = STAGED_SCHEMA.with_metadata(table.schema.metadata or {})
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, schema) as writer:
+    size = pa.MockOutputStream()
+    with pa.ipc.new_stream(size, schema) as writer:
         writer.write_table(table)
-    return sink.getvalue().to_pybytes()
+    buffer = pa.allocate_buffer(size.size())
+    with pa.ipc.new_stream(pa.FixedSizeBufferWriter(buffer), schema) as writer:
+        writer.write_table(table)
+    return memoryview(buffer)
+
+
+def table_bytes(table: pa.Table) -> bytes:
+    """:func:`table_buffer` as ``bytes`` (what a conditional PUT takes)."""
+    return bytes(table_buffer(table))
 
 
 def table_from(data: bytes) -> pa.Table:
@@ -140,7 +151,7 @@ class StagingArea:
 
     def stage_driver_batch(self, seq: int, table: pa.Table) -> BatchPlan:
         """Durably stage jobs fetched on the driver as batch ``seq``."""
-        self.store.write(self._key(seq, DRIVER_PART), table_bytes(table))
+        self.store.write(self._key(seq, DRIVER_PART), table_buffer(table))
         return self._commit_driver_batch(seq, table.num_rows)
 
     def promote_driver_part(self, seq: int) -> bool:

@@ -71,7 +71,7 @@ class Store:
     def read(self, key: str) -> bytes | None:
         raise NotImplementedError
 
-    def write(self, key: str, data: bytes) -> None:
+    def write(self, key: str, data: bytes | memoryview) -> None:
         """Create or replace ``key``, durably; readers see all of it or none."""
         raise NotImplementedError
 
@@ -125,7 +125,7 @@ class LocalStore(Store):
     def _path(self, key: str) -> Path:
         return self.root / key if key else self.root
 
-    def _temp(self, path: Path, data: bytes) -> Path:
+    def _temp(self, path: Path, data: bytes | memoryview) -> Path:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.parent / f".tmp-{uuid.uuid4().hex}"
         with open(tmp, "wb") as handle:
@@ -140,7 +140,7 @@ class LocalStore(Store):
         except FileNotFoundError:
             return None
 
-    def write(self, key: str, data: bytes) -> None:
+    def write(self, key: str, data: bytes | memoryview) -> None:
         path = self._path(key)
         os.replace(self._temp(path, data), path)
         _fsync_dir(path.parent)
@@ -218,7 +218,7 @@ class ArrowStore(Store):
         except FileNotFoundError:
             return None
 
-    def write(self, key: str, data: bytes) -> None:
+    def write(self, key: str, data: bytes | memoryview) -> None:
         path = self._path(key)
         target = f"{path}.tmp-{uuid.uuid4().hex}" if self._rename else path
         with self.fs.open_output_stream(target) as stream:
