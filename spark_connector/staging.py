@@ -5,7 +5,8 @@ query; :mod:`.stores` says which storage it may be on)::
 
     batch-000000000042/
         plan.json           the batch exists once this file exists
-        part-00000.arrow    staged jobs (Arrow IPC stream), immutable once named
+        part-00000.arrow    staged jobs (Arrow IPC stream, zstd on remote stores),
+                            immutable once named
     acked.json              the last batch acknowledged
 
 Every file appears whole or not at all (:meth:`.Store.write`): a crash
@@ -48,13 +49,21 @@ DRIVER_PART = "part-00000.arrow"
 _BATCH_PREFIX = "batch-"
 
 
-def table_buffer(table: pa.Table) -> memoryview:
+def table_buffer(table: pa.Table, compression: str | None = None) -> memoryview:
     """A staged table as an Arrow IPC stream (its metadata, e.g. the node an
-    executor task fetched from, kept), written once into a buffer of its
-    exact size: a growing buffer and a copy to ``bytes`` would touch a
-    batch's megabytes three times (fresh pages, each a fault, cost more
-    than the copies)."""
+    executor task fetched from, kept), ``compression`` an IPC codec or None.
+
+    Uncompressed, it is written once into a buffer of its exact size: a
+    growing buffer then a copy to ``bytes`` would touch a batch's megabytes
+    three times (fresh pages, each a fault, cost more than the copies).
+    """
     schema = STAGED_SCHEMA.with_metadata(table.schema.metadata or {})
+    if compression is not None:
+        sink = pa.BufferOutputStream()
+        options = pa.ipc.IpcWriteOptions(compression=compression)
+        with pa.ipc.new_stream(sink, schema, options=options) as writer:
+            writer.write_table(table)
+        return memoryview(sink.getvalue())
     size = pa.MockOutputStream()
     with pa.ipc.new_stream(size, schema) as writer:
         writer.write_table(table)
@@ -64,9 +73,9 @@ def table_buffer(table: pa.Table) -> memoryview:
     return memoryview(buffer)
 
 
-def table_bytes(table: pa.Table) -> bytes:
+def table_bytes(table: pa.Table, compression: str | None = None) -> bytes:
     """:func:`table_buffer` as ``bytes`` (what a conditional PUT takes)."""
-    return bytes(table_buffer(table))
+    return bytes(table_buffer(table, compression))
 
 
 def table_from(data: bytes) -> pa.Table:
@@ -151,7 +160,8 @@ class StagingArea:
 
     def stage_driver_batch(self, seq: int, table: pa.Table) -> BatchPlan:
         """Durably stage jobs fetched on the driver as batch ``seq``."""
-        self.store.write(self._key(seq, DRIVER_PART), table_buffer(table))
+        self.store.write(self._key(seq, DRIVER_PART),
+                         table_buffer(table, self.store.compression))
         return self._commit_driver_batch(seq, table.num_rows)
 
     def promote_driver_part(self, seq: int) -> bool:
@@ -186,7 +196,8 @@ class StagingArea:
         First writer wins, even between processes on different hosts
         (speculative or retried task attempts): :meth:`.Store.create`.
         """
-        return self.store.create(self._key(seq, name), table_bytes(table))
+        return self.store.create(self._key(seq, name),
+                                 table_bytes(table, self.store.compression))
 
     def read_parts(self, seq: int, skip: Container[str] = ()) -> Iterator[tuple[str, pa.Table]]:
         """The part files of batch ``seq`` that exist now, except those named in ``skip``."""

@@ -67,6 +67,12 @@ class Store:
     uri: str
     #: Whether :meth:`create` is available (first writer wins).
     exclusive: bool = False
+    #: How staged batches are compressed here (an Arrow IPC codec, or None):
+    #: a remote store pays for every byte on the network (and a PUT of a
+    #: 100k-job batch is ~18 MB of 100-byte bodies), where zstd shrinks job
+    #: bodies 3-10x for ~0.1-0.3 us of CPU per job; a local disk writes at
+    #: memory speed, where that CPU would be spent for nothing.
+    compression: str | None = "zstd"
 
     def read(self, key: str) -> bytes | None:
         raise NotImplementedError
@@ -117,6 +123,7 @@ class LocalStore(Store):
     the directory fsync'ed after: a crash leaves the whole file or none."""
 
     exclusive = True
+    compression = None
 
     def __init__(self, root: str | os.PathLike[str]) -> None:
         self.root = Path(root)
