@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 import tempfile
 import uuid
 from collections.abc import Iterator
@@ -80,12 +81,22 @@ def pyspark_zips() -> list[str]:
 
 @contextmanager
 def _without_zips() -> Iterator[None]:
-    """``SPARK_HOME`` set to a copy of links without the zips, for this context."""
-    from spark_connector.pyspark_zips import spark_home
+    """``SPARK_HOME`` set to a copy of links without the zips, for this context.
 
+    Only for a pip install of PySpark (as ``pyspark_zips --remove`` would
+    allow): a Spark whose zips are its own copy of PySpark runs as it is.
+    """
+    from spark_connector.pyspark_zips import refusal, spark_home, zips
+
+    real = spark_home().resolve()
+    why = refusal(real, zips(real))
+    if why is not None:
+        print(f"--pyspark-zips skip: Spark runs with its zips, {why}", file=sys.stderr)
+        yield
+        return
     before = os.environ.get("SPARK_HOME")
     with tempfile.TemporaryDirectory(prefix="spark-home-") as root:
-        os.environ["SPARK_HOME"] = str(spark_home_without_zips(Path(root), spark_home()))
+        os.environ["SPARK_HOME"] = str(spark_home_without_zips(Path(root), real))
         try:
             yield
         finally:

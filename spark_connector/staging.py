@@ -40,7 +40,7 @@ import pyarrow.ipc
 from .schema import STAGED_SCHEMA, empty_table
 from .stores import Store, open_store
 
-__all__ = ["StagingArea", "BatchPlan", "table_buffer", "table_bytes", "table_from"]
+__all__ = ["StagingArea", "BatchPlan", "table_buffer", "table_from"]
 
 PLAN = "plan.json"
 ACKED = "acked.json"
@@ -51,14 +51,15 @@ _BATCH_PREFIX = "batch-"
 
 def table_buffer(table: pa.Table, compression: str | None = None) -> memoryview:
     """A staged table as an Arrow IPC stream (its metadata, e.g. the node an
-    executor task fetched from, kept), ``compression`` an IPC codec or None.
+    executor task fetched from, kept), ``compression`` an IPC codec or None
+    (or one this pyarrow was built without).
 
     Uncompressed, it is written once into a buffer of its exact size: a
     growing buffer then a copy to ``bytes`` would touch a batch's megabytes
     three times (fresh pages, each a fault, cost more than the copies).
     """
     schema = STAGED_SCHEMA.with_metadata(table.schema.metadata or {})
-    if compression is not None:
+    if compression is not None and pa.Codec.is_available(compression):
         sink = pa.BufferOutputStream()
         options = pa.ipc.IpcWriteOptions(compression=compression)
         with pa.ipc.new_stream(sink, schema, options=options) as writer:
@@ -71,11 +72,6 @@ def table_buffer(table: pa.Table, compression: str | None = None) -> memoryview:
     with pa.ipc.new_stream(pa.FixedSizeBufferWriter(buffer), schema) as writer:
         writer.write_table(table)
     return memoryview(buffer)
-
-
-def table_bytes(table: pa.Table, compression: str | None = None) -> bytes:
-    """:func:`table_buffer` as ``bytes`` (what a conditional PUT takes)."""
-    return bytes(table_buffer(table, compression))
 
 
 def table_from(data: bytes) -> pa.Table:
@@ -197,7 +193,7 @@ class StagingArea:
         (speculative or retried task attempts): :meth:`.Store.create`.
         """
         return self.store.create(self._key(seq, name),
-                                 table_bytes(table, self.store.compression))
+                                 table_buffer(table, self.store.compression))
 
     def read_parts(self, seq: int, skip: Container[str] = ()) -> Iterator[tuple[str, pa.Table]]:
         """The part files of batch ``seq`` that exist now, except those named in ``skip``."""

@@ -81,7 +81,7 @@ class Store:
         """Create or replace ``key``, durably; readers see all of it or none."""
         raise NotImplementedError
 
-    def create(self, key: str, data: bytes) -> bool:
+    def create(self, key: str, data: bytes | memoryview) -> bool:
         """Create ``key`` unless it exists; True if this call created it."""
         raise NotImplementedError
 
@@ -152,7 +152,7 @@ class LocalStore(Store):
         os.replace(self._temp(path, data), path)
         _fsync_dir(path.parent)
 
-    def create(self, key: str, data: bytes) -> bool:
+    def create(self, key: str, data: bytes | memoryview) -> bool:
         # link(2) fails when the target exists: atomic "first writer wins"
         # even between processes on different hosts of one NFS export.
         path = self._path(key)
@@ -207,7 +207,7 @@ class ArrowStore(Store):
     """
 
     def __init__(self, fs: pafs.FileSystem, base: str, uri: str, *,
-                 create: Callable[[str, bytes], bool] | None = None) -> None:
+                 create: Callable[[str, bytes | memoryview], bool] | None = None) -> None:
         self.fs = fs
         self.base = base.rstrip("/")
         self.uri = uri
@@ -233,7 +233,7 @@ class ArrowStore(Store):
         if self._rename:
             self.fs.move(target, path)
 
-    def create(self, key: str, data: bytes) -> bool:
+    def create(self, key: str, data: bytes | memoryview) -> bool:
         if self._create is None:
             raise NotImplementedError(f"no create-if-absent on {self.uri}")
         return self._create(self._path(key), data)
@@ -284,7 +284,7 @@ def _s3_store(uri: str, bucket_path: str, args: dict[str, Any]) -> ArrowStore:
         args["endpoint_override"] = _s3_endpoint()
     fs = pafs.S3FileSystem(**args)
 
-    def create(path: str, data: bytes) -> bool:
+    def create(path: str, data: bytes | memoryview) -> bool:
         return _s3_put_if_absent(args, path, data)
 
     return ArrowStore(fs, bucket_path, uri, create=create)
@@ -293,7 +293,7 @@ def _s3_store(uri: str, bucket_path: str, args: dict[str, Any]) -> ArrowStore:
 _boto3_clients: dict[tuple[tuple[str, Any], ...], Any] = {}
 
 
-def _s3_put_if_absent(args: Mapping[str, Any], path: str, data: bytes) -> bool:
+def _s3_put_if_absent(args: Mapping[str, Any], path: str, data: bytes | memoryview) -> bool:
     """``PUT`` with ``If-None-Match: *``: S3 answers 412 when the key exists."""
     try:
         import boto3
@@ -309,7 +309,7 @@ def _s3_put_if_absent(args: Mapping[str, Any], path: str, data: bytes) -> bool:
                      if name in _BOTO3_ARGS})
     bucket, _, object_key = path.partition("/")
     try:
-        client.put_object(Bucket=bucket, Key=object_key, Body=data, IfNoneMatch="*")
+        client.put_object(Bucket=bucket, Key=object_key, Body=bytes(data), IfNoneMatch="*")
     except ClientError as exc:
         if exc.response.get("Error", {}).get("Code") in ("PreconditionFailed", "412"):
             return False

@@ -20,7 +20,7 @@ from disque.client import Client
 from spark_connector.executor_read import fetch_or_replay, publish_fetched
 from spark_connector.fetch import fetch_table
 from spark_connector.options import OptionError, SourceConfig
-from spark_connector.staging import StagingArea, table_bytes
+from spark_connector.staging import StagingArea, table_buffer
 from spark_connector.stores import ArrowStore, LocalStore, open_store
 from spark_connector.stream_reader import DisqueStreamReader
 from tests.spark.test_source_reader import make_reader, registered
@@ -97,7 +97,7 @@ def test_batches_are_compressed_on_object_stores_not_on_local_disks(
                           for i in range(500)])
     table = fetch_table(client, ["z"], None, batch_size=100)
     assert table.num_rows == 500
-    plain = len(table_bytes(table))
+    plain = len(table_buffer(table))
     remote = StagingArea.open(f"s3://{s3.bucket_name}/zq", {})
     local = StagingArea.open(str(tmp_path / "zq"), {})
     for area in (remote, local):

@@ -1,5 +1,6 @@
 """A real Spark standalone cluster for tests: a master and workers started from
-the pip pyspark install, each its own JVM, on loopback.
+the ``SPARK_HOME`` the driver's pyspark uses (the pip install's unless
+``SPARK_HOME`` is set), each its own JVM, on loopback.
 
 Every port is the kernel's choice (``--port 0``, ``--webui-port 0``) and read
 back from the logs. Each worker has its own work directory. A worker made
