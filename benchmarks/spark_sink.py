@@ -51,7 +51,7 @@ import hiredis
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.aof_throughput import RawClient, encode
-from benchmarks.spark_standalone import Placement, add_arguments, placement, pyspark_zips
+from benchmarks.spark_standalone import Placement, add_arguments, placement, pyspark_zips, zips_line
 from tests.support.process import DisqueProcess, wait_for
 
 SINK_CLIENT = re.compile(r"name=spark-disque-sink-p(\d+)-(\d+) ")
@@ -265,8 +265,7 @@ def throughput(args: argparse.Namespace, node: DisqueProcess) -> None:
           f"{os.cpu_count()} CPUs; ceilings: {args.ceiling_rows} jobs from "
           f"{args.partitions} raw sockets, one round trip of {args.batch_size} jobs in flight "
           f"each, commands encoded in advance; {args.rounds} rounds, order rotated")
-    print("PySpark's zips on the path of Spark's Python processes: "
-          + (", ".join(zips_at_start) or "none (they load the installed bytecode)"))
+    print(zips_line(zips_at_start))
     rows = []
     for name in names:
         figures = [r[name] for r in rounds]

@@ -77,7 +77,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.redis_tools import machine_cpu_ticks, process_cpu_s
-from benchmarks.spark_standalone import Placement, add_arguments, placement, pyspark_zips
+from benchmarks.spark_standalone import Placement, add_arguments, placement, pyspark_zips, zips_line
 from disque.client import Client
 from tests.support.process import DisqueProcess, wait_for
 
@@ -528,8 +528,7 @@ def print_report(args: argparse.Namespace, result: dict[str, Any]) -> None:
     print(f"machine: {result['cpus']} CPUs; load average (1/5/15 min) before "
           f"{result['load_before']}, after {result['load_after']}; Spark "
           f"{result['spark_version']}, master {args.master}")
-    print("PySpark's zips on the path of Spark's Python processes: "
-          + (", ".join(result["pyspark_zips"]) or "none (they load the installed bytecode)"))
+    print(zips_line(result["pyspark_zips"]))
     print(f"{args.jobs} jobs of {args.body_bytes} bytes per run, fresh pre-fill each "
           f"(pipelined ADDJOB, not timed: {result['prefill_rate']:.0f} jobs/s)")
     print()

@@ -29,7 +29,8 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["Placement", "add_arguments", "placement", "pyspark_zips", "spark_home_without_zips"]
+__all__ = ["Placement", "add_arguments", "placement", "pyspark_zips", "spark_home_without_zips",
+           "zips_line"]
 
 
 @dataclass
@@ -77,6 +78,12 @@ def pyspark_zips() -> list[str]:
     from spark_connector.pyspark_zips import spark_home, zips
 
     return [str(p) for p in zips(spark_home())]
+
+
+def zips_line(found: list[str]) -> str:
+    """What a report says about :func:`pyspark_zips`."""
+    return ("PySpark's zips on the path of Spark's Python processes: "
+            + (", ".join(found) or "none (they load the installed bytecode)"))
 
 
 @contextmanager

@@ -24,6 +24,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
+from spark_connector.pyspark_zips import spark_home
 from tests.support.process import wait_for
 
 __all__ = ["SparkStandalone", "Worker", "can_hide", "driver_conf", "kill_group", "spark_home",
@@ -31,15 +32,6 @@ __all__ = ["SparkStandalone", "Worker", "can_hide", "driver_conf", "kill_group",
 
 MASTER_URL = re.compile(r"Starting Spark master at (spark://\S+)")
 WORKER_REGISTERED = re.compile(r"Successfully registered with master")
-
-
-def spark_home() -> Path:
-    """``SPARK_HOME`` if set (the driver's pyspark launches from it too), else the pip install."""
-    if os.environ.get("SPARK_HOME"):
-        return Path(os.environ["SPARK_HOME"])
-    import pyspark
-
-    return Path(pyspark.__file__).resolve().parent
 
 
 def can_hide() -> bool:
