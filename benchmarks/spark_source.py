@@ -753,11 +753,15 @@ def measure(args: argparse.Namespace, configs: list[dict[str, str]], result: dic
     try:
         result["spark_version"] = spark.version
         prefill_s = 0.0
-        # Warm-up: JVM code paths, Python workers, the data source lookup.
+        # Warm-up: JVM code paths, the data source lookup, and a Python
+        # worker for each task slot (as many partitions a batch as slots,
+        # run at once: the first real batch would start them otherwise).
         warm = min(2000, args.jobs)
+        slots = spark.sparkContext.defaultParallelism
         prefill(client, "warmup", warm, args.body_bytes)
         drain_with_spark(spark, node, client, root, "warmup",
-                         {"maxJobsPerTrigger": str(max(1, warm // 2))})
+                         {"maxJobsPerTrigger": str(max(1, warm // 2)),
+                          "numPartitions": str(slots)})
         rate_with_spark(spark, root, warm, max(1, warm // 2), "rate-warmup")
         print(HEADER, flush=True)
 
