@@ -14,12 +14,13 @@ import pyarrow as pa
 
 from disque.exceptions import ConnectionFailed, DisqueError, ProtocolError
 
-from .schema import STAGED_SCHEMA, empty_table
+from .schema import STAGED_SCHEMA, empty_table, utf8_view
 
 if TYPE_CHECKING:
     from disque.client import Client, Job
 
-__all__ = ["Fetched", "fetch_jobs", "fetch_table", "jobs_to_table", "empty_table"]
+__all__ = ["Fetched", "fetch_jobs", "fetch_table", "jobs_to_table", "empty_table", "string_array",
+           "binary_ids", "count_nonzero"]
 
 log = logging.getLogger("spark_connector.fetch")
 
@@ -108,14 +109,46 @@ def int64_array(values: list[int]) -> pa.Array:
                                  [None, pa.py_buffer(np.array(values, dtype=np.int64))])
 
 
+def string_array(values: list[bytes]) -> pa.Array | pa.ChunkedArray:
+    """``pa.array(values, pa.string())`` for UTF-8 bytes, checked (``ArrowInvalid`` if not).
+
+    Not ``binary_array(values).cast(pa.string())``: the first cast in a
+    process imports ``pyarrow.compute``, which wraps every compute kernel at
+    import (0.06-0.15 s here), in the fresh Python process Spark starts for
+    every streaming query's driver side, on the path of its first batch.
+    A string array has the binary array's buffers; the full validation
+    checks the same UTF-8 the cast does.
+    """
+    array = binary_array(values)
+    if isinstance(array, pa.ChunkedArray):  # over 2 GiB of names: no single view
+        return array.cast(pa.string())
+    return utf8_view(array)
+
+
+def binary_ids(column: pa.ChunkedArray) -> list[bytes]:
+    """The job IDs of a staged table's string column, as bytes (no ``cast``: above)."""
+    return [job_id for chunk in column.chunks for job_id in chunk.view(pa.binary()).to_pylist()]
+
+
+def count_nonzero(column: pa.ChunkedArray) -> int:
+    """Rows of a non-null int64 column that are not 0, read from its buffers.
+
+    Not ``pyarrow.compute`` (its import, :func:`string_array`) nor
+    ``to_numpy()``, which imports pandas (:func:`binary_array`).
+    """
+    return sum(int(np.count_nonzero(np.frombuffer(chunk.buffers()[1], dtype=np.int64,
+                                                  count=len(chunk), offset=chunk.offset * 8)))
+               for chunk in column.chunks)
+
+
 def _utf8_array(values: list[str]) -> pa.Array | pa.ChunkedArray:
-    """``pa.array(values, pa.string())`` through :func:`binary_array`.
+    """``pa.array(values, pa.string())`` through :func:`string_array`.
 
     The client decoded names with ``surrogateescape``; encoding them back the
-    same way gives the bytes the node sent, which the cast checks as UTF-8
-    exactly as the GETJOB path's cast does.
+    same way gives the bytes the node sent, which are checked as UTF-8
+    exactly as on the GETJOB path.
     """
-    return binary_array([v.encode("utf-8", "surrogateescape") for v in values]).cast(pa.string())
+    return string_array([v.encode("utf-8", "surrogateescape") for v in values])
 
 
 def _timestamps(at_us: int, count: int) -> pa.Array:
@@ -129,8 +162,8 @@ def _entries_to_table(entries: list, fetched_at_us: int) -> pa.Table:
     flat = list(itertools.chain.from_iterable(entries))
     step = len(entries[0]) if entries else _PLAIN
     return pa.Table.from_arrays([
-        binary_array(flat[0::step]).cast(pa.string()),
-        binary_array(flat[1::step]).cast(pa.string()),
+        string_array(flat[0::step]),
+        string_array(flat[1::step]),
         binary_array(flat[2::step]),
         int64_array(flat[4::step]),
         int64_array(flat[6::step]),

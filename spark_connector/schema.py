@@ -16,7 +16,8 @@ if TYPE_CHECKING:
     from pyspark.sql.types import StructType
 
 # STAGED_SCHEMA comes from the module's __getattr__ (below).
-__all__ = ["source_schema", "arrow_schema", "empty_table", "STAGED_SCHEMA"]  # noqa: F822
+__all__ = ["source_schema", "arrow_schema", "empty_table", "to_rows", "utf8_view",  # noqa: F822
+           "node_prefixes", "STAGED_SCHEMA"]
 
 # pyarrow (with numpy, 0.2-0.3 s) is imported on first use, not with this
 # module: Spark asks for source_schema() in a process of its own at
@@ -94,9 +95,13 @@ def arrow_schema(schema: StructType) -> pa.Schema:
 
 
 def to_rows(staged: pa.Table, schema: StructType) -> pa.Table:
-    """Turn a staged table into the source's rows (``schema`` order and types)."""
+    """Turn a staged table into the source's rows (``schema`` order and types).
+
+    Without ``pyarrow.compute`` (every ``cast`` goes through it): its import
+    wraps every compute kernel (0.06-0.15 s), paid by each Python worker on
+    its first batch and by the driver's query process on its first fetch.
+    """
     import pyarrow as pa
-    import pyarrow.compute as pc
 
     target = arrow_schema(schema)
     ids = staged.column("id")
@@ -106,14 +111,63 @@ def to_rows(staged: pa.Table, schema: StructType) -> pa.Table:
         "body": staged.column("body"),
         "nacks": staged.column("nacks"),
         "additional_deliveries": staged.column("additional_deliveries"),
-        # Job IDs are D-<8 hex node prefix>-...: the prefix sits at [2:10].
-        "node": pc.utf8_slice_codeunits(ids, 2, 10),
+        "node": node_prefixes(ids),
         "fetched_at": staged.column("fetched_at"),
     }
     if target.field("body").type != pa.binary():
         columns["body"] = _utf8_bodies(staged)
-    arrays = [columns[field.name].cast(field.type) for field in target]
+    arrays = [_as_type(columns[field.name], field.type) for field in target]
     return pa.Table.from_arrays(arrays, schema=target)
+
+
+def _as_type(column: pa.ChunkedArray, type_: pa.DataType) -> pa.ChunkedArray:
+    return column if column.type == type_ else column.cast(type_)
+
+
+def utf8_view(array: pa.Array) -> pa.Array:
+    """A binary array as a string array (same buffers), checked as UTF-8 (``ArrowInvalid``).
+
+    What ``array.cast(pa.string())`` does, without ``pyarrow.compute`` (above).
+    """
+    import pyarrow as pa
+
+    strings = array.view(pa.string())
+    strings.validate(full=True)
+    return strings
+
+
+#: Job IDs are D-<8 hex node prefix>-...: the prefix sits at [2:10].
+_PREFIX_START, _PREFIX_END = 2, 10
+
+
+def node_prefixes(ids: pa.ChunkedArray) -> pa.ChunkedArray:
+    """Each job ID's node prefix (``id[2:10]``), gathered from the ID column's buffers."""
+    import pyarrow as pa
+
+    return pa.chunked_array([_chunk_prefixes(chunk) for chunk in ids.chunks if len(chunk)],
+                            pa.string())
+
+
+def _chunk_prefixes(chunk: pa.Array) -> pa.Array:
+    import numpy as np
+    import pyarrow as pa
+
+    rows = len(chunk)
+    offsets = np.frombuffer(chunk.buffers()[1], dtype=np.int32, count=rows + 1,
+                            offset=chunk.offset * 4)
+    if not bool((np.diff(offsets) < _PREFIX_END).any()):
+        data = np.frombuffer(chunk.buffers()[2], dtype=np.uint8)
+        heads = data[offsets[:-1, None] + np.arange(_PREFIX_END)]
+        if not bool((heads >= 0x80).any()):
+            width = _PREFIX_END - _PREFIX_START
+            return pa.Array.from_buffers(pa.string(), rows, [
+                None, pa.py_buffer(np.arange(0, width * rows + 1, width, dtype=np.int32)),
+                pa.py_buffer(np.ascontiguousarray(heads[:, _PREFIX_START:]).tobytes())])
+    # Not IDs a node makes (shorter, or not ASCII, where bytes are not
+    # characters): Arrow's own slice.
+    import pyarrow.compute as pc
+
+    return pc.utf8_slice_codeunits(chunk, _PREFIX_START, _PREFIX_END)
 
 
 def _utf8_bodies(staged: pa.Table) -> pa.ChunkedArray:
@@ -122,7 +176,7 @@ def _utf8_bodies(staged: pa.Table) -> pa.ChunkedArray:
 
     bodies = staged.column("body")
     try:
-        return bodies.cast(pa.string())
+        return pa.chunked_array([utf8_view(chunk) for chunk in bodies.chunks], pa.string())
     except pa.ArrowInvalid:
         for job_id, body in zip(staged.column("id").to_pylist(), bodies.to_pylist(),
                                 strict=True):

@@ -11,8 +11,10 @@ processes start from: pyspark loaded, nothing else) and check that
 * the driver side of a whole drain (fetch, stage, lease, partitions, the
   executor's read, ACK, the empty closing batch) never loads pandas, which
   pyarrow loads the first time ``pa.array`` gets a list or ``pa.scalar`` a
-  value: 0.2-0.4 s in a process that lives for one query, nor the asyncio
-  client (``disque.client.aio``);
+  value: 0.2-0.4 s in a process that lives for one query, nor
+  ``pyarrow.compute``, which the first ``cast`` loads (it wraps every
+  compute kernel: 0.06-0.15 s), nor the asyncio client
+  (``disque.client.aio``);
 * neither does a batch ``spark.read`` (peek or drain) in the executor's
   Python worker.
 """
@@ -83,6 +85,7 @@ reader.stop()
 print(json.dumps({{"rows": rows, "batches": batches, "acked": metrics["jobsAcked"],
                   "redelivered": metrics["redeliveredSeen"],
                   "pandas": "pandas" in sys.modules,
+                  "compute": "pyarrow.compute" in sys.modules,
                   "aio": "disque.client.aio" in sys.modules}}))
 """)
     assert out["rows"] == out["acked"] == 2500
@@ -90,6 +93,7 @@ print(json.dumps({{"rows": rows, "batches": batches, "acked": metrics["jobsAcked
         assert out["batches"] == 4  # three of 1000, 1000, 500, then the empty closing batch
         assert out["redelivered"] == 1
     assert out["pandas"] is False
+    assert out["compute"] is False
     assert out["aio"] is False  # the sync client only (tests/client/test_imports.py)
 
 
@@ -112,9 +116,10 @@ for part in reader.partitions():
     for batch in reader.read(pickle.loads(pickle.dumps(part))):
         rows += batch.num_rows
         ids.update(batch.column("id").to_pylist())
-print(json.dumps({{"rows": rows, "ids": len(ids), "pandas": "pandas" in sys.modules}}))
+print(json.dumps({{"rows": rows, "ids": len(ids), "pandas": "pandas" in sys.modules,
+                  "compute": "pyarrow.compute" in sys.modules}}))
 """)
-    assert out == {"rows": 300, "ids": 300, "pandas": False}
+    assert out == {"rows": 300, "ids": 300, "pandas": False, "compute": False}
     with Client(f"127.0.0.1:{server.port}") as client:
         assert client.qlen("q") == (0 if drain == "true" else 300)
 
@@ -149,3 +154,29 @@ def test_columns_built_from_buffers_equal_pa_array() -> None:
         assert binary_array(values).equals(pa.array(values, pa.binary()))
     for numbers in ([], [0], [3, 0, 2**40]):
         assert int64_array(numbers).equals(pa.array(numbers, pa.int64()))
+
+
+def test_string_columns_without_cast_check_utf8_as_the_cast_does() -> None:
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    from spark_connector.fetch import binary_ids, count_nonzero, string_array
+    from spark_connector.schema import node_prefixes
+
+    names = [b"q", b"", "é".encode(), b"D-0f1e2d3c-abcdef-SQ"]
+    assert string_array(names).equals(pa.array(names, pa.binary()).cast(pa.string()))
+    with pytest.raises(pa.ArrowInvalid):
+        string_array([b"ok", b"\xff\xfe"])
+    column = pa.chunked_array([string_array(names[2:]), string_array(names[:3]).slice(1)])
+    assert binary_ids(column) == names[2:] + names[1:3]
+    numbers = pa.chunked_array([pa.array([0, 3, 0, 1]).slice(1), pa.array([2, 0])])
+    assert count_nonzero(numbers) == 3
+    # Node IDs (ASCII, D-<8 hex>-...), and what no node makes: shorter than
+    # the prefix, or not ASCII (characters are not bytes there).
+    ids = pa.chunked_array([
+        pa.array(["D-0f1e2d3c-abc-SQ", "D-aaaaaaaa-1"]).slice(1),
+        pa.array([], pa.string()),
+        pa.array(["D-é1234567-x", "short", "D-12345678-z"]),
+    ])
+    assert node_prefixes(ids).to_pylist() == pc.utf8_slice_codeunits(ids, 2, 10).to_pylist()
+    assert node_prefixes(ids).to_pylist() == ["aaaaaaaa", "é1234567", "ort", "12345678"]
