@@ -98,6 +98,26 @@ def process_cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def threads_cpu_s(pid: int, name_part: str) -> float:
+    """CPU seconds used so far by a process's threads whose name contains
+    ``name_part`` (/proc/PID/task/*/comm, e.g. the JVM's "C2 CompilerThre")."""
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            if name_part not in (task / "comm").read_text():
+                continue
+            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:  # the thread ended meanwhile
+            continue
+        total += int(fields[11]) + int(fields[12])
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def jit_cpu_s(jvm_pid: int) -> float:
+    """CPU seconds a JVM's JIT compiler threads (C1 and C2) have used so far."""
+    return threads_cpu_s(jvm_pid, "CompilerThre")
+
+
 def main_thread_cpu_s(pid: int) -> float:
     """CPU seconds a process's main thread has used so far, in nanoseconds'
     resolution (/proc/PID/schedstat), where short runs need more than

@@ -51,6 +51,7 @@ import hiredis
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.aof_throughput import RawClient, encode
+from benchmarks.redis_tools import jit_cpu_s
 from benchmarks.spark_standalone import Placement, add_arguments, placement, pyspark_zips, zips_line
 from tests.support.process import DisqueProcess, wait_for
 
@@ -232,14 +233,31 @@ def throughput(args: argparse.Namespace, node: DisqueProcess) -> None:
         warm = df.limit(2000)
         warm.write.format("noop").mode("overwrite").save()
         to_disque("warmup", warm.repartition(args.partitions))
+        jvm_pid = spark.sparkContext._jvm.ProcessHandle.current().pid()
+        warmup_jit = []
+        for i in range(args.warmup_writes):
+            # Whole writes, so that the JIT has compiled Spark's code as in an
+            # application that has run for a while (see spark_source's
+            # --warmup-drains): a young JVM's compiler threads take CPU
+            # from the sink and the node on the same cores.
+            jit0 = jit_cpu_s(jvm_pid)
+            seconds = timed(lambda: to_disque("warmup"))
+            flush(node.port)
+            warmup_jit.append(jit_cpu_s(jvm_pid) - jit0)
+            print(f"warm-up write {i + 1}/{args.warmup_writes}: {seconds:.2f} s, JIT compiler "
+                  f"CPU {warmup_jit[-1]:.2f} s", flush=True)
         noop_s = timed(to_noop)
+        sink_jit: list[float] = []
         names = list(steps)
         for rnd in range(args.rounds):
             shift = rnd % len(names)  # alternate the order: no step always goes first
             this: dict[str, float] = {}
             for name in names[shift:] + names[:shift]:
                 flush(node.port)
+                jit0 = jit_cpu_s(jvm_pid)
                 this[name] = steps[name]()
+                if name == "sink":
+                    sink_jit.append(jit_cpu_s(jvm_pid) - jit0)
             rounds.append(this)
             print(f"round {rnd + 1}/{args.rounds}: " + ", ".join(
                 f"{name} {rate:.0f}/s" for name, rate in this.items()), flush=True)
@@ -278,6 +296,9 @@ def throughput(args: argparse.Namespace, node: DisqueProcess) -> None:
           f"({args.rows / median([float(c) for c in commands]):.0f} rows per command)")
     bulk_ratio = median([r["sink"] / r["ADDJOBS ceiling"] for r in rounds])
     print(f"the sink reaches {bulk_ratio:.3f}x the node's ADDJOBS ceiling (target >= 0.8x)")
+    print(f"JIT compiler CPU s: {len(warmup_jit)} warm-up writes (--warmup-writes) "
+          f"{[round(s, 2) for s in warmup_jit]}; sink writes of the rounds "
+          f"{[round(s, 2) for s in sink_jit]}")
     print(f"{'noop':<28}{noop_s:>9.2f} s{args.rows / noop_s:>12.0f} rows/s")
     print(f"{'disque, null node':<28}{null_s:>9.2f} s{args.rows / null_s:>12.0f} rows/s "
           "(the sink's own cost)")
@@ -341,6 +362,10 @@ def main() -> None:
                              "(benchmarks/spark_cluster.py; --rows default 60000)")
     parser.add_argument("--rounds", type=int, default=3,
                         help="rounds (sink, ADDJOBS and ADDJOB ceilings; --cluster: per target)")
+    parser.add_argument("--warmup-writes", type=int, default=8, metavar="N",
+                        help="whole writes (--rows rows) before the rounds, so that the JVM's "
+                             "JIT compilation is mostly done, as in a long-running "
+                             "application; 0 measures a young JVM (default 8)")
     add_arguments(parser, staging=False)
     args = parser.parse_args()
     global PLACEMENT

@@ -41,6 +41,12 @@ the Spark image runs it: spark_standalone.py) and, in the same run:
    ``ack_many``, and the source's driver path alone (a
    ``DisqueStreamReader`` driven like Spark drives it, with each step timed).
 
+Before the rounds, ``--warmup-drains`` whole drains (8 by default) let the
+JVM's JIT compile Spark's code, as it has in any application that has run
+for a while: in a young JVM the compiler threads take ~1 CPU-s per drain
+from the query on two cores (each round prints theirs).  ``0`` measures a
+young JVM.
+
 ``rate`` produces its rows inside the JVM (two columns, no I/O); the disque
 rows cross a socket from the node, are staged with fsync, go through a
 Python worker as Arrow, and every job is acknowledged.  The ratio is
@@ -76,7 +82,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.redis_tools import machine_cpu_ticks, process_cpu_s
+from benchmarks.redis_tools import jit_cpu_s, machine_cpu_ticks, process_cpu_s
 from benchmarks.spark_standalone import Placement, add_arguments, placement, pyspark_zips, zips_line
 from disque.client import Client
 from tests.support.process import DisqueProcess, wait_for
@@ -154,15 +160,20 @@ def commands_processed(node: DisqueProcess) -> int:
 
 
 @contextmanager
-def cpu_usage(node: DisqueProcess, into: dict[str, Any]) -> Iterator[None]:
-    """Record the node's CPU seconds and commands, and the machine's busy CPU seconds."""
+def cpu_usage(node: DisqueProcess, into: dict[str, Any], jvm_pid: int | None = None
+              ) -> Iterator[None]:
+    """Record the node's CPU seconds and commands, the machine's busy CPU
+    seconds, and (``jvm_pid``) the CPU seconds of the JVM's JIT compiler threads."""
     commands0 = commands_processed(node)
     node0, busy0 = process_cpu_s(node.pid), machine_busy_s()
+    jit0 = jit_cpu_s(jvm_pid) if jvm_pid is not None else 0.0
     try:
         yield
     finally:
         into["node_cpu_s"] = process_cpu_s(node.pid) - node0
         into["machine_busy_s"] = machine_busy_s() - busy0
+        if jvm_pid is not None:
+            into["jit_cpu_s"] = jit_cpu_s(jvm_pid) - jit0
         # Minus the INFO of the first reading (the second one is not counted yet).
         into["node_commands"] = commands_processed(node) - commands0 - 1
 
@@ -601,6 +612,12 @@ def print_report(args: argparse.Namespace, result: dict[str, Any]) -> None:
               f"ratios {[round(r, 2) for r in run['round_steady_ratios']]}  median "
               f"{run['steady_ceiling_ratio']:.2f}x  (start-up "
               f"{[round(ms) for ms in run['round_startup_ms']]})")
+    warmup = result.get("warmup_drains") or []
+    print(f"  JIT: {len(warmup)} warm-up drains before the rounds (--warmup-drains), their "
+          f"JIT compiler CPU s {[round(d['jit_cpu_s'], 2) for d in warmup]}; in the rounds:")
+    for run in result["disque"]:
+        print(f"  {run['name']:<62} JIT compiler CPU s per round "
+              f"{[round(s, 2) for s in run['round_jit_cpu_s']]}")
 
     print("\nceilings without Spark, same node (Spark stopped):")
     for c in result["ceilings"]:
@@ -662,6 +679,11 @@ def main() -> None:
                         help="rate runs per batch size; the median is reported")
     parser.add_argument("--profile", action="store_true",
                         help="cProfile the driver path and print the top functions")
+    parser.add_argument("--warmup-drains", type=int, default=8, metavar="N",
+                        help="whole drains (--jobs jobs, default options) before the measured "
+                             "rounds, so that the JVM's JIT compilation is mostly done, as in "
+                             "a long-running application; 0 measures a young JVM (default 8; "
+                             "--smoke: at most 1)")
     parser.add_argument("--smoke", action="store_true",
                         help="a few thousand jobs, one configuration (< 60 s)")
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON")
@@ -691,6 +713,7 @@ def run(args: argparse.Namespace) -> None:
         args.jobs = min(args.jobs, 3000)
         args.rate_repeats = 1
         args.rounds = 1
+        args.warmup_drains = min(args.warmup_drains, 1)
         args.config = args.config or SMOKE_CONFIGS
     configs = [parse_config(spec) for spec in (args.config or DEFAULT_CONFIGS)]
 
@@ -747,6 +770,29 @@ def median_rate(args: argparse.Namespace, spark, root: Path, node: DisqueProcess
     return median
 
 
+def warm_up_the_jit(args: argparse.Namespace, spark, root: Path, node: DisqueProcess,
+                    client: Client, jvm_pid: int) -> list[dict[str, float]]:
+    """``--warmup-drains`` whole drains (default options) before the measured ones.
+
+    A young JVM compiles Spark's code as its methods get hot: on this
+    2-core VM its JIT threads took ~1 CPU-s per 200k-job drain for the
+    first drains of a session, falling to ~0.3 s after ten, and that CPU
+    is taken from the query (and its fetch ahead) on the same cores.  A
+    long-running application has done this long ago; the measured rounds
+    model it.  ``--warmup-drains 0`` measures a young JVM instead.
+    """
+    drains = []
+    for i in range(args.warmup_drains):
+        queue = f"jit-warmup{i}"
+        prefill(client, queue, args.jobs, args.body_bytes)
+        jit0 = jit_cpu_s(jvm_pid)
+        run = drain_with_spark(spark, node, client, root, queue, {})
+        drains.append({"seconds": run["seconds"], "jit_cpu_s": jit_cpu_s(jvm_pid) - jit0})
+        print(f"warm-up drain {i + 1}/{args.warmup_drains}: {run['seconds']:.2f} s, JIT "
+              f"compiler CPU {drains[-1]['jit_cpu_s']:.2f} s", flush=True)
+    return drains
+
+
 def measure(args: argparse.Namespace, configs: list[dict[str, str]], result: dict[str, Any],
             root: Path, node: DisqueProcess, client: Client) -> None:
     spark = spark_session(args.master)
@@ -763,6 +809,8 @@ def measure(args: argparse.Namespace, configs: list[dict[str, str]], result: dic
                          {"maxJobsPerTrigger": str(max(1, warm // 2)),
                           "numPartitions": str(slots)})
         rate_with_spark(spark, root, warm, max(1, warm // 2), "rate-warmup")
+        jvm_pid = spark.sparkContext._jvm.ProcessHandle.current().pid()
+        result["warmup_drains"] = warm_up_the_jit(args, spark, root, node, client, jvm_pid)
         print(HEADER, flush=True)
 
         sizes: list[int] = []
@@ -774,7 +822,7 @@ def measure(args: argparse.Namespace, configs: list[dict[str, str]], result: dic
                 queue = f"bench{rnd}-{index}"
                 prefill_s += prefill(client, queue, args.jobs, args.body_bytes)
                 cpu: dict[str, Any] = {}
-                with cpu_usage(node, cpu):
+                with cpu_usage(node, cpu, jvm_pid):
                     run = drain_with_spark(spark, node, client, root, queue, options)
                 run.update(cpu)
                 run["name"] = f"disque {short_name(options)}"
@@ -808,6 +856,7 @@ def measure(args: argparse.Namespace, configs: list[dict[str, str]], result: dic
             median["round_steady_ratios"] = steady
             median["steady_ceiling_ratio"] = statistics.median(steady)
             median["round_startup_ms"] = [r["phases_ms"]["start-up"] for r in runs]
+            median["round_jit_cpu_s"] = [r["jit_cpu_s"] for r in runs]
             result["disque"].append(median)
         result["prefill_rate"] = (args.jobs * (len(configs) + 1) * args.rounds) / prefill_s
 

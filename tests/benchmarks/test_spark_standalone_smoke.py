@@ -39,8 +39,10 @@ def test_the_source_on_a_standalone_cluster_with_s3_staging(tmp_path: Path) -> N
 def test_the_sink_on_a_standalone_cluster(tmp_path: Path) -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "benchmarks.spark_sink", "--standalone", "--rows", "3000",
-         "--rounds", "1", "--ceiling-rows", "3000"],
+         "--rounds", "1", "--ceiling-rows", "3000", "--warmup-writes", "1"],
         cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
     assert "master spark://127.0.0.1:" in proc.stdout
     assert "the sink reaches" in proc.stdout
+    assert "warm-up write 1/1" in proc.stdout
+    assert "JIT compiler CPU s: 1 warm-up writes" in proc.stdout
