@@ -100,7 +100,12 @@ def process_cpu_s(pid: int) -> float:
 
 def threads_cpu_s(pid: int, name_part: str) -> float:
     """CPU seconds used so far by a process's threads whose name contains
-    ``name_part`` (/proc/PID/task/*/comm, e.g. the JVM's "C2 CompilerThre")."""
+    ``name_part`` (/proc/PID/task/*/comm, e.g. the JVM's "C2 CompilerThre").
+
+    Live threads only: a thread that ended took its CPU time with it (HotSpot
+    ends compiler threads it started beyond the first ones on machines with
+    many cores), so a difference of two readings can fall short.
+    """
     total = 0
     for task in Path(f"/proc/{pid}/task").iterdir():
         try:

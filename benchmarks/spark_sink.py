@@ -244,8 +244,8 @@ def throughput(args: argparse.Namespace, node: DisqueProcess) -> None:
             seconds = timed(lambda: to_disque("warmup"))
             flush(node.port)
             warmup_jit.append(jit_cpu_s(jvm_pid) - jit0)
-            print(f"warm-up write {i + 1}/{args.warmup_writes}: {seconds:.2f} s, JIT compiler "
-                  f"CPU {warmup_jit[-1]:.2f} s", flush=True)
+            print(f"warm-up write {i + 1}/{args.warmup_writes}: {seconds:.2f} s, the driver "
+                  f"JVM's JIT compiler CPU {warmup_jit[-1]:.2f} s", flush=True)
         noop_s = timed(to_noop)
         sink_jit: list[float] = []
         names = list(steps)
@@ -296,7 +296,8 @@ def throughput(args: argparse.Namespace, node: DisqueProcess) -> None:
           f"({args.rows / median([float(c) for c in commands]):.0f} rows per command)")
     bulk_ratio = median([r["sink"] / r["ADDJOBS ceiling"] for r in rounds])
     print(f"the sink reaches {bulk_ratio:.3f}x the node's ADDJOBS ceiling (target >= 0.8x)")
-    print(f"JIT compiler CPU s: {len(warmup_jit)} warm-up writes (--warmup-writes) "
+    print(f"the driver JVM's JIT compiler CPU s: {len(warmup_jit)} warm-up writes "
+          "(--warmup-writes) "
           f"{[round(s, 2) for s in warmup_jit]}; sink writes of the rounds "
           f"{[round(s, 2) for s in sink_jit]}")
     print(f"{'noop':<28}{noop_s:>9.2f} s{args.rows / noop_s:>12.0f} rows/s")

@@ -613,8 +613,9 @@ def print_report(args: argparse.Namespace, result: dict[str, Any]) -> None:
               f"{run['steady_ceiling_ratio']:.2f}x  (start-up "
               f"{[round(ms) for ms in run['round_startup_ms']]})")
     warmup = result.get("warmup_drains") or []
-    print(f"  JIT: {len(warmup)} warm-up drains before the rounds (--warmup-drains), their "
-          f"JIT compiler CPU s {[round(d['jit_cpu_s'], 2) for d in warmup]}; in the rounds:")
+    print(f"  JIT: {len(warmup)} warm-up drains before the rounds (--warmup-drains), the "
+          f"driver JVM's JIT compiler CPU s {[round(d['jit_cpu_s'], 2) for d in warmup]}; "
+          "in the rounds:")
     for run in result["disque"]:
         print(f"  {run['name']:<62} JIT compiler CPU s per round "
               f"{[round(s, 2) for s in run['round_jit_cpu_s']]}")
@@ -774,12 +775,12 @@ def warm_up_the_jit(args: argparse.Namespace, spark, root: Path, node: DisquePro
                     client: Client, jvm_pid: int) -> list[dict[str, float]]:
     """``--warmup-drains`` whole drains (default options) before the measured ones.
 
-    A young JVM compiles Spark's code as its methods get hot: on this
-    2-core VM its JIT threads took ~1 CPU-s per 200k-job drain for the
-    first drains of a session, falling to ~0.3 s after ten, and that CPU
-    is taken from the query (and its fetch ahead) on the same cores.  A
-    long-running application has done this long ago; the measured rounds
-    model it.  ``--warmup-drains 0`` measures a young JVM instead.
+    A young JVM compiles Spark's code as its methods get hot, over its first
+    drains; its compiler threads' CPU is taken from the query (and its fetch
+    ahead) where cores are few.  A long-running application has done this
+    long ago; the measured rounds model it.  ``--warmup-drains 0`` measures
+    a young JVM instead.  The compiler CPU is the driver's JVM's: with
+    ``--standalone`` the executors' JVMs compile too, uncounted.
     """
     drains = []
     for i in range(args.warmup_drains):
@@ -788,8 +789,8 @@ def warm_up_the_jit(args: argparse.Namespace, spark, root: Path, node: DisquePro
         jit0 = jit_cpu_s(jvm_pid)
         run = drain_with_spark(spark, node, client, root, queue, {})
         drains.append({"seconds": run["seconds"], "jit_cpu_s": jit_cpu_s(jvm_pid) - jit0})
-        print(f"warm-up drain {i + 1}/{args.warmup_drains}: {run['seconds']:.2f} s, JIT "
-              f"compiler CPU {drains[-1]['jit_cpu_s']:.2f} s", flush=True)
+        print(f"warm-up drain {i + 1}/{args.warmup_drains}: {run['seconds']:.2f} s, the "
+              f"driver JVM's JIT compiler CPU {drains[-1]['jit_cpu_s']:.2f} s", flush=True)
     return drains
 
 

@@ -120,8 +120,8 @@ def string_array(values: list[bytes]) -> pa.Array | pa.ChunkedArray:
     checks the same UTF-8 the cast does.
     """
     array = binary_array(values)
-    if isinstance(array, pa.ChunkedArray):  # over 2 GiB of names: no single view
-        return array.cast(pa.string())
+    if isinstance(array, pa.ChunkedArray):  # over 2 GiB of names: a view per chunk
+        return pa.chunked_array([utf8_view(chunk) for chunk in array.chunks], pa.string())
     return utf8_view(array)
 
 
@@ -136,9 +136,11 @@ def count_nonzero(column: pa.ChunkedArray) -> int:
     Not ``pyarrow.compute`` (its import, :func:`string_array`) nor
     ``to_numpy()``, which imports pandas (:func:`binary_array`).
     """
+    if column.type != pa.int64() or column.null_count:
+        raise TypeError(f"count_nonzero reads non-null int64 columns, not {column.type}")
     return sum(int(np.count_nonzero(np.frombuffer(chunk.buffers()[1], dtype=np.int64,
                                                   count=len(chunk), offset=chunk.offset * 8)))
-               for chunk in column.chunks)
+               for chunk in column.chunks if len(chunk))
 
 
 def _utf8_array(values: list[str]) -> pa.Array | pa.ChunkedArray:

@@ -120,7 +120,11 @@ def to_rows(staged: pa.Table, schema: StructType) -> pa.Table:
     return pa.Table.from_arrays(arrays, schema=target)
 
 
-def _as_type(column: pa.ChunkedArray, type_: pa.DataType) -> pa.ChunkedArray:
+def _as_type(column: pa.Array | pa.ChunkedArray,
+             type_: pa.DataType) -> pa.Array | pa.ChunkedArray:
+    """``column`` (an Arrow array or chunked array) cast to ``type_`` only if it is
+    not of that type already (a cast to the same type still loads
+    ``pyarrow.compute``)."""
     return column if column.type == type_ else column.cast(type_)
 
 
@@ -153,9 +157,10 @@ def _chunk_prefixes(chunk: pa.Array) -> pa.Array:
     import pyarrow as pa
 
     rows = len(chunk)
-    offsets = np.frombuffer(chunk.buffers()[1], dtype=np.int32, count=rows + 1,
-                            offset=chunk.offset * 4)
-    if not bool((np.diff(offsets) < _PREFIX_END).any()):
+    offsets = (np.frombuffer(chunk.buffers()[1], dtype=np.int32, count=rows + 1,
+                             offset=chunk.offset * 4)
+               if chunk.type == pa.string() and not chunk.null_count else None)
+    if offsets is not None and not bool((np.diff(offsets) < _PREFIX_END).any()):
         data = np.frombuffer(chunk.buffers()[2], dtype=np.uint8)
         heads = data[offsets[:-1, None] + np.arange(_PREFIX_END)]
         if not bool((heads >= 0x80).any()):
@@ -164,10 +169,10 @@ def _chunk_prefixes(chunk: pa.Array) -> pa.Array:
                 None, pa.py_buffer(np.arange(0, width * rows + 1, width, dtype=np.int32)),
                 pa.py_buffer(np.ascontiguousarray(heads[:, _PREFIX_START:]).tobytes())])
     # Not IDs a node makes (shorter, or not ASCII, where bytes are not
-    # characters): Arrow's own slice.
+    # characters), or not a plain string array: Arrow's own slice.
     import pyarrow.compute as pc
 
-    return pc.utf8_slice_codeunits(chunk, _PREFIX_START, _PREFIX_END)
+    return _as_type(pc.utf8_slice_codeunits(chunk, _PREFIX_START, _PREFIX_END), pa.string())
 
 
 def _utf8_bodies(staged: pa.Table) -> pa.ChunkedArray:

@@ -41,11 +41,14 @@ def test_smoke_mode_drains_the_queue_and_reports_throughput(tmp_path: Path) -> N
         assert len(run["round_ratios"]) == 1 and run["ceiling_ratio"] > 0
     assert "against the node's fetch + ACK ceiling, per round" in proc.stdout
     # One whole drain warms the JIT first (--warmup-drains, at most 1 in smoke
-    # mode); the compiler threads' CPU is read from /proc for it and each run.
-    assert len(result["warmup_drains"]) == 1 and result["warmup_drains"][0]["jit_cpu_s"] >= 0
+    # mode); the compiler threads' CPU is read from /proc for it and each run
+    # (live threads only: a difference may fall short, see threads_cpu_s).
+    assert len(result["warmup_drains"]) == 1
+    assert isinstance(result["warmup_drains"][0]["jit_cpu_s"], float)
     assert "warm-up drain 1/1" in proc.stdout
     for run in result["disque"]:
-        assert len(run["round_jit_cpu_s"]) == 1 and run["round_jit_cpu_s"][0] >= 0
+        assert len(run["round_jit_cpu_s"]) == 1
+        assert isinstance(run["round_jit_cpu_s"][0], float)
     # The driver path without Spark times each step of the source; a step
     # whose function moved would silently drop out of the report.
     steps = result["driver_path"]["steps"]

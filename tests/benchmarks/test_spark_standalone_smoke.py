@@ -45,4 +45,4 @@ def test_the_sink_on_a_standalone_cluster(tmp_path: Path) -> None:
     assert "master spark://127.0.0.1:" in proc.stdout
     assert "the sink reaches" in proc.stdout
     assert "warm-up write 1/1" in proc.stdout
-    assert "JIT compiler CPU s: 1 warm-up writes" in proc.stdout
+    assert "the driver JVM's JIT compiler CPU s: 1 warm-up writes" in proc.stdout

@@ -169,8 +169,11 @@ def test_string_columns_without_cast_check_utf8_as_the_cast_does() -> None:
         string_array([b"ok", b"\xff\xfe"])
     column = pa.chunked_array([string_array(names[2:]), string_array(names[:3]).slice(1)])
     assert binary_ids(column) == names[2:] + names[1:3]
-    numbers = pa.chunked_array([pa.array([0, 3, 0, 1]).slice(1), pa.array([2, 0])])
+    numbers = pa.chunked_array([pa.array([0, 3, 0, 1]).slice(1), pa.array([], pa.int64()),
+                                pa.array([2, 0])])
     assert count_nonzero(numbers) == 3
+    with pytest.raises(TypeError):
+        count_nonzero(pa.chunked_array([pa.array([1, None])]))
     # Node IDs (ASCII, D-<8 hex>-...), and what no node makes: shorter than
     # the prefix, or not ASCII (characters are not bytes there).
     ids = pa.chunked_array([
@@ -180,3 +183,5 @@ def test_string_columns_without_cast_check_utf8_as_the_cast_does() -> None:
     ])
     assert node_prefixes(ids).to_pylist() == pc.utf8_slice_codeunits(ids, 2, 10).to_pylist()
     assert node_prefixes(ids).to_pylist() == ["aaaaaaaa", "é1234567", "ort", "12345678"]
+    large = ids.cast(pa.large_string())  # 64-bit offsets: Arrow's slice, same prefixes
+    assert node_prefixes(large).to_pylist() == ["aaaaaaaa", "é1234567", "ort", "12345678"]
