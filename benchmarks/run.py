@@ -617,7 +617,8 @@ def delegate(module: str, *extra: str) -> Callable[[argparse.Namespace, Path], d
             cmd += (["--rows", "3000", "--rounds", "1"] if module == "benchmarks.spark_sink"
                     else ["--smoke"])
         elif args.smoke and module == "benchmarks.spark_sink":
-            cmd += ["--rows", "5000", "--ceiling-rows", "5000"]  # it has no --smoke
+            # It has no --smoke: small writes, one of them to warm up.
+            cmd += ["--rows", "5000", "--ceiling-rows", "5000", "--warmup-writes", "1"]
         elif args.smoke:
             cmd.append("--smoke")
         if module == "benchmarks.spark_source":

@@ -58,19 +58,30 @@ def free_ports(count: int) -> list[int]:
 
     Each is held bound until all are picked: two free_port() calls in a row
     may get the same port back (it was released in between), and a node
-    given it twice (TLS and metrics) cannot start.
+    given it twice (TLS and metrics) cannot start.  Its bus port (+ 10000)
+    must be free too: it lies in the kernel's ephemeral range, where another
+    process's connection may hold it ("address already in use" at start).
     """
-    socks: list[socket.socket] = []
+    picked: list[socket.socket] = []
+    held: list[socket.socket] = []  # the picked ports' bus ports, and their own
     try:
-        while len(socks) < count:
+        while len(picked) < count:
             sock = socket.socket()
-            socks.append(sock)
+            held.append(sock)
             sock.bind(("127.0.0.1", 0))
-            if sock.getsockname()[1] > MAX_NODE_PORT:
-                socks.pop().close()
-        return [sock.getsockname()[1] for sock in socks]
+            port = sock.getsockname()[1]
+            if port > MAX_NODE_PORT:
+                continue
+            bus = socket.socket()
+            held.append(bus)
+            try:
+                bus.bind(("127.0.0.1", port + 10000))
+            except OSError:
+                continue
+            picked.append(sock)
+        return [sock.getsockname()[1] for sock in picked]
     finally:
-        for sock in socks:
+        for sock in held:
             sock.close()
 
 
