@@ -128,13 +128,16 @@ def _as_type(column: pa.Array | pa.ChunkedArray,
     return column if column.type == type_ else column.cast(type_)
 
 
-def utf8_view(array: pa.Array) -> pa.Array:
-    """A binary array as a string array (same buffers), checked as UTF-8 (``ArrowInvalid``).
+def utf8_view(array: pa.Array | pa.ChunkedArray) -> pa.Array | pa.ChunkedArray:
+    """A binary (chunked) array as a string one (same buffers), checked as
+    UTF-8 (``ArrowInvalid``).
 
     What ``array.cast(pa.string())`` does, without ``pyarrow.compute`` (above).
     """
     import pyarrow as pa
 
+    if isinstance(array, pa.ChunkedArray):
+        return pa.chunked_array([utf8_view(chunk) for chunk in array.chunks], pa.string())
     strings = array.view(pa.string())
     strings.validate(full=True)
     return strings
@@ -181,7 +184,7 @@ def _utf8_bodies(staged: pa.Table) -> pa.ChunkedArray:
 
     bodies = staged.column("body")
     try:
-        return pa.chunked_array([utf8_view(chunk) for chunk in bodies.chunks], pa.string())
+        return utf8_view(bodies)
     except pa.ArrowInvalid:
         for job_id, body in zip(staged.column("id").to_pylist(), bodies.to_pylist(),
                                 strict=True):

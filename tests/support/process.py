@@ -63,7 +63,7 @@ def free_ports(count: int) -> list[int]:
     process's connection may hold it ("address already in use" at start).
     """
     picked: list[socket.socket] = []
-    held: list[socket.socket] = []  # the picked ports' bus ports, and their own
+    held: list[socket.socket] = []  # every socket bound here, rejected ports' too
     try:
         while len(picked) < count:
             sock = socket.socket()
