@@ -172,6 +172,11 @@ class ClientConnection(CommandClient):
         self._out_bytes = 0
         self.id = next(_client_ids)
         self.transport: asyncio.Transport | None = None
+        # The transport's write and is_closing, bound once: compiled code
+        # calls a method of the transport by name, a lookup on every reply
+        # (~110 instructions of an unpipelined GETJOB's ~11,700).
+        self._send: Callable[[bytes], object] = _not_connected
+        self._send_closed: Callable[[], bool] = _always_closed
         config = state.config
         self.parser = CommandParser(config.proto_max_bulk_len, config.client_query_buffer_limit)
         self.name = b""
@@ -195,6 +200,8 @@ class ClientConnection(CommandClient):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # uvloop's are not subclasses
+        self._send = self.transport.write
+        self._send_closed = self.transport.is_closing
         state = self.state
         state.stats.connections_received += 1
         if len(state.clients) >= state.config.maxclients:
@@ -217,6 +224,9 @@ class ClientConnection(CommandClient):
         self._abandon_blocked()
         self.pending.clear()
         self.transport = None
+        # The bound methods hold the transport, which holds us: drop them.
+        self._send = _not_connected
+        self._send_closed = _always_closed
 
     def data_received(self, data: bytes) -> None:
         self.state.stats.net_input_bytes += len(data)
@@ -391,14 +401,14 @@ class ClientConnection(CommandClient):
         transport = self.transport
         if self._out or self.state.logging_persistence is not None or transport is None:
             self._write(data)
-        elif not transport.is_closing():
+        elif not self._send_closed():
             self.state.stats.net_output_bytes += len(data)
-            transport.write(data)
+            self._send(data)
 
     def _write(self, data: bytes) -> None:
         """Queue ``data`` for the end of this loop turn (see :class:`ReplyBatch`)."""
         transport = self.transport
-        if transport is None or transport.is_closing():
+        if transport is None or self._send_closed():
             return
         if not self._out:
             self._batch.add(self)
@@ -420,10 +430,9 @@ class ClientConnection(CommandClient):
         self._out = []
         self._out_bytes = 0
         data = out[0] if len(out) == 1 else b"".join(out)
-        transport = self.transport
-        if transport is not None and not transport.is_closing():
+        if self.transport is not None and not self._send_closed():
             self.state.stats.net_output_bytes += len(data)
-            transport.write(data)
+            self._send(data)
 
     def _pause_reading(self) -> None:
         if not self._read_paused and self.transport is not None:
@@ -483,6 +492,14 @@ def connection_factory(state: ServerState, batch: ReplyBatch) -> Callable[[], as
     :class:`ClientConnection` has every method of ``asyncio.Protocol``, which
     event loops call by name (the cast is for the type checker only)."""
     return lambda: cast(asyncio.Protocol, ClientConnection(state, batch))
+
+
+def _not_connected(data: bytes) -> None:
+    raise RuntimeError("the connection has no transport")
+
+
+def _always_closed() -> bool:
+    return True
 
 
 def _format_addr(addr: Any) -> str:
