@@ -331,6 +331,29 @@ def test_replies_wait_for_the_end_of_the_turn_and_survive_a_failing_aof() -> Non
     asyncio.run(main())
 
 
+def test_a_closed_connection_lets_go_of_its_transport() -> None:
+    """The connection binds the transport's write and is_closing (a method
+    call by name from compiled code costs a lookup per reply); the bound
+    methods hold the transport, and the transport holds the connection, so
+    connection_lost must drop them or every closed client would leave a
+    cycle for the collector, which the node runs rarely (cyclic_gc)."""
+    async def main() -> None:
+        node = Node()
+        conn, transport = connect(node)
+        conn.data_received(b"PING\r\n")
+        assert transport.written == b"+PONG\r\n"    # written through the bound write
+        gone = weakref.ref(transport)
+        conn.connection_lost(None)
+        del transport
+        gc.disable()
+        try:
+            assert gone() is None, gc.get_referrers(gone())
+        finally:
+            gc.enable()
+        conn.data_received(b"PING\r\n")              # a late read writes nothing, raises nothing
+    asyncio.run(main())
+
+
 def test_replies_before_quit_are_written_before_the_close() -> None:
     async def main() -> None:
         node = Node()
