@@ -37,12 +37,15 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Final
 
-__all__ = ["Acl", "AclError", "User", "DEFAULT_USER", "digest", "glob_to_regex",
-           "parse_file", "format_file"]
+__all__ = ["Acl", "AclError", "Glob", "User", "DEFAULT_USER", "digest", "parse_file",
+           "format_file"]
 
 DEFAULT_USER: Final = "default"
-#: A user's cache of queue verdicts is dropped when it holds this many.
-_VERDICTS_MAX: Final = 4096
+#: A user's cache of queue verdicts is emptied when the names it holds
+#: would take more than this many bytes; longer names are not cached at all
+#: (matching is linear: caching is for the usual short names seen often).
+_VERDICTS_MAX_BYTES: Final = 64 * 1024
+_VERDICT_NAME_MAX: Final = 256
 _HEX: Final = frozenset("0123456789abcdef")
 
 
@@ -55,19 +58,85 @@ def digest(password: bytes) -> str:
     return hashlib.sha256(password).hexdigest()
 
 
-def glob_to_regex(pattern: bytes) -> re.Pattern[bytes]:
-    """Redis's glob (stringmatchlen) as a regular expression on bytes."""
-    out = bytearray()
+class Glob:
+    """A Redis glob (stringmatchlen's syntax) matched in linear time.
+
+    Redis matches ``*`` by backtracking, and a regular expression with a
+    ``.*`` per ``*`` backtracks the same way: ``*-*-jobs`` against a
+    40,000-byte name took seconds, with the node frozen.  Here the pattern
+    is cut at its stars into *segments*, each a fixed-length run of literal
+    bytes, ``?`` and ``[...]`` classes (one byte each).  A name matches when
+    the first segment matches at its start, the last at its end, and each
+    one in between at its leftmost place after the previous one: taking the
+    leftmost place never loses a match, since what follows a star can only
+    gain room.  Each segment is a regular expression without quantifiers,
+    so a search costs at most (name length x segment length): linear in the
+    name for a given pattern.
+    """
+
+    __slots__ = ("_first", "_last", "_middle", "_only", "_tail_len")
+
+    def __init__(self, pattern: bytes) -> None:
+        segments = _segments(pattern)
+        #: The whole pattern when it has no star (the segment must match all of it).
+        self._only: re.Pattern[bytes] | None = None
+        self._first: re.Pattern[bytes] | None = None
+        self._last: re.Pattern[bytes] | None = None
+        self._middle: list[re.Pattern[bytes]] = []
+        self._tail_len = 0
+        if len(segments) == 1:
+            self._only = _compile(segments[0])
+            return
+        head, *middle, tail = segments
+        if head:
+            self._first = _compile(head)
+        if tail:
+            self._last = _compile(tail)
+            self._tail_len = len(tail)
+        self._middle = [_compile(segment) for segment in middle if segment]
+
+    def matches(self, name: bytes) -> bool:
+        only = self._only
+        if only is not None:
+            return only.fullmatch(name) is not None
+        pos = 0
+        first = self._first
+        if first is not None:
+            found = first.match(name)
+            if found is None:
+                return False
+            pos = found.end()
+        end = len(name) - self._tail_len
+        if end < pos:
+            return False
+        for segment in self._middle:
+            found = segment.search(name, pos, end)
+            if found is None:
+                return False
+            pos = found.end()
+        last = self._last
+        return last is None or last.fullmatch(name, end) is not None
+
+
+def _segments(pattern: bytes) -> list[list[bytes]]:
+    """The pattern cut at its stars: each segment a list of one-byte regexes.
+
+    Redis's rules: ``?`` any byte, ``\\x`` the byte x, ``[abc]``, ``[^a]``,
+    ``[a-z]`` (ends in any order, ``\\`` escapes inside), a ``[`` without
+    its ``]`` a literal byte; several stars in a row are one.
+    """
+    segments: list[list[bytes]] = [[]]
     i, n = 0, len(pattern)
     while i < n:
         ch = pattern[i]
         if ch == 0x2A:  # *
-            out += b".*"
+            if segments[-1] or len(segments) == 1:
+                segments.append([])
         elif ch == 0x3F:  # ?
-            out += b"."
+            segments[-1].append(b".")
         elif ch == 0x5C and i + 1 < n:  # \x: x literally
             i += 1
-            out += re.escape(pattern[i:i + 1])
+            segments[-1].append(re.escape(pattern[i:i + 1]))
         elif ch == 0x5B:  # [
             end = i + 1
             if end < n and pattern[end] == 0x5E:  # ^
@@ -77,30 +146,38 @@ def glob_to_regex(pattern: bytes) -> re.Pattern[bytes]:
             while end < n and pattern[end] != 0x5D:
                 end += 1
             if end >= n:  # no closing ]: a literal [
-                out += re.escape(b"[")
+                segments[-1].append(re.escape(b"["))
             else:
-                body = pattern[i + 1:end]
-                negate = body[:1] == b"^"
-                if negate:
-                    body = body[1:]
-                members = bytearray()
-                j = 0
-                while j < len(body):
-                    if body[j] == 0x5C and j + 1 < len(body):
-                        j += 1
-                    if j + 2 < len(body) and body[j + 1] == 0x2D:  # a-z
-                        low, high = sorted((body[j], body[j + 2]))
-                        members += re.escape(bytes([low])) + b"-" + re.escape(bytes([high]))
-                        j += 3
-                    else:
-                        members += re.escape(body[j:j + 1])
-                        j += 1
-                out += b"[" + (b"^" if negate else b"") + bytes(members) + b"]"
+                segments[-1].append(_byte_class(pattern[i + 1:end]))
                 i = end
         else:
-            out += re.escape(pattern[i:i + 1])
+            segments[-1].append(re.escape(pattern[i:i + 1]))
         i += 1
-    return re.compile(bytes(out), re.DOTALL)
+    return segments
+
+
+def _byte_class(body: bytes) -> bytes:
+    """``[...]``'s inside (without the brackets) as a regex class."""
+    negate = body[:1] == b"^"
+    if negate:
+        body = body[1:]
+    members = bytearray()
+    j = 0
+    while j < len(body):
+        if body[j] == 0x5C and j + 1 < len(body):
+            j += 1
+        if j + 2 < len(body) and body[j + 1] == 0x2D:  # a-z
+            low, high = sorted((body[j], body[j + 2]))
+            members += re.escape(bytes([low])) + b"-" + re.escape(bytes([high]))
+            j += 3
+        else:
+            members += re.escape(body[j:j + 1])
+            j += 1
+    return b"[" + (b"^" if negate else b"") + bytes(members) + b"]"
+
+
+def _compile(segment: list[bytes]) -> re.Pattern[bytes]:
+    return re.compile(b"".join(segment), re.DOTALL)
 
 
 class User:
@@ -113,6 +190,7 @@ class User:
 
     __slots__ = (
         "_matchers",
+        "_verdict_bytes",
         "_verdicts",
         "all_commands",
         "all_queues",
@@ -141,8 +219,9 @@ class User:
         self.patterns: list[bytes] = []
         self.all_queues = False
         self.unrestricted = False
-        self._matchers: list[re.Pattern[bytes]] = []
+        self._matchers: list[Glob] = []
         self._verdicts: dict[bytes, bool] = {}
+        self._verdict_bytes = 0
 
     # -- checks ----------------------------------------------------------------
 
@@ -153,14 +232,24 @@ class User:
         """Whether a pattern of the user matches the queue name."""
         if self.all_queues:
             return True
+        size = len(queue)
+        if size > _VERDICT_NAME_MAX:
+            return any(m.matches(queue) for m in self._matchers)
         verdicts = self._verdicts
         verdict = verdicts.get(queue)
         if verdict is None:
-            verdict = any(m.fullmatch(queue) is not None for m in self._matchers)
-            if len(verdicts) >= _VERDICTS_MAX:
+            verdict = any(m.matches(queue) for m in self._matchers)
+            if self._verdict_bytes + size > _VERDICTS_MAX_BYTES:
                 verdicts.clear()
+                self._verdict_bytes = 0
             verdicts[bytes(queue)] = verdict
+            self._verdict_bytes += size
         return verdict
+
+    def forget_verdicts(self) -> None:
+        """Empty the cache of queue verdicts (its patterns changed, or it is gone)."""
+        self._verdicts = {}
+        self._verdict_bytes = 0
 
     def password_ok(self, password: bytes) -> bool:
         """Whether ``password`` opens this user (its state aside).
@@ -182,7 +271,13 @@ class User:
         """Apply one rule (see the module docstring); AclError if it is not one.
 
         ``catalog``: category -> command names, and ``"all"`` -> every command.
+        A rule with a space or a control character in it is refused,
+        patterns and passwords included (Redis refuses them in patterns):
+        the ACL file is one user per line, rules split on spaces, and such a
+        rule would write a line that means more than the rule.
         """
+        if not is_clean(rule):
+            raise AclError("Syntax error: a rule can't contain spaces or control characters")
         low = rule.lower()
         if low == "on":
             self.enabled = True
@@ -210,7 +305,7 @@ class User:
             self.patterns = []
             self._matchers = []
             self.all_queues = False
-            self._verdicts = {}
+            self.forget_verdicts()
         elif low in ("allcommands", "nocommands"):
             self._command_rule("+@all" if low == "allcommands" else "-@all", catalog)
         elif rule[:1] in ("+", "-"):
@@ -239,8 +334,8 @@ class User:
             self.all_queues = True
         if pattern not in self.patterns:
             self.patterns.append(pattern)
-            self._matchers.append(glob_to_regex(pattern))
-        self._verdicts = {}
+            self._matchers.append(Glob(pattern))
+        self.forget_verdicts()
 
     def _command_rule(self, rule: str, catalog: Mapping[str, frozenset[str]]) -> None:
         allow = rule[0] == "+"
@@ -303,12 +398,22 @@ class User:
         self.all_queues = other.all_queues
         self.unrestricted = other.unrestricted
         self._matchers = list(other._matchers)
-        self._verdicts = {}
+        self.forget_verdicts()
 
 
 def _same(a: str, b: str) -> bool:
     """Constant-time equality of two hex digests."""
     return hmac.compare_digest(a, b)
+
+
+def is_clean(word: str) -> bool:
+    """No whitespace (Unicode's included: the ACL file is split on it) and no
+    control character (C0, DEL, C1: some of them end a line for ``splitlines``)."""
+    for ch in word:
+        code = ord(ch)
+        if code < 0x21 or 0x7F <= code < 0xA0 or ch.isspace():
+            return False
+    return True
 
 
 def check_name(name: str) -> str:
@@ -329,7 +434,7 @@ class Acl:
         self.default.all_commands = self.default.all_queues = self.default.unrestricted = True
         self.default.command_rules = ["+@all"]
         self.default.patterns = [b"*"]
-        self.default._matchers = [glob_to_regex(b"*")]
+        self.default._matchers = [Glob(b"*")]
         self.set_default_password(requirepass)
         #: (user name, reason) -> refusals; reason: "command", "queue", "auth".
         self.denials: dict[tuple[str, str], int] = {}
@@ -402,5 +507,17 @@ def parse_file(text: str, catalog: Mapping[str, frozenset[str]]) -> list[User]:
 
 
 def format_file(users: Iterable[User]) -> str:
-    """The ACL file of ``users`` (what ACL SAVE writes)."""
-    return "".join(user.describe() + "\n" for user in users)
+    """The ACL file of ``users`` (what ACL SAVE writes).
+
+    Every word is checked again before it is written (rules are checked when
+    applied, this keeps a file that reads back as anything else from ever
+    being written): AclError names the user otherwise.
+    """
+    lines = []
+    for user in users:
+        words = ["user", user.name, *user.rules()]
+        if not all(is_clean(word) for word in words):
+            raise AclError(f"user {user.name!r} has a rule with a space or a control "
+                           "character: not saved")
+        lines.append(" ".join(words) + "\n")
+    return "".join(lines)

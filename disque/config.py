@@ -23,7 +23,8 @@ from typing import TYPE_CHECKING, Any
 
 from .cluster.auth import MIN_SECRET_LENGTH
 
-__all__ = ["Config", "ConfigError", "DIRECTIVES", "parse_memory", "format_memory"]
+__all__ = ["Config", "ConfigError", "DIRECTIVES", "OutputBufferLimit", "parse_memory",
+           "format_memory"]
 
 
 class ConfigError(ValueError):
@@ -129,6 +130,51 @@ def _memory_at_least(least: int) -> Callable[[str], int]:
     return parse
 
 
+@dataclass(frozen=True)
+class OutputBufferLimit:
+    """``client-output-buffer-limit normal <hard> <soft> <soft-seconds>``.
+
+    A client whose unsent replies reach ``hard`` bytes, or stay above
+    ``soft`` bytes for ``soft_seconds``, is disconnected (0: no limit).
+    Redis's directive; the node has one class of clients, ``normal``.
+    """
+
+    hard: int
+    soft: int
+    soft_seconds: int
+
+
+def _output_buffer_limit(text: str) -> OutputBufferLimit:
+    words = text.split()
+    if len(words) != 4:
+        raise ValueError("expected: normal <hard limit> <soft limit> <soft seconds>")
+    if words[0].lower() != "normal":
+        raise ValueError(f"Invalid client class specified in buffer limit: {words[0]} "
+                         "(this node has one class, normal)")
+    hard, soft = parse_memory(words[1]), parse_memory(words[2])
+    seconds = _int_range(0, 2 ** 31 - 1)(words[3])
+    if hard and hard < 1024 ** 2:
+        raise ValueError("the hard limit must be 0 (none) or at least 1mb: a smaller one "
+                         "disconnects a client for an ordinary reply")
+    if soft and hard and soft > hard:
+        raise ValueError("the soft limit must not be above the hard limit")
+    return OutputBufferLimit(hard, soft, seconds)
+
+
+def _fmt_output_buffer_limit(value: OutputBufferLimit) -> str:
+    return (f"normal {format_memory(value.hard)} {format_memory(value.soft)} "
+            f"{value.soft_seconds}")
+
+
+def _memory_between(least: int, most: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        value = parse_memory(text)
+        if not least <= value <= most:
+            raise ValueError(f"must be between {format_memory(least)} and {format_memory(most)}")
+        return value
+    return parse
+
+
 def _fmt_bool(value: bool) -> str:
     return "yes" if value else "no"
 
@@ -149,6 +195,9 @@ class Directive:
     fmt: Callable[[Any], str] = _fmt_str
     mutable: bool = True
     doc: str = ""
+    #: Points the node at the file system: CONFIG SET refuses it unless
+    #: ``enable-protected-configs`` allows it (Redis 7's protected configs).
+    protected: bool = False
 
     @property
     def attr(self) -> str:
@@ -160,7 +209,8 @@ DIRECTIVES: dict[str, Directive] = {d.name: d for d in [
               doc="client port; the cluster bus listens on port + 10000"),
     Directive("bind", _bind, ["127.0.0.1"], _fmt_bind, mutable=False,
               doc="addresses to listen on"),
-    Directive("dir", _string, ".", doc="working directory for nodes.conf, the AOF and logs"),
+    Directive("dir", _string, ".", protected=True,
+              doc="working directory for nodes.conf, the AOF and logs"),
     Directive("logfile", _string, "", mutable=False, doc='log file; "" logs to stdout'),
     Directive("loglevel", _choice("debug", "verbose", "notice", "warning"), "notice",
               doc="debug, verbose, notice or warning"),
@@ -184,6 +234,21 @@ DIRECTIVES: dict[str, Directive] = {d.name: d for d in [
               format_memory, doc="largest argument (job body) a client may send"),
     Directive("client-query-buffer-limit", _memory_at_least(1024 ** 2), 1024 ** 3,
               format_memory, doc="most unprocessed input one client may have"),
+    # Limits against clients that mean harm (docs/SECURITY.md).
+    Directive("client-output-buffer-limit", _output_buffer_limit,
+              OutputBufferLimit(1024 ** 3, 0, 0), _fmt_output_buffer_limit,
+              doc="normal <hard> <soft> <seconds>: disconnect a client whose unsent replies "
+                  "reach <hard> bytes, or stay above <soft> for <seconds>; 0 = no limit"),
+    Directive("auth-timeout", _int_range(0, 2 ** 31 - 1), 10,
+              doc="seconds a connection may stay without authenticating, when a password "
+                  "is needed; 0 = no limit"),
+    Directive("max-queue-name-len", _memory_between(1, 512 * 1024 ** 2), 1024, format_memory,
+              doc="longest queue name a command may give, in bytes"),
+    Directive("max-queues-per-command", _int_range(1, 2 ** 31 - 1), 1024,
+              doc="most queues one command may name (GETJOB ... FROM)"),
+    Directive("enable-protected-configs", _choice("no", "yes", "local"), "no", mutable=False,
+              doc="whether CONFIG SET may change dir: no, yes, or local (loopback "
+                  "clients only)"),
     Directive("appendonly", _yes_no, False, _fmt_bool,
               doc="log jobs to the append-only file and load it at start-up"),
     Directive("appendfilename", _string, "appendonly.aof", mutable=False,
@@ -224,6 +289,19 @@ DIRECTIVES: dict[str, Directive] = {d.name: d for d in [
               doc="require (yes), ignore (no) or check if sent (optional) client certificates"),
     Directive("aclfile", _string, "", mutable=False,
               doc='users and their permissions, loaded at start, written by ACL SAVE; "" = none'),
+    # The cluster bus's own protections (docs/SECURITY.md).
+    Directive("tls-cluster", _yes_no, False, _fmt_bool, mutable=False,
+              doc="TLS on the cluster bus with tls-cert-file and tls-key-file, peers "
+                  "verified against tls-ca-cert-file; every node needs it (original "
+                  "nodes cannot join)"),
+    # A cluster of N nodes needs N - 1 inbound links, and for a moment twice
+    # that when peers reconnect (a new link arrives before the old one is
+    # seen dead): 1024 serves a cluster of 500 nodes, far beyond Disque's
+    # usual sizes, while strangers can hold at most 1024 sockets of 64 KB
+    # each (messages.UNPROVEN_MESSAGE), each for 5 s (cluster/bus.py).
+    Directive("cluster-max-inbound-links", _int_range(1, 1_000_000), 1024,
+              doc="most cluster bus links other nodes may open to this one; at the limit "
+                  "an unproven link gives way to a new one, or the new one is refused"),
 ]}
 
 

@@ -29,8 +29,21 @@ Reading goes on while blocked, as in the original, because that is how a
 disconnect of a blocked client is noticed (a paused transport never sees the
 EOF); only when a client piles up more than ``MAX_PENDING_COMMANDS`` behind
 a block does reading stop.
-Reading also stops while the transport's write buffer is full, so a client
-that does not read its replies cannot make the node buffer without limit.
+
+What one client may make the node hold is bounded (docs/SECURITY.md):
+
+* **input**: commands queued behind a blocked one count, with the request
+  being read, against ``client-query-buffer-limit``: over it the client is
+  disconnected (and logged), as Redis does with its query buffer;
+* **output**: commands stop running once a read's replies pass
+  :data:`DRAIN_OUTPUT_LIMIT`, and while the transport's write buffer is
+  above its high-water mark, reading stops too, so a client that does not
+  read its replies cannot make the node produce more of them (a pipeline of
+  cheap commands with large replies, QPEEK of big jobs, amplifies nothing);
+  what one reply alone adds is held to ``client-output-buffer-limit``;
+* **before AUTH** (where a password is needed): Redis's pre-auth limits,
+  at most 10 arguments of 16 KB per request (``CommandParser.preauth``),
+  and ``auth-timeout`` seconds to authenticate (the server's client walk).
 """
 
 from __future__ import annotations
@@ -39,6 +52,8 @@ import asyncio
 import itertools
 import logging
 import os
+import socket
+import struct
 import time
 from collections import deque
 from collections.abc import Callable
@@ -69,9 +84,15 @@ MAX_PENDING_COMMANDS: Final = 10_000
 MAX_OVERLAPPED_ADDJOBS: Final = 1024
 _ADDJOB: Final = OptionName(b"addjob")
 _ADDJOBS: Final = OptionName(b"addjobs")
-#: Queued reply bytes after which running a client's pending commands waits
-#: for the next loop turn (the replies are written, back-pressure applies).
+#: Queued reply bytes after which running a client's commands waits for the
+#: next loop turn (the replies are written, back-pressure applies).
 DRAIN_OUTPUT_LIMIT: Final = 256 * 1024
+#: SO_LINGER on, 0 s: close() resets the connection.
+_LINGER_RESET: Final = struct.pack("ii", 1, 0)
+#: Writes at least this large are checked against client-output-buffer-limit
+#: at once (smaller ones only while the transport is above its high-water
+#: mark: below it the buffer is small).
+LARGE_WRITE: Final = 64 * 1024
 
 
 class ReplyBatch:
@@ -190,6 +211,11 @@ class ClientConnection(CommandClient):
         #: Replies owed in order behind overlapped ADDJOBs (see ReplySlot).
         self.slots: deque[ReplySlot] = deque()
         self.pending: deque[list[bytes]] = deque()
+        #: The bytes of the arguments of the commands in ``pending``.
+        self.pending_bytes = 0
+        #: Since when (monotonic s) the unsent replies are above the soft
+        #: output limit (0: they are not).
+        self._over_soft_since = 0.0
         self._closing = False
         self._close_silently = False
         self._write_paused = False
@@ -223,6 +249,7 @@ class ClientConnection(CommandClient):
         # A client that goes away while blocked leaves nothing behind.
         self._abandon_blocked()
         self.pending.clear()
+        self.pending_bytes = 0
         self.transport = None
         # The bound methods hold the transport, which holds us: drop them.
         self._send = _not_connected
@@ -231,23 +258,96 @@ class ClientConnection(CommandClient):
     def data_received(self, data: bytes) -> None:
         self.state.stats.net_input_bytes += len(data)
         self.last_interaction = _monotonic()
-        try:
-            commands = self.parser.feed(data)
-        except ProtocolError as err:
-            commands = err.commands
-            self._protocol_error = str(err)
-            self.pending.extend(commands)
-            self.pending.append([])  # marker: reply with the error, then close
-            self._drain()
+        if self.user is None:
+            self._unauthenticated_input(data)
             return
-        if not commands:
+        parser = self.parser
+        try:
+            commands = parser.feed(data)
+        except ProtocolError as err:
+            self._fail_protocol(err)
             return
         if self.blocked is not None or self.pending:
-            self.pending.extend(commands)
-            if len(self.pending) > MAX_PENDING_COMMANDS:
-                self._pause_reading()
+            if commands:
+                self._defer(commands)
+                if len(self.pending) > MAX_PENDING_COMMANDS:
+                    self._pause_reading()
+            if self.pending_bytes + parser.pending_bytes > parser.max_query_buffer:
+                self._disconnect_over_input_limit()
             return
-        self._run(commands, at_once=True)
+        if commands:
+            self._run(commands, at_once=True)
+
+    def _unauthenticated_input(self, data: bytes) -> None:
+        """Input before AUTH, where a password is needed: Redis's pre-auth
+        limits, and one request parsed and run at a time, so that an AUTH
+        pipelined with what follows lifts the limits for the rest of the read."""
+        parser = self.parser
+        parser.preauth = True
+        while True:
+            try:
+                commands = parser.feed(data)
+            except ProtocolError as err:
+                self._fail_protocol(err)
+                return
+            data = b""
+            if not commands:
+                return
+            self._run(commands, at_once=True)
+            if self._closing or self.transport is None:
+                return
+            if self.user is not None:
+                parser.preauth = False
+                self.data_received(b"")  # the rest of the read, as any client's
+                return
+
+    def _fail_protocol(self, err: ProtocolError) -> None:
+        """A malformed request: what came before it runs, then the error is
+        answered and the connection closed."""
+        self._protocol_error = str(err)
+        self._defer(err.commands)
+        self.pending.append([])  # marker: reply with the error, then close
+        self._drain()
+
+    def _defer(self, commands: list[list[bytes]]) -> None:
+        """Queue ``commands`` behind the current block, counting their bytes."""
+        pending = self.pending
+        size = self.pending_bytes
+        for argv in commands:
+            pending.append(argv)
+            for arg in argv:
+                size += len(arg)
+        self.pending_bytes = size
+
+    def _disconnect_over_input_limit(self) -> None:
+        state = self.state
+        state.stats.client_query_buffer_limit_disconnections += 1
+        log.warning("Closing client that reached max query buffer length: id=%d addr=%s "
+                    "(commands queued behind a blocked one: %d bytes, request being read: "
+                    "%d bytes; client-query-buffer-limit %d)", self.id, self.addr,
+                    self.pending_bytes, self.parser.pending_bytes, self.parser.max_query_buffer)
+        self._disconnect()
+
+    def _disconnect(self) -> None:
+        """Drop the connection and what it holds now: its blocked command,
+        its queued commands and unsent replies (a client over a limit)."""
+        self._abandon_blocked()
+        self.pending.clear()
+        self.pending_bytes = 0
+        self._out = []
+        self._out_bytes = 0
+        self._closing = True
+        if self.transport is not None:
+            # A reset rather than a FIN: what the kernel still holds for the
+            # client is dropped too (a FIN waits for a reader that may never
+            # read: minutes at a small window, megabytes of socket buffer).
+            sock = self.transport.get_extra_info("socket")
+            if sock is not None:
+                try:
+                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _LINGER_RESET)
+                except OSError:
+                    pass
+            self.transport.abort()
 
     def eof_received(self) -> bool | None:
         """The client closed its side: let the transport close ours (None)."""
@@ -281,12 +381,13 @@ class ClientConnection(CommandClient):
         now if nothing waits for the AOF, else at the end of the turn)."""
         state = self.state
         out: list[bytes] = []
+        out_size = 0
         slots = self.slots
         for index, argv in enumerate(commands):
             if self._closing:
                 break
             if slots and self._must_wait(argv):
-                self.pending.extend(commands[index:])
+                self._defer(commands[index:])
                 break
             reply = execute(state, self, argv)
             if self._close_silently:
@@ -299,13 +400,21 @@ class ClientConnection(CommandClient):
                         out = []
                     self._overlap()
                     continue
-                self.pending.extend(commands[index + 1:])
+                self._defer(commands[index + 1:])
                 break
             # Read resp3 after the command: HELLO 3 answers in RESP3 already.
             if slots:
                 slots.append(ReplySlot(self, encode(reply, self.resp3)))
             else:
-                out.append(encode(reply, self.resp3))
+                encoded = encode(reply, self.resp3)
+                out.append(encoded)
+                out_size += len(encoded)
+                if out_size > DRAIN_OUTPUT_LIMIT and index + 1 < len(commands):
+                    # The rest runs once these replies are written, and only
+                    # while the client reads them (see _drain).
+                    self._defer(commands[index + 1:])
+                    state.event_loop().call_soon(self._drain)
+                    break
         if out:
             if at_once:
                 self._reply(b"".join(out))
@@ -325,6 +434,8 @@ class ClientConnection(CommandClient):
                 self.state.event_loop().call_soon(self._drain)
                 return
             argv = self.pending.popleft()
+            for arg in argv:
+                self.pending_bytes -= len(arg)
             if not argv:  # protocol error marker
                 self._write(encode(ReplyError(f"ERR {self._protocol_error}")))
                 self._closing = True
@@ -404,6 +515,8 @@ class ClientConnection(CommandClient):
         elif not self._send_closed():
             self.state.stats.net_output_bytes += len(data)
             self._send(data)
+            if len(data) >= LARGE_WRITE or self._write_paused:
+                self._check_output_limit()
 
     def _write(self, data: bytes) -> None:
         """Queue ``data`` for the end of this loop turn (see :class:`ReplyBatch`)."""
@@ -433,6 +546,44 @@ class ClientConnection(CommandClient):
         if self.transport is not None and not self._send_closed():
             self.state.stats.net_output_bytes += len(data)
             self._send(data)
+            if len(data) >= LARGE_WRITE or self._write_paused:
+                self._check_output_limit()
+
+    def _check_output_limit(self) -> None:
+        """Disconnect the client if its unsent replies reach the hard limit
+        of client-output-buffer-limit (0: none)."""
+        hard: int = self.state.config.client_output_buffer_limit.hard
+        if hard and self.output_pending() >= hard:
+            self._disconnect_over_output_limit("hard", hard)
+
+    def _disconnect_over_output_limit(self, which: str, limit: int) -> None:
+        state = self.state
+        state.stats.client_output_buffer_limit_disconnections += 1
+        log.warning("Client id=%d addr=%s closed for overcoming of output buffer limits: "
+                    "%d bytes of replies unsent, over the %s limit of %d "
+                    "(client-output-buffer-limit)", self.id, self.addr,
+                    self.output_pending(), which, limit)
+        self._disconnect()
+
+    def watch(self, now: float, soft: int, soft_seconds: int, auth_timeout: int) -> None:
+        """The server's look at every client, once a second: the soft
+        output limit (above ``soft`` bytes unsent for ``soft_seconds``) and
+        the time to authenticate (``auth_timeout`` s; 0 for neither)."""
+        if self.transport is None:
+            return
+        if auth_timeout and self.user is None and now - self.created >= auth_timeout:
+            self.state.stats.auth_timeout_disconnections += 1
+            log.info("Closing client id=%d addr=%s: not authenticated within %d s "
+                     "(auth-timeout)", self.id, self.addr, auth_timeout)
+            self._disconnect()
+            return
+        if soft:
+            if self.output_pending() <= soft:
+                self._over_soft_since = 0.0
+            elif not self._over_soft_since:
+                self._over_soft_since = now
+            elif now - self._over_soft_since >= soft_seconds:
+                self._disconnect_over_output_limit(f"soft ({soft_seconds} s)", soft)
 
     def _pause_reading(self) -> None:
         if not self._read_paused and self.transport is not None:
@@ -473,7 +624,8 @@ class ClientConnection(CommandClient):
         return self._out_bytes + buffered
 
     def input_pending(self) -> int:
-        return self.parser.pending_bytes
+        """The request being read, and the commands queued behind a block."""
+        return self.parser.pending_bytes + self.pending_bytes
 
     def describe(self) -> str:
         now = time.monotonic()
@@ -481,7 +633,8 @@ class ClientConnection(CommandClient):
         return (f"id={self.id} addr={self.addr} laddr={self.laddr} "
                 f"name={self.name.decode('latin-1')} age={int(now - self.created)} "
                 f"idle={int(now - self.last_interaction)} flags={flags} "
-                f"resp={3 if self.resp3 else 2} cmd={self.last_command} "
+                f"resp={3 if self.resp3 else 2} qbuf={self.input_pending()} "
+                f"omem={self.output_pending()} cmd={self.last_command} "
                 f"user={self.user.name if self.user is not None else ''} "
                 f"lib-name={self.lib_name.decode('latin-1')} "
                 f"lib-ver={self.lib_ver.decode('latin-1')}")

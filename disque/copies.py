@@ -34,6 +34,7 @@ from .job import (
 )
 from .job_options import ExtError, apply_bus_trailer
 from .jobs import register_job
+from .log import RateLimitedLog
 from .queue import dequeue_job, enqueue_job
 from .queue_table import PAUSED_IN
 from .schedule import update_awake_time
@@ -46,6 +47,9 @@ if TYPE_CHECKING:
 __all__ = ["adopt_copy", "jobs_in", "merge_copy", "receive_enqueue", "receive_repljob"]
 
 log: Final = logging.getLogger("disque.copies")
+#: A peer (or, without the cluster secret, anyone claiming a node's ID)
+#: could otherwise write a warning per message it sends.
+_bad_jobs_log: Final = RateLimitedLog(log)
 
 
 def jobs_in(msg: Message, sender: ClusterNode) -> list[Job]:
@@ -62,8 +66,8 @@ def jobs_in(msg: Message, sender: ClusterNode) -> list[Job]:
         try:
             job, offset = deserialize_job(msg.payload, offset)
         except SerializationError as err:
-            log.warning("Bad job in %s from %s: %s", messages.TYPE_NAMES[msg.type].upper(),
-                        sender.id, err)
+            _bad_jobs_log.warning(f"Bad job in {messages.TYPE_NAMES[msg.type].upper()} "
+                                  f"from {sender.id}: {err}")
             complete = False
             break
         jobs.append(job)
@@ -71,8 +75,8 @@ def jobs_in(msg: Message, sender: ClusterNode) -> list[Job]:
         try:
             apply_bus_trailer(jobs, msg.payload, offset)
         except ExtError as err:
-            log.warning("Bad job options in %s from %s: %s",
-                        messages.TYPE_NAMES[msg.type].upper(), sender.id, err)
+            _bad_jobs_log.warning(f"Bad job options in {messages.TYPE_NAMES[msg.type].upper()} "
+                                  f"from {sender.id}: {err}")
     return [job for job in jobs if job.queue is not None]
 
 

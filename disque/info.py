@@ -108,6 +108,23 @@ def _extensions(state: ServerState) -> list[tuple[str, object]]:
         ("acl_access_denied_auth", state.acl.denial_total("auth")),
         ("acl_access_denied_cmd", state.acl.denial_total("command")),
         ("acl_access_denied_key", state.acl.denial_total("queue")),
+        *_bus_counters(state),
+    ]
+
+
+def _bus_counters(state: ServerState) -> list[tuple[str, object]]:
+    """What the cluster bus refused (cluster/bus.py, docs/CLUSTER.md)."""
+    bus = state.bus
+    if bus is None:
+        return []
+    return [
+        ("cluster_bus_inbound_links", len(bus.inbound)),
+        ("cluster_bus_unproven_links", bus.unproven_inbound()),
+        ("cluster_bus_links_refused", bus.stats_links_refused),
+        ("cluster_bus_unproven_links_closed", bus.stats_unproven_closed),
+        ("cluster_bus_bad_links", bus.stats_bad_links),
+        ("cluster_bus_messages_refused", bus.auth.refused if bus.auth is not None else 0),
+        ("cluster_bus_tls_handshake_failures", bus.stats_tls_failures),
     ]
 
 
@@ -145,6 +162,18 @@ def _stats(state: ServerState) -> list[tuple[str, object]]:
         ("expired_jobs", stats.expired_jobs),
         # Extension: jobs this node moved to a dead-letter queue (MAXDELIVERIES).
         ("dead_lettered_jobs", stats.dead_lettered_jobs),
+        # Extension: jobs added (ADDJOB here), delivered (GETJOB), acked (ACKJOB,
+        # FASTACK) since start, for rates.
+        ("added_jobs", stats.added_jobs),
+        ("delivered_jobs", stats.delivered_jobs),
+        ("acked_jobs", stats.acked_jobs),
+        # The limits on clients (docs/SECURITY.md); the first two are Redis's names.
+        ("client_query_buffer_limit_disconnections",
+         stats.client_query_buffer_limit_disconnections),
+        ("client_output_buffer_limit_disconnections",
+         stats.client_output_buffer_limit_disconnections),
+        ("auth_timeout_disconnections", stats.auth_timeout_disconnections),
+        ("refused_queue_names", stats.refused_queue_names),
     ]
 
 

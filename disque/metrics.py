@@ -110,6 +110,12 @@ class NodeCollector(Collector):
              stats.rejected_connections),
             ("disque_tls_handshake_failures", "TLS-port connections whose handshake failed",
              stats.tls_handshake_failures),
+            ("disque_client_limit_disconnections",
+             "Clients closed for their pending input or output, or for not authenticating "
+             "in time (client-query-buffer-limit, client-output-buffer-limit, auth-timeout)",
+             stats.client_query_buffer_limit_disconnections
+             + stats.client_output_buffer_limit_disconnections
+             + stats.auth_timeout_disconnections),
             ("disque_commands_processed", "Commands run", stats.commands_processed),
             ("disque_net_input_bytes", "Bytes read from clients", stats.net_input_bytes),
             ("disque_net_output_bytes", "Bytes written to clients", stats.net_output_bytes),
@@ -117,8 +123,12 @@ class NodeCollector(Collector):
              stats.evicted_queues_jobs_in + sum(q.jobs_in for q in queues)),
             ("disque_jobs_dequeued", "Jobs taken out of a queue (delivered, acked, moved)",
              stats.evicted_queues_jobs_out + sum(q.jobs_out for q in queues)),
+            ("disque_jobs_added", "Jobs made by ADDJOB (ADDJOBS: each body) on this node",
+             stats.added_jobs),
             ("disque_jobs_delivered", "Jobs handed to clients by GETJOB",
              stats.delivered_jobs),
+            ("disque_jobs_acked", "Jobs acknowledged by ACKJOB or FASTACK on this node",
+             stats.acked_jobs),
             ("disque_jobs_expired", "Jobs removed at the end of their TTL", stats.expired_jobs),
             ("disque_jobs_evicted", "Jobs evicted under memory pressure", stats.evicted_jobs),
             ("disque_queues_evicted", "Idle empty queues dropped", stats.evicted_queues),
@@ -244,7 +254,16 @@ class NodeCollector(Collector):
                  bus.stats_bad_links),
                 ("disque_cluster_messages_refused",
                  "Bus messages refused for a missing or wrong cluster secret",
-                 auth.refused if auth is not None else 0)):
+                 auth.refused if auth is not None else 0),
+                ("disque_cluster_links_refused",
+                 "Inbound bus links refused at cluster-max-inbound-links, all proven",
+                 bus.stats_links_refused),
+                ("disque_cluster_unproven_links_closed",
+                 "Inbound bus links closed for proving nothing in time, or to make room",
+                 bus.stats_unproven_closed),
+                ("disque_cluster_tls_handshake_failures",
+                 "Bus TLS handshakes that failed, both ways (tls-cluster)",
+                 bus.stats_tls_failures)):
             yield CounterMetricFamily(name, doc, value=value)
         yield GaugeMetricFamily("disque_cluster_inbound_links", "Bus links other nodes opened",
                                 value=len(bus.inbound))

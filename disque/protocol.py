@@ -148,6 +148,12 @@ OK: Final = Status("OK")
 #: Longest "*count" / "$len" header line accepted (digits + sign + CRLF).
 MAX_HEADER_SIZE: Final = 32
 
+#: What a client that has not authenticated may send (where a password is
+#: needed): Redis's limits since 6.2.6 (CVE-2021-32675), so that nobody
+#: without the password can make the node buffer more than a few KB.
+PREAUTH_MAX_MULTIBULK: Final = 10
+PREAUTH_MAX_BULK: Final = 16384
+
 
 class CommandParser:
     """Incremental request parser: ``commands = parser.feed(data)``.
@@ -175,6 +181,13 @@ class CommandParser:
 
     ``max_query_buffer`` bounds the bytes a client may send before its
     request is complete (arguments already read included).
+
+    ``preauth`` (the connection has not authenticated and must): Redis's
+    pre-auth limits (:data:`PREAUTH_MAX_MULTIBULK` arguments,
+    :data:`PREAUTH_MAX_BULK` bytes each), and :meth:`feed` returns at most
+    one request, keeping the rest of the read: the connection runs it (an
+    AUTH may lift the limits) before the next one is parsed, as Redis parses
+    and runs one request at a time.
     """
 
     __slots__ = (
@@ -188,12 +201,14 @@ class CommandParser:
         "_partial_inline",
         "max_bulk_len",
         "max_query_buffer",
+        "preauth",
     )
 
     def __init__(self, max_bulk_len: int = 512 * 1024 * 1024,
                  max_query_buffer: int = 1024 * 1024 * 1024) -> None:
         self.max_bulk_len = max_bulk_len
         self.max_query_buffer = max_query_buffer
+        self.preauth = False
         self._reset()
 
     def _reset(self) -> None:
@@ -251,9 +266,10 @@ class CommandParser:
         args = self._args
         pos = 0
         max_bulk_len = self.max_bulk_len
+        preauth = self.preauth
         # After a request this read completes, whole requests may follow.
-        fast = args is not None
-        if args is None:
+        fast = args is not None and not preauth
+        if args is None and not preauth:
             pos = _whole_requests(data, 0, max_bulk_len, out)
             if pos == n:
                 return  # whole requests only (the usual read): nothing to hold
@@ -264,8 +280,8 @@ class CommandParser:
         while True:
             if args is None:
                 # A request boundary.
-                if pos >= n:
-                    break
+                if pos >= n or (preauth and out):
+                    break  # (before AUTH: one request at a time)
                 if fast:
                     # The request this read continued is complete.  What
                     # follows is usually whole requests again: pipelined
@@ -297,6 +313,8 @@ class CommandParser:
                 count = _header_int(data[pos + 1:nl])
                 if count is None or count > MAX_MULTIBULK_LENGTH:
                     raise ProtocolError("Protocol error: invalid multibulk length")
+                if preauth and count > PREAUTH_MAX_MULTIBULK:
+                    raise ProtocolError("Protocol error: unauthenticated multibulk length")
                 pos = nl + 2
                 if count <= 0:
                     continue  # "*0" and "*-1" are ignored, like the original
@@ -318,6 +336,8 @@ class CommandParser:
                     parsed = _header_int(data[pos + 1:nl])
                     if parsed is None or not 0 <= parsed <= max_bulk_len:
                         raise ProtocolError("Protocol error: invalid bulk length")
+                    if preauth and parsed > PREAUTH_MAX_BULK:
+                        raise ProtocolError("Protocol error: unauthenticated bulk length")
                     bulklen = parsed
                     pos = nl + 2
                 end = pos + bulklen

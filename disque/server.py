@@ -49,7 +49,7 @@ from .log import set_level, setup_logging
 from .node_events import NodeEvents
 from .state import NO_JOB_TIMER, ServerState
 from .timers import MAX_JOBS_PER_RUN, process_due_jobs
-from .tls import TLSError, TLSListener, server_context
+from .tls import TLSError, TLSListener, cluster_contexts, server_context
 
 __all__ = ["DisqueServer", "main"]
 
@@ -128,6 +128,12 @@ class DisqueServer:
                 tls_context = server_context(config)
             except TLSError as err:
                 raise SystemExit(f"TLS: {err}") from None
+        bus_tls = None
+        if config.tls_cluster:
+            try:  # as tls-port: before the AOF loads
+                bus_tls = cluster_contexts(config)
+            except TLSError as err:
+                raise SystemExit(f"TLS: {err}") from None
         from .aof import setup_persistence
         persistence = setup_persistence(state)  # loads the AOF before listening
         replies = ReplyBatch(state)
@@ -144,7 +150,8 @@ class DisqueServer:
             log.info("Cluster secret set: bus messages without its signature are refused")
         bus = ClusterBus(cluster, state.clock.now_ms, lambda: config.cluster_node_timeout,
                          max_message=config.proto_max_bulk_len + BUS_MESSAGE_SLACK,
-                         before_flush=[persistence.before_reply], auth=auth)
+                         before_flush=[persistence.before_reply], auth=auth,
+                         max_inbound=lambda: config.cluster_max_inbound_links, tls=bus_tls)
         state.bus = bus
         # Output that may acknowledge records the AOF failed to write or sync
         # is dropped with its connections rather than sent.
@@ -152,6 +159,9 @@ class DisqueServer:
         persistence.on_durability_lost(bus.drop_output)
         register_job_messages(bus, state)
         await bus.start(config.bind, self.port)
+        if bus_tls is not None:
+            log.info("TLS on the cluster bus: peers' certificates verified against %s",
+                     config.tls_ca_cert_file)
         # Only now, listening on both ports: a node that cannot start leaves
         # no nodes.conf (a new identity) behind.
         try:
@@ -290,7 +300,7 @@ class DisqueServer:
             self._collector.tick(now)
             if now - self._last_buffers_sum >= BUFFERS_PERIOD_S:
                 self._last_buffers_sum = now
-                _sum_buffers(state)
+                _watch_clients(state, now)
             state.memory.used  # noqa: B018 - updates the peak
             if state.persistence is not None:
                 state.persistence.cron()
@@ -403,17 +413,26 @@ class DisqueServer:
         await self._stopped.wait()
 
 
-def _sum_buffers(state: ServerState) -> None:
-    """Replies and bus messages waiting to be sent, into used_memory.
+def _watch_clients(state: ServerState, now: float) -> None:
+    """Once a second: every client's limits in time (the soft output limit,
+    auth-timeout: ClientConnection.watch), then the buffers into used_memory.
 
-    Only output: a reply buffer grows while its reader is slow, and stays.
-    A request being received is counted as the data it adds once it runs;
-    a snapshot of it taken mid-transfer would count it for up to a second
-    after it ran (a large ADDJOBS then refused for memory it no longer held).
+    Counted: replies and bus messages waiting to be sent (a reply buffer
+    grows while its reader is slow, and stays) and commands queued behind a
+    blocked one.  Not the request being received: it is counted as the
+    data it adds once it runs; a snapshot of it taken mid-transfer would
+    count it for up to a second after it ran (a large ADDJOBS then refused
+    for memory it no longer held).
     """
+    config = state.config
+    output_limit = config.client_output_buffer_limit
+    soft, soft_seconds = output_limit.soft, output_limit.soft_seconds
+    auth_timeout: int = config.auth_timeout
     clients = 0
-    for client in state.clients.values():
-        clients += client.output_pending()
+    for client in list(state.clients.values()):
+        if soft or auth_timeout:
+            client.watch(now, soft, soft_seconds, auth_timeout)
+        clients += client.output_pending() + client.pending_bytes
     links = state.bus.unsent_bytes() if state.bus is not None else 0
     state.memory.set_buffers(clients, links)
 

@@ -30,7 +30,8 @@ if TYPE_CHECKING:
     from .config import Config
     from .state import ServerState
 
-__all__ = ["HANDSHAKE_TIMEOUT_S", "TLSError", "TLSListener", "server_context"]
+__all__ = ["HANDSHAKE_TIMEOUT_S", "TLSError", "TLSListener", "cluster_contexts",
+           "server_context"]
 
 log = logging.getLogger("disque.tls")
 
@@ -66,6 +67,41 @@ def server_context(config: Config) -> ssl.SSLContext:
                            f"{_reason(err)}") from None
         context.verify_mode = ssl.CERT_REQUIRED if mode == "yes" else ssl.CERT_OPTIONAL
     return context
+
+
+def cluster_contexts(config: Config) -> tuple[ssl.SSLContext, ssl.SSLContext]:
+    """The cluster bus's contexts with ``tls-cluster yes``: (its listener's,
+    its outbound links').
+
+    Mutual TLS, as Redis's cluster bus: both sides present the node's
+    certificate and verify the other's against ``tls-ca-cert-file``.  No
+    host name is checked (a peer is dialled by the IP address gossip gave,
+    which a certificate rarely names): the CA is what admits a node.
+    """
+    missing = [name for name, value in (("tls-cert-file", config.tls_cert_file),
+                                        ("tls-key-file", config.tls_key_file),
+                                        ("tls-ca-cert-file", config.tls_ca_cert_file))
+               if not value]
+    if missing:
+        raise TLSError(f"tls-cluster yes needs {', '.join(missing)} (the node's certificate "
+                       "and key, and the CA its peers' certificates must chain to)")
+    server = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    client = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    client.check_hostname = False
+    for context in (server, client):
+        context.minimum_version = ssl.TLSVersion.TLSv1_2
+        context.verify_mode = ssl.CERT_REQUIRED
+        try:
+            context.load_cert_chain(config.tls_cert_file, config.tls_key_file)
+        except (OSError, ssl.SSLError) as err:
+            raise TLSError(f"Failed to load the certificate {config.tls_cert_file!r} and key "
+                           f"{config.tls_key_file!r}: {_reason(err)}") from None
+        try:
+            context.load_verify_locations(cafile=config.tls_ca_cert_file)
+        except (OSError, ssl.SSLError) as err:
+            raise TLSError(f"Failed to load the CA certificates {config.tls_ca_cert_file!r}: "
+                           f"{_reason(err)}") from None
+    return server, client
 
 
 def _reason(err: BaseException) -> str:

@@ -156,6 +156,8 @@ class BlockedGet(Blocked):
             if self in waiters:  # not pop(self, None): compiled, a Python-level call
                 del waiters[self]
             q.atime = now
+            if not waiters and q.jobs_in == 0:
+                state.forget_if_unused(q)  # made by this read, for nothing
 
     def timeout_reply(self, state: ServerState) -> Any:
         return NULL_ARRAY

@@ -40,12 +40,14 @@ set -eu
 DIRECTIVES="
 port bind dir logfile loglevel daemonize pidfile requirepass hz timeout
 tcp-keepalive tcp-backlog maxclients maxmemory maxmemory-policy
-proto-max-bulk-len client-query-buffer-limit appendonly appendfilename
-appendfsync aof-enqueue-jobs-once aof-load-truncated
+proto-max-bulk-len client-query-buffer-limit client-output-buffer-limit auth-timeout
+max-queue-name-len max-queues-per-command enable-protected-configs appendonly
+appendfilename appendfsync aof-enqueue-jobs-once aof-load-truncated
 auto-aof-rewrite-percentage auto-aof-rewrite-min-size shutdown-timeout idmp-max-keys
 cluster-config-file
 cluster-node-timeout cluster-secret metrics-port metrics-bind tls-port
-tls-cert-file tls-key-file tls-ca-cert-file tls-auth-clients aclfile
+tls-cert-file tls-key-file tls-ca-cert-file tls-auth-clients aclfile tls-cluster
+cluster-max-inbound-links
 "
 
 # DISQUE_* variables that are settings of this script (or of the disque CLI),

@@ -17,6 +17,19 @@
   once per turn however many changes it had.  New jobs' copies (REPLJOB)
   may wait up to :data:`HOLD_TURNS` more turns while each brings more of
   them (:meth:`ClusterBus.flush`).
+* **Proof and limits** (against whoever can reach the bus port): a link is
+  *proven* once a message on it verified with the cluster secret, or,
+  without a secret, once it carried a message from a node of the table.
+  Until then it may send small messages only
+  (``messages.UNPROVEN_MESSAGE``), and an inbound link that proves nothing
+  within :data:`UNPROVEN_LINK_MS` is closed.  At most
+  ``cluster-max-inbound-links`` inbound links are kept: at the limit the
+  oldest unproven one gives way to a new one, and when all are proven the
+  new one is refused.
+* **TLS** (``tls-cluster``, an extension): the listener and the outbound
+  links speak TLS with the node's certificate, peers verified against the
+  CA both ways; sockets are accepted here so that a failed handshake is
+  seen and logged.
 """
 
 from __future__ import annotations
@@ -26,10 +39,12 @@ import errno
 import logging
 import os
 import socket
+import ssl
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from typing import Any, Final
 
+from ..log import RateLimitedLog
 from . import messages
 from .auth import BusAuth
 from .link import BusLink
@@ -50,6 +65,20 @@ CRON_PERIOD_S: Final = 0.1
 #: one adds copies of new jobs (REPLJOB) to send: see ClusterBus.flush.
 HOLD_TURNS: Final = 2
 
+#: An inbound link that has not proved itself this long after it was made
+#: (or, with tls-cluster, accepted) is closed.  A peer's first message
+#: (PING or MEET, sent as soon as it connects) proves the link when the
+#: peer is in our table; when it is not yet (it just met us, or we heard
+#: of it by gossip) the proof comes once our handshake with it completes,
+#: which takes a round trip.  A peer whose link was closed anyway loses
+#: nothing: its cron reconnects within 100 ms and its next PING proves the
+#: new link.  Strangers hold a socket (and at most UNPROVEN_MESSAGE bytes)
+#: for this long.
+UNPROVEN_LINK_MS: Final = 5000
+
+#: Default of cluster-max-inbound-links (config.py).
+DEFAULT_MAX_INBOUND: Final = 1024
+
 Handler = Callable[[ClusterNode, Message], None]
 
 
@@ -58,10 +87,24 @@ class ClusterBus:
                  node_timeout: Callable[[], int],
                  max_message: int = messages.DEFAULT_MAX_MESSAGE,
                  before_flush: list[Callable[[], None]] | None = None,
-                 auth: BusAuth | None = None) -> None:
+                 auth: BusAuth | None = None,
+                 max_inbound: Callable[[], int] | None = None,
+                 tls: tuple[ssl.SSLContext, ssl.SSLContext] | None = None) -> None:
         self.cluster = cluster
         #: The cluster secret (auth.py): signs what links send, checks what they read.
         self.auth = auth
+        #: cluster-max-inbound-links, read at every accept (CONFIG SET changes it).
+        self.max_inbound: Callable[[], int] = (
+            max_inbound if max_inbound is not None else _default_max_inbound)
+        #: tls-cluster: the listener's context and the outbound links' one.
+        self.tls_server: ssl.SSLContext | None = tls[0] if tls is not None else None
+        self.tls_client: ssl.SSLContext | None = tls[1] if tls is not None else None
+        #: TLS handshakes of accepted sockets under way -> (when accepted,
+        #: the peer's IP): they count as inbound links against the limit,
+        #: as unproven ones.
+        self._handshakes: dict[asyncio.Task[None], tuple[int, str]] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._listeners: list[socket.socket] = []
         self.now_ms = now_ms
         self.node_timeout = node_timeout
         self.max_message = max_message
@@ -100,6 +143,18 @@ class ClusterBus:
         #: messages.coalesce), and batched job-ID messages received.
         self.stats_merged = 0
         self.stats_batches_received = 0
+        #: Inbound links refused at the limit (cluster-max-inbound-links),
+        #: unproven links closed (in time, or to make room), failed TLS
+        #: handshakes (tls-cluster), both ways.
+        self.stats_links_refused = 0
+        self.stats_unproven_closed = 0
+        self.stats_tls_failures = 0
+        # What anybody who reaches the port can cause is logged at most
+        # every 10 s per kind, with a count of the rest: never a full disk.
+        self._log_bad_link = RateLimitedLog(log)
+        self._log_refused = RateLimitedLog(log)
+        self._log_unproven = RateLimitedLog(log)
+        self._log_tls = RateLimitedLog(log)
         cluster.save_later = self._save_later
 
     # -- lifecycle ------------------------------------------------------------
@@ -111,6 +166,9 @@ class ClusterBus:
         for address in bind:
             host = None if address == "*" else address
             try:
+                if self.tls_server is not None:
+                    self._listen_tls(host, port + BUS_PORT_OFFSET)
+                    continue
                 server = await loop.create_server(lambda: BusLink(self), host,
                                                   port + BUS_PORT_OFFSET, reuse_address=True)
             except OSError as err:
@@ -120,6 +178,28 @@ class ClusterBus:
             self._servers.append(server)
         self._cron_deadline = loop.time()
         self._schedule_cron()
+
+    def _listen_tls(self, host: str | None, port: int) -> None:
+        """A listening socket whose connections this bus accepts (tls-cluster)."""
+        info = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                  flags=socket.AI_PASSIVE)[0]
+        sock = socket.socket(info[0], socket.SOCK_STREAM)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind(info[4])
+            sock.listen(511)
+            sock.setblocking(False)
+        except OSError:
+            sock.close()
+            raise
+        self._listeners.append(sock)
+        self._spawn(self._accept_tls(sock))
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)  # the loop keeps only weak references to tasks
+        task.add_done_callback(self._tasks.discard)
+        return task
 
     def stop(self) -> None:
         # What is queued (a held flush's copies too) leaves before the links
@@ -133,6 +213,11 @@ class ClusterBus:
             self._cron_handle.cancel()
         for server in self._servers:
             server.close()
+        for task in list(self._tasks):
+            task.cancel()
+        for sock in self._listeners:
+            sock.close()
+        self._listeners.clear()
         for link in list(self.inbound):
             link.close()
         for node in self.cluster.nodes.values():
@@ -145,6 +230,10 @@ class ClusterBus:
     def link_made(self, link: BusLink) -> None:
         node = link.node
         if node is None:
+            if len(self.inbound) >= self.max_inbound() and not self._make_room():
+                self._refuse(link.peer_ip)
+                link.close()
+                return
             self.inbound.add(link)
             return
         self._connecting.discard(node)
@@ -161,6 +250,77 @@ class ClusterBus:
         node.meet = False
         if old_ping_sent:
             node.ping_sent = old_ping_sent
+
+    def _make_room(self) -> bool:
+        """At the inbound limit: close the oldest unproven inbound link, or
+        TLS handshake under way (a stranger's, or a peer's that will
+        reconnect), if there is one.
+
+        Refusing the new link instead would let a stranger who keeps the
+        limit's worth of unproven links open shut the cluster's peers out;
+        a peer's link proves itself with its first message, so only
+        strangers' links stay unproven long enough to be picked.
+        """
+        oldest_link: BusLink | None = None
+        oldest_ms = 0
+        for link in self.inbound:
+            if not link.closed and not self.proves(link) and (
+                    oldest_link is None or link.ctime < oldest_ms):
+                oldest_link, oldest_ms = link, link.ctime
+        oldest_task: asyncio.Task[None] | None = None
+        peer_ip = ""
+        for task, (since, ip) in self._handshakes.items():
+            if (oldest_link is None and oldest_task is None) or since < oldest_ms:
+                oldest_task, oldest_ms, peer_ip = task, since, ip
+        if oldest_task is not None:
+            del self._handshakes[oldest_task]
+            oldest_task.cancel()  # the handshake's socket is closed (_handshake_tls)
+        elif oldest_link is not None:
+            peer_ip = oldest_link.peer_ip
+            self.inbound.discard(oldest_link)
+            oldest_link.close()
+        else:
+            return False
+        self.stats_unproven_closed += 1
+        self._log_unproven.warning(f"Closing an unproven cluster bus link from {peer_ip} to "
+                                   f"make room for a new one (cluster-max-inbound-links "
+                                   f"{self.max_inbound()})")
+        return True
+
+    def _refuse(self, peer_ip: str) -> None:
+        self.stats_links_refused += 1
+        self._log_refused.warning(f"Refused a cluster bus link from {peer_ip}: "
+                                  f"{len(self.inbound)} inbound links, all proven "
+                                  f"(cluster-max-inbound-links {self.max_inbound()})")
+
+    def bad_link(self, link: BusLink, reason: str) -> None:
+        """A link that broke the framing (or sent too much before its proof): closed."""
+        self.stats_bad_links += 1
+        proof = "" if link.proven else " (not proven)"
+        self._log_bad_link.warning(f"Closing cluster bus link from {link.peer_ip}{proof}: "
+                                   f"{reason}")
+        link.close()
+
+    def proves(self, link: BusLink) -> bool:
+        """Whether ``link`` is proven now: without the secret, the sender its
+        messages claimed may have entered the table since (a handshake)."""
+        if link.proven:
+            return True
+        if self.auth is not None or not link.claimed:
+            return False  # with the secret only a signature proves (receive)
+        node = self.cluster.nodes.get(link.claimed)
+        if node is None or node.flags & _NO_JOB_MESSAGES:
+            return False
+        link.prove()
+        return True
+
+    def unproven_inbound(self) -> int:
+        """Inbound links (TLS handshakes under way included) not proven yet."""
+        count = len(self._handshakes)
+        for link in self.inbound:
+            if not link.closed and not self.proves(link):
+                count += 1
+        return count
 
     def unsent_bytes(self) -> int:
         """Output waiting in every link (BusLink.unsent_bytes)."""
@@ -199,6 +359,7 @@ class ClusterBus:
         target = (node.ip, node.port)
         port = node.port + BUS_PORT_OFFSET
         sock: socket.socket | None = None
+        handshaking = False
         try:
             infos = await loop.getaddrinfo(node.ip, port, type=socket.SOCK_STREAM)
             family, _, proto, _, address = infos[0]
@@ -206,13 +367,26 @@ class ClusterBus:
             sock.setblocking(False)
             if self.bind_ip:
                 sock.bind((self.bind_ip, 0))
-            await connect_within(loop, sock, address, max(self.node_timeout(), 1000) / 1000)
-            await loop.create_connection(lambda: BusLink(self, node, target), sock=sock)
+            timeout_s = max(self.node_timeout(), 1000) / 1000
+            await connect_within(loop, sock, address, timeout_s)
+            if self.tls_client is None:
+                await loop.create_connection(lambda: BusLink(self, node, target), sock=sock)
+            else:
+                handshaking = True
+                # server_hostname only names the peer (an IP: no SNI); as
+                # Redis's cluster bus, the certificate's chain to the CA is
+                # checked, not its names (check_hostname is off).
+                await loop.create_connection(lambda: BusLink(self, node, target), sock=sock,
+                                             ssl=self.tls_client, server_hostname=node.ip,
+                                             ssl_handshake_timeout=timeout_s)
             sock = None  # the transport's now
         except (OSError, TimeoutError, ValueError, OverflowError) as err:
             self._connecting.discard(node)
-            log.debug("Connecting to node %s at %s:%d failed: %s", node.id, node.ip,
-                      port, err)
+            if handshaking:
+                self._tls_failed(f"{node.ip}:{port}", err)
+            else:
+                log.debug("Connecting to node %s at %s:%d failed: %s", node.id, node.ip,
+                          port, err)
             if not node.ping_sent:
                 node.ping_sent = self.now_ms()
         except Exception:  # a bug: log it, never kill the cron's reconnects
@@ -221,6 +395,54 @@ class ClusterBus:
         finally:
             if sock is not None:
                 sock.close()
+
+    async def _accept_tls(self, listener: socket.socket) -> None:
+        """Accept bus connections (tls-cluster): the limit first, then the
+        handshake, before any BusLink exists."""
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                sock, peer = await loop.sock_accept(listener)
+            except OSError as err:  # out of file descriptors: wait, don't spin
+                self._log_tls.warning(f"Cluster bus: accept failed: {_reason(err)}")
+                await asyncio.sleep(0.1)
+                continue
+            peer_ip = peer[0] if isinstance(peer, tuple) else "?"
+            if (len(self.inbound) + len(self._handshakes) >= self.max_inbound()
+                    and not self._make_room()):
+                self._refuse(peer_ip)
+                sock.close()
+                continue
+            address = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else "?"
+            task = self._spawn(self._handshake_tls(sock, address))
+            self._handshakes[task] = (self.now_ms(), peer_ip)
+
+    async def _handshake_tls(self, sock: socket.socket, address: str) -> None:
+        # On failure or cancellation the loop closes the socket itself (it
+        # is detached from ``sock``: closing that is a no-op).
+        try:
+            await asyncio.get_running_loop().connect_accepted_socket(
+                lambda: BusLink(self), sock, ssl=self.tls_server,
+                ssl_handshake_timeout=UNPROVEN_LINK_MS / 1000)
+        except (OSError, TimeoutError) as err:  # ssl.SSLError is an OSError
+            sock.close()
+            self._tls_failed(address, err)
+        except asyncio.CancelledError:
+            sock.close()  # _make_room, or the bus stopping
+        except Exception:  # a bug: log it, never kill the listener
+            sock.close()
+            log.exception("TLS handshake on the cluster bus failed")
+        finally:
+            task = asyncio.current_task()
+            if task is not None:
+                self._handshakes.pop(task, None)
+
+    def _tls_failed(self, address: str, err: BaseException) -> None:
+        """A TLS handshake of the bus failed (a plain-text peer, a certificate
+        of another CA, a peer that refused ours): counted and logged."""
+        self.stats_tls_failures += 1
+        self._log_tls.warning(f"TLS handshake on the cluster bus with {address} failed: "
+                              f"{_reason(err)}")
 
     # -- receiving --------------------------------------------------------------
 
@@ -234,10 +456,13 @@ class ClusterBus:
 
     def receive(self, link: BusLink, frame: bytes) -> None:
         auth = self.auth
-        if auth is not None and not auth.verify(frame):
-            auth.refuse(frame, link.peer_ip, messages.type_name(frame))
-            link.close()
-            return
+        if auth is not None:
+            if not auth.verify(frame):
+                auth.refuse(frame, link.peer_ip, messages.type_name(frame))
+                link.close()
+                return
+            if not link.proven:
+                link.prove()  # signed with the secret: a member of the cluster
         msg = messages.decode(frame)
         if msg is None:
             self.stats_dropped += 1
@@ -248,10 +473,19 @@ class ClusterBus:
                 node = self.membership.process(link, msg)
                 if node is not None and msg.type in messages.GOSSIP_TYPES:
                     node.caps = msg.caps
+                if not link.proven:
+                    # A node of the table, maybe since this message (the
+                    # PONG that completes our handshake with it).
+                    link.claimed = msg.sender
+                    self.proves(link)
                 return
             sender = self.cluster.nodes.get(msg.sender)
             if sender is None or sender.flags & _NO_JOB_MESSAGES:
+                if not link.proven:
+                    link.claimed = msg.sender
                 return
+            if not link.proven:
+                link.prove()
             handler = self.handlers.get(msg.type)
             if handler is None:
                 self.stats_dropped += 1
@@ -421,9 +655,18 @@ class ClusterBus:
         now = self.now_ms()
         timeout = self.node_timeout()
         for link in list(self.inbound):
+            if link.closed:
+                continue
             if now - link.last_read > 2 * timeout or (
                     link.partial_since and now - link.partial_since > timeout):
                 log.info("Closing a stalled cluster bus link from %s", link.peer_ip)
+                link.close()
+            elif now - link.ctime > UNPROVEN_LINK_MS and not self.proves(link):
+                self.stats_unproven_closed += 1
+                missing = ("no message signed with the cluster secret" if self.auth is not None
+                           else "no message from a node of the table")
+                self._log_unproven.warning(f"Closing a cluster bus link from {link.peer_ip}: "
+                                           f"{missing} in {UNPROVEN_LINK_MS} ms")
                 link.close()
 
     # -- figures ----------------------------------------------------------------
@@ -435,6 +678,21 @@ class ClusterBus:
 
 _MEMBERSHIP_TYPES: Final = frozenset((messages.PING, messages.PONG, messages.MEET, messages.FAIL))
 _NO_JOB_MESSAGES: Final = frozenset(("handshake", "myself"))
+
+
+def _default_max_inbound() -> int:
+    return DEFAULT_MAX_INBOUND
+
+
+def _reason(err: BaseException) -> str:
+    """An exception as one short line for the log."""
+    if isinstance(err, ssl.SSLCertVerificationError) and err.verify_message:
+        return f"certificate verify failed: {err.verify_message}"
+    if isinstance(err, ssl.SSLError) and err.reason:
+        return str(err.reason)
+    if isinstance(err, OSError) and err.strerror:
+        return err.strerror
+    return str(err) or type(err).__name__
 
 
 async def connect_within(loop: asyncio.AbstractEventLoop, sock: socket.socket,

@@ -55,7 +55,8 @@ from collections.abc import Callable, Iterable
 from typing import Final, NamedTuple
 
 __all__ = [
-    "FrameError", "FrameReader", "GossipEntry", "Message", "batch_frame", "coalesce", "decode",
+    "FrameError", "FrameReader", "GossipEntry", "Message", "UNPROVEN_MESSAGE", "batch_frame",
+    "coalesce", "decode",
     "flags_from_wire", "flags_to_wire", "header_rest", "is_node_id", "is_repljob_key",
     "single_frame",
     "split_job_ids", "type_name",
@@ -130,6 +131,13 @@ _FLAG_BITS: Final = tuple((bit, name) for name, bit in WIRE_FLAGS.items())
 #: Messages up to this size are buffered from anybody; bigger ones (jobs
 #: with large bodies) only when the reader's ``large_ok`` agrees.
 SMALL_MESSAGE: Final = 1024 * 1024
+#: The largest message a link takes before it has proved itself (the
+#: cluster secret, or a message from a node of the table: ``bus.py``).
+#: A peer's first message on a link is a PING or MEET (ours and the
+#: original's), whose gossip section is max(3, N/10) entries of 104 bytes:
+#: 64 KB holds the gossip of a 6,000-node cluster.  Everything larger (job
+#: copies, batches) comes after that first message.
+UNPROVEN_MESSAGE: Final = 64 * 1024
 #: The largest message a reader accepts unless told otherwise: a REPLJOB of
 #: one job of the largest body a client may send (proto-max-bulk-len) fits.
 DEFAULT_MAX_MESSAGE: Final = 512 * 1024 * 1024 + 1024 * 1024
@@ -410,16 +418,25 @@ class FrameReader:
     before any of its body is buffered.
     """
 
-    __slots__ = ("_buffer", "large_ok", "max_message")
+    __slots__ = ("_buffer", "held", "large_ok", "max_message", "small_message")
 
     def __init__(self, max_message: int = DEFAULT_MAX_MESSAGE,
-                 large_ok: Callable[[bytes], bool] | None = None) -> None:
+                 large_ok: Callable[[bytes], bool] | None = None,
+                 small_message: int = SMALL_MESSAGE) -> None:
         self._buffer = bytearray()
         self.max_message = max_message
         #: Asked, with the 144-byte header, whether a message longer than
-        #: SMALL_MESSAGE may be buffered (only jobs, from known nodes, are
-        #: that big): a stranger cannot make us hold hundreds of MB.
+        #: ``small_message`` may be buffered (only jobs, from known nodes,
+        #: are over SMALL_MESSAGE): a stranger cannot make us hold hundreds
+        #: of MB.  A link that has not proved itself yet reads with
+        #: ``small_message`` = UNPROVEN_MESSAGE and raises it once it has.
         self.large_ok = large_ok
+        self.small_message = small_message
+        #: ``feed`` stopped before a message that needs ``large_ok``, to let
+        #: the caller handle the messages before it first (the PING that
+        #: proves a link may share a read with the first big job copy):
+        #: call ``feed(b"")`` after them to go on.
+        self.held = False
 
     @property
     def pending(self) -> int:
@@ -432,6 +449,7 @@ class FrameReader:
         frames: list[bytes] = []
         pos = 0
         end = len(buffer)
+        self.held = False
         while end - pos >= 8:
             if buffer[pos:pos + 4] != SIGNATURE:
                 raise FrameError("bad signature")
@@ -441,10 +459,17 @@ class FrameReader:
             if totlen > self.max_message:
                 raise FrameError(f"message length {totlen} is over the limit "
                                  f"of {self.max_message} bytes")
-            if totlen > SMALL_MESSAGE and self.large_ok is not None:
+            if totlen > self.small_message and self.large_ok is not None:
                 if end - pos < HEADER_SIZE:
                     break
+                if frames:
+                    self.held = True  # the messages before it may change the answer
+                    break
                 if not self.large_ok(bytes(buffer[pos:pos + HEADER_SIZE])):
+                    if self.small_message < SMALL_MESSAGE:
+                        raise FrameError(f"message length {totlen} is over the limit of "
+                                         f"{self.small_message} bytes for a link that has "
+                                         "not proved itself")
                     raise FrameError(f"message length {totlen} is only allowed for jobs "
                                      "from known nodes")
             if end - pos < totlen:

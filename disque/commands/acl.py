@@ -114,7 +114,11 @@ def acl(state: ServerState, client: ClientConnection, argv: list[bytes]) -> Any:
     if sub == b"save" and n == 2:
         path = _acl_path(state)
         try:
-            _write_atomically(path, format_file(table.users.values()))
+            text = format_file(table.users.values())
+        except AclError as err:
+            raise CommandError(f"ERR There was an error trying to save the ACLs: {err}") from None
+        try:
+            _write_atomically(path, text)
         except OSError as err:
             raise CommandError(f"ERR There was an error trying to save the ACLs: "
                                f"{err.strerror}") from None

@@ -7,7 +7,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from .. import __version__
-from ..config import ConfigError
+from ..config import DIRECTIVES, ConfigError
 from ..info import info_text
 from ..protocol import OK, Map, ReplyError, Status
 from ..reset import flush_all
@@ -167,8 +167,9 @@ def config(state: ServerState, client: ClientConnection, argv: list[bytes]) -> A
                 out += [name.encode(), value.encode("utf-8", "surrogateescape")]
             return out
         if sub == b"set" and len(argv) == 4:
-            state.config.set(argv[2].decode("utf-8", "replace"),
-                             argv[3].decode("utf-8", "surrogateescape"))
+            name = argv[2].decode("utf-8", "replace")
+            _check_protected(state, client, name)
+            state.config.set(name, argv[3].decode("utf-8", "surrogateescape"))
             return OK
         if sub == b"rewrite" and len(argv) == 2:
             state.config.rewrite()
@@ -184,6 +185,27 @@ def config(state: ServerState, client: ClientConnection, argv: list[bytes]) -> A
     if sub in (b"get", b"set", b"rewrite", b"resetstat"):
         raise CommandError(f"ERR Wrong number of arguments for CONFIG {sub.decode().upper()}")
     raise CommandError("ERR CONFIG subcommand must be one of GET, SET, RESETSTAT, REWRITE")
+
+
+def _check_protected(state: ServerState, client: ClientConnection, name: str) -> None:
+    """Refuse CONFIG SET of a setting that points the node at the file
+    system unless ``enable-protected-configs`` allows it (Redis 7's rule and
+    text): with ``dir`` an admin login could make the node write its files
+    anywhere it can (``/etc/cron.d``, ``~/.ssh``)."""
+    directive = DIRECTIVES.get(name.lower())
+    if directive is None or not directive.protected:
+        return
+    allowed: str = state.config.enable_protected_configs
+    if allowed == "yes" or (allowed == "local" and _is_local(client.addr)):
+        return
+    raise CommandError(f"ERR CONFIG SET failed (possibly related to argument '{name}') - "
+                       "can't set protected config (enable-protected-configs is "
+                       f"{allowed})")
+
+
+def _is_local(addr: str) -> bool:
+    host = addr.rsplit(":", 1)[0].strip("[]")
+    return host.startswith("127.") or host in ("::1", "localhost") or host.startswith("/")
 
 
 # --------------------------------------------------------------------------

@@ -8,7 +8,7 @@ from .. import ack
 from ..federation import import_rate, need_jobs
 from ..idmp import DEFAULT_WINDOW_S, MAX_KEY_BYTES, MAX_WINDOW_S, DedupEntry, body_digest
 from ..job import ACTIVE, FLAG_BCAST_WILLQUEUE, WAIT_REPL, Job, JobState
-from ..job_options import MAX_PRIORITY, JobExt, dead_letter_queue, retry_seconds
+from ..job_options import DEAD_SUFFIX, MAX_PRIORITY, JobExt, dead_letter_queue, retry_seconds
 from ..jobs import register_job, unregister_job
 from ..protocol import NULL_ARRAY, Encoded, Map, ReplyError, Status, status_reply
 from ..queue import (
@@ -39,7 +39,9 @@ from .registry import (
     parse_int,
     parse_job_ids,
     parse_timeout_ms,
+    queue_name_refusal,
     queue_refusal,
+    queues_refusal,
 )
 
 if TYPE_CHECKING:
@@ -242,10 +244,14 @@ def addjob(state: ServerState, client: CommandClient, argv: list[bytes]) -> Any:
     """ADDJOB queue body ms-timeout [REPLICATE n] [DELAY s] [RETRY s] [TTL s] [MAXLEN n] [ASYNC]
     [BACKOFF s] [MAXDELIVERIES n] [DEADLETTER queue] [PRIORITY p] [IDMP key [IDMP-WINDOW s]]"""
     opts = parse_addjob(argv)
-    if opts.dead_letter is not None:
+    if opts.dead_letter is not None and len(opts.dead_letter) > state.max_queue_name_len:
+        return queue_name_refusal(state, opts.dead_letter)
+    if opts.max_deliveries:
         user = client.user
         if user is not None and not user.all_queues:
-            refused = queue_refusal(state, user, opts.dead_letter)  # the job may move there
+            # The job may move to its dead-letter queue, named or <queue>:dead.
+            dead = opts.dead_letter if opts.dead_letter is not None else argv[1] + DEAD_SUFFIX
+            refused = queue_refusal(state, user, dead)
             if refused is not None:
                 return refused
     now = state.clock.now_ms()
@@ -299,6 +305,7 @@ def addjob(state: ServerState, client: CommandClient, argv: list[bytes]) -> Any:
         job.ext = ext
         if opts.idmp is not None:
             idmp_record(state, opts, q.name, argv[2], job.id, now, pending=True)
+        state.stats.added_jobs += 1
         reply = replicate_job(state, client, job, needed, bool(extrepl), opts.timeout,
                               opts.async_, now)
         if reply is None:
@@ -321,6 +328,7 @@ def addjob(state: ServerState, client: CommandClient, argv: list[bytes]) -> Any:
         enqueue_job(state, job, q=q, now=now)
     register_job(state, job)
     state.events.job_stored(state, job)
+    state.stats.added_jobs += 1
     if opts.idmp is not None:
         idmp_record(state, opts, q.name, argv[2], job.id, now, pending=False)
     return status_reply(job.id)
@@ -407,6 +415,10 @@ def getjob(state: ServerState, client: CommandClient, argv: list[bytes]) -> Any:
         i += 1
     if not queues:
         raise CommandError(SYNTAX_ERROR)
+    if len(queues) > 1 or len(queues[0]) > state.max_queue_name_len:
+        refused = queues_refusal(state, queues)
+        if refused is not None:
+            return refused
 
     emitted = _take_jobs(state, queues, count, fields)
     federated = len(state.cluster.nodes) > 1
@@ -463,6 +475,7 @@ def ackjob(state: ServerState, client: CommandClient, argv: list[bytes]) -> Any:
             known += 1
         if job is not None:
             ack.try_job_gc(state, job)
+    state.stats.acked_jobs += known
     return known
 
 
@@ -474,8 +487,10 @@ def fastack(state: ServerState, client: CommandClient, argv: list[bytes]) -> Any
     """
     user = client.user
     restricted = user is not None and not user.all_queues
-    return sum(ack.fast_ack(state, job_id) for job_id in parse_job_ids(argv[1:])
-               if not restricted or state.jobs.get(job_id) is not None)
+    deleted = sum(ack.fast_ack(state, job_id) for job_id in parse_job_ids(argv[1:])
+                  if not restricted or state.jobs.get(job_id) is not None)
+    state.stats.acked_jobs += deleted
+    return deleted
 
 
 # --------------------------------------------------------------------------

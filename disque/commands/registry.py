@@ -44,7 +44,7 @@ __all__ = [
     "FROM", "OptionName", "is_option",
     "parse_int", "parse_job_ids", "parse_timeout_ms", "range_error", "SYNTAX_ERROR",
     "INT_ERROR", "KEYS_NONE", "KEYS_QUEUE", "KEYS_FROM", "KEYS_JOBS", "acl_catalog",
-    "queue_refusal",
+    "queue_refusal", "queue_name_refusal", "queues_refusal",
 ]
 
 log: Final = logging.getLogger("disque.commands")
@@ -232,10 +232,11 @@ def execute(state: ServerState, client: CommandClient, argv: list[bytes]) -> Any
     if not cmd.arity_ok(len(argv)):
         return ReplyError(f"ERR wrong number of arguments for '{cmd.name}' command")
     user = client.user
-    if user is None:
-        if not cmd.noauth:
-            return NOAUTH
-    elif not user.unrestricted and not cmd.acl_exempt:
+    if user is None and not cmd.noauth:
+        return NOAUTH
+    if cmd.keys == KEYS_QUEUE and len(argv[1]) > state.max_queue_name_len:
+        return queue_name_refusal(state, argv[1])
+    if user is not None and not user.unrestricted and not cmd.acl_exempt:
         refused = _acl_refusal(state, user, cmd, argv)
         if refused is not None:
             return refused
@@ -278,6 +279,9 @@ def _acl_refusal(state: ServerState, user: User, cmd: Command,
         for i in range(1, len(argv)):
             arg = argv[i]
             if is_option(arg, FROM):
+                refused = queues_refusal(state, argv[i + 1:])  # before any matching
+                if refused is not None:
+                    return refused
                 for name in argv[i + 1:]:
                     refused = queue_refusal(state, user, name)
                     if refused is not None:
@@ -295,13 +299,40 @@ def _acl_refusal(state: ServerState, user: User, cmd: Command,
 
 
 def queue_refusal(state: ServerState, user: User, queue: bytes) -> ReplyError | None:
-    """-NOPERM if no pattern of ``user`` matches ``queue`` (counted)."""
+    """-NOPERM if no pattern of ``user`` matches ``queue`` (counted); a name
+    over max-queue-name-len is refused before any pattern is tried."""
+    if len(queue) > state.max_queue_name_len:
+        return queue_name_refusal(state, queue)
     if user.may_access(queue):
         return None
     state.acl.denied(user.name, "queue")
     name = queue[:128].decode("utf-8", "replace")
     return ReplyError(f"NOPERM User {user.name} has no permissions to access the "
                       f"'{name}' queue")
+
+
+# --------------------------------------------------------------------------
+# Limits on the queues a command names (max-queue-name-len, max-queues-per-command)
+# --------------------------------------------------------------------------
+
+def queue_name_refusal(state: ServerState, queue: bytes) -> ReplyError:
+    """The error for a queue name over ``max-queue-name-len``."""
+    state.stats.refused_queue_names += 1
+    return ReplyError(f"ERR queue name too long: {len(queue)} bytes, the limit is "
+                      f"{state.max_queue_name_len} (max-queue-name-len)")
+
+
+def queues_refusal(state: ServerState, queues: list[bytes]) -> ReplyError | None:
+    """The error for too many queues, or one too long a name, among ``queues``."""
+    if len(queues) > state.max_queues_per_command:
+        state.stats.refused_queue_names += 1
+        return ReplyError(f"ERR too many queues: {len(queues)}, the limit is "
+                          f"{state.max_queues_per_command} (max-queues-per-command)")
+    limit = state.max_queue_name_len
+    for name in queues:
+        if len(name) > limit:
+            return queue_name_refusal(state, name)
+    return None
 
 
 # --------------------------------------------------------------------------

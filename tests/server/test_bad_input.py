@@ -369,7 +369,14 @@ def test_getjob_huge_valid_numbers(c: Resp) -> None:
 
 
 def test_getjob_many_queues(c: Resp) -> None:
-    names = [b"bi-many-%d" % i for i in range(10000)] + [b"", b"\x00", b"\xff"]
+    """As many queues as max-queues-per-command (1024 by default) work; more
+    are refused, creating nothing."""
+    queues = info_int(c, "queues", "registered_queues")
+    too_many = [b"bi-many-%d" % i for i in range(10000)]
+    assert_error(c, ("GETJOB", "TIMEOUT", 1, "FROM", *too_many),
+                 exact="ERR too many queues: 10000, the limit is 1024 (max-queues-per-command)")
+    assert info_int(c, "queues", "registered_queues") == queues
+    names = [*too_many[:1021], b"", b"\x00", b"\xff"]
     assert c.call_raw("GETJOB", "NOHANG", "FROM", *names) == b"*-1\r\n"
     job_id = c.call("ADDJOB", names[-1], "x", 0)
     assert c.call("GETJOB", "TIMEOUT", 1, "FROM", *names) == [[names[-1], job_id, b"x"]]
@@ -537,7 +544,7 @@ def test_very_large_bodies_round_trip(c: Resp, megabytes: int) -> None:
 
 
 QUEUE_NAMES = [b"", b"\x00", b"\x00\x00\x00", b"\xff\xfe", b"a\r\nb", b" ", b"*1\r\n",
-               "日本".encode(), b"bi-long-" + b"q" * 100_000]
+               "日本".encode(), b"bi-long-" + b"q" * (1024 - 8)]  # max-queue-name-len
 
 
 @pytest.mark.parametrize("name", QUEUE_NAMES, ids=arg_id)
@@ -560,7 +567,7 @@ def test_binary_and_empty_queue_names(c: Resp, name: bytes) -> None:
 
 
 def test_unknown_queue_lookups(c: Resp) -> None:
-    for name in (b"bi-never", b"\xff\x00never", b"n" * 1_000_000):
+    for name in (b"bi-never", b"\xff\x00never", b"n" * 1024):  # max-queue-name-len
         assert c.call("QLEN", name) == 0
         assert c.call_raw("QSTAT", name) == b"$-1\r\n"
         assert c.call_raw("QPEEK", name, INT64_MIN) == b"*0\r\n"
@@ -785,9 +792,14 @@ def test_auth_bad_input_with_requirepass(server_factory) -> None:
             assert err_text(c.call(*args)).startswith("NOAUTH ")
         # Arity is checked before authentication, like the original.
         assert_error(c, ("ADDJOB",), exact="ERR wrong number of arguments for 'addjob' command")
-        for password in (b"wrong", b"", b"\xff\x00", b"s3cret\x00", b"S3CRET", b"p" * 1_000_000):
+        for password in (b"wrong", b"", b"\xff\x00", b"s3cret\x00", b"S3CRET", b"p" * 16384):
             assert_error(c, ("AUTH", password), exact="ERR invalid password")
             assert err_text(c.call("QLEN", "q")).startswith("NOAUTH ")
+        # Longer ones are Redis's pre-auth protocol error (tests/server/test_client_limits.py).
+        with Resp(node.port) as other:
+            other.send(b"*2\r\n$4\r\nAUTH\r\n$1000000\r\n")
+            assert other.read_until_closed() == (b"-ERR Protocol error: unauthenticated bulk "
+                                                 b"length\r\n")
         assert_error(c, ("AUTH", "s3cret", "x", "y"), exact="ERR syntax error")
         # A failed HELLO AUTH does not authenticate; a good one answers in RESP3.
         text = err_text(c.call("HELLO", 3, "AUTH", "default", "wrong"))

@@ -191,8 +191,11 @@ def test_info_memory_parts_add_up_and_count_unread_replies(server: DisqueProcess
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
         request = b"*2\r\n$4\r\nSHOW\r\n$%d\r\n%s\r\n" % (len(job), job)
         sock.sendall(request * 200)  # ~20 MB of replies, far beyond the socket buffers
-        wait_for(lambda: r.info("memory")["mem_clients_normal"] > 1_000_000, 15,
+        wait_for(lambda: r.info("memory")["mem_clients_normal"] > 200_000, 15,
                  message=lambda: f"unread replies counted: {r.info('memory')}")
         memory = r.info("memory")
         assert memory["used_memory"] >= (memory["used_memory_startup"]
-                                         + memory["used_memory_dataset"] + 1_000_000)
+                                         + memory["used_memory_dataset"] + 200_000)
+        # Not 20 MB: the node stops running a client's commands while its
+        # replies are not read (tests/server/test_client_limits.py).
+        assert memory["mem_clients_normal"] < 2_000_000, memory

@@ -38,6 +38,7 @@ def test_queue_and_job_figures_follow_addjob_getjob_ackjob(node) -> None:
     assert value(after_add, "disque_jobs") == 4
     assert value(after_add, "disque_jobs_enqueued_total") == 4
     assert value(after_add, "disque_jobs_delivered_total") == 0
+    assert value(after_add, "disque_jobs_added_total") == 4
     got = client.execute_command("GETJOB", "COUNT", 2, "FROM", "orders")
     assert len(got) == 2
     after_get = scrape(port)
@@ -46,8 +47,12 @@ def test_queue_and_job_figures_follow_addjob_getjob_ackjob(node) -> None:
     assert value(after_get, "disque_jobs_delivered_total") == 2
     assert value(after_get, "disque_commands_processed_total") > value(
         after_add, "disque_commands_processed_total")
-    client.execute_command("ACKJOB", *[job[1] for job in got])
-    assert value(scrape(port), "disque_jobs") == 2
+    assert client.execute_command("ACKJOB", *[job[1] for job in got]) == 2
+    after_ack = scrape(port)
+    assert value(after_ack, "disque_jobs") == 2
+    assert value(after_ack, "disque_jobs_acked_total") == 2
+    stats = client.info("stats")
+    assert (stats["added_jobs"], stats["delivered_jobs"], stats["acked_jobs"]) == (4, 2, 2)
     assert set(ids) >= {job[1] for job in got}
     # Replication latency: nothing replicated on a lone node.
     assert value(after_get, "disque_replication_latency_seconds_count") == 0
