@@ -217,6 +217,7 @@ def run(args: argparse.Namespace) -> int:
             queued_at = queued_per_node(nodes) if len(started) > 1 else {}
 
             began = time.monotonic()
+            started_at = time.time()
             query = stream_aggregates.build_query(
                 spark, nodes=nodes, queue=QUEUE, output=workdir / "aggregates",
                 checkpoint=workdir / "checkpoint", staging=workdir / "staging",
@@ -225,6 +226,7 @@ def run(args: argparse.Namespace) -> int:
             print("3/3 consuming with the streaming source (availableNow):", flush=True)
             watch_consumption(query, produced, console)
             consume_s = time.monotonic() - began
+            first_trigger, ended_at = triggers_span(query)
             if query.exception() is not None:
                 print(f"the streaming query failed: {query.exception()}")
                 return 1
@@ -239,9 +241,15 @@ def run(args: argparse.Namespace) -> int:
         acked = produced - registered
         ok = consumed == produced and registered == 0 and queued == 0
         print("\nsummary")
-        print(f"  produced:   {produced} jobs ({produced / produce_s:.0f} jobs/s)")
-        print(f"  consumed:   {consumed} jobs ({consumed / consume_s:.0f} jobs/s, "
-              f"{metrics.get('redeliveredSeen', 0)} redelivered)")
+        print(f"  produced:   {produced} jobs in {produce_s:.1f}s (one Spark batch write, "
+              "its planning and task start-up included)")
+        print(f"  consumed:   {consumed} jobs in {consume_s:.1f}s, "
+              f"{metrics.get('redeliveredSeen', 0)} redelivered")
+        if first_trigger is not None and ended_at is not None and ended_at > first_trigger:
+            steady_s = ended_at - first_trigger
+            print(f"              Spark's query start-up {first_trigger - started_at:.1f}s "
+                  "(before it asks the source for a batch), then "
+                  f"{consumed / steady_s:,.0f} jobs/s for {steady_s:.1f}s: the stream's rate")
         on_the = "on the node" if len(started) == 1 else "on the nodes"
         print(f"  acked:      {acked} jobs; {queued} still queued, {registered} {on_the}")
         if len(started) > 1:
@@ -257,6 +265,24 @@ def run(args: argparse.Namespace) -> int:
         print(f"  result:     {'OK: every job consumed and acknowledged' if ok else 'INCOMPLETE'}")
     print(f"stopped the {'node' if args.nodes == 1 else 'nodes'}; nothing left running")
     return 0 if ok else 1
+
+
+def triggers_span(query: Any) -> tuple[float | None, float | None]:
+    """When the query's first trigger began and its last one ended (Unix time),
+    from its progress reports: before the first, Spark starts the query
+    (planning, the source's driver process); between them, batches run.
+    (None, None) when the first report is no longer kept (over 100 batches).
+    """
+    from datetime import datetime
+
+    def at(report: Any) -> float:
+        return datetime.fromisoformat(report["timestamp"].replace("Z", "+00:00")).timestamp()
+
+    reports = query.recentProgress
+    if not reports or reports[0]["batchId"] != 0:
+        return None, None
+    last = reports[-1]
+    return at(reports[0]), at(last) + last["durationMs"].get("triggerExecution", 0) / 1000
 
 
 def queued_per_node(nodes: str) -> dict[str, int]:

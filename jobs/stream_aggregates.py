@@ -74,12 +74,13 @@ def build_query(spark, *, nodes: str, queue: str, output: Path, checkpoint: Path
 
 
 def source_metrics(query) -> dict[str, Any]:
-    """The disque source's counters from the query's last progress report."""
+    """The disque source's counters from the query's last progress report
+    (its ``endOffset``, never null: docs/SPARK.md, "Progress and logs")."""
     progress = query.lastProgress
     if not progress or not progress.get("sources"):
         return {}
-    latest = progress["sources"][0].get("latestOffset")
-    return json.loads(latest) if isinstance(latest, str) else dict(latest or {})
+    end = progress["sources"][0].get("endOffset")
+    return json.loads(end) if isinstance(end, str) else dict(end or {})
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -74,13 +74,24 @@ class DisqueBatchReader(DataSourceReader):
             client.close()
 
     def _drain(self, client: Client, part: ScanPartition) -> Iterator[pa.RecordBatch]:
+        """GETJOB while the node's QLEN says jobs are queued, never on an empty queue.
+
+        A GETJOB that finds the queue empty makes the node ask the others
+        for jobs (federation, also for NOHANG): they would move here after
+        this partition ended, while another partition still reads their
+        node, and the drain would miss them.  QLEN asks for nothing.
+        """
         taken = 0
         while part.max_jobs is None or taken < part.max_jobs:
-            want = part.batch_size if part.max_jobs is None else min(part.batch_size,
-                                                                     part.max_jobs - taken)
+            queued = client.qlen(part.queue)
+            if queued == 0:
+                return
+            want = min(part.batch_size, queued)
+            if part.max_jobs is not None:
+                want = min(want, part.max_jobs - taken)
             table = fetch_table(client, [part.queue], want, batch_size=want)
             if table.num_rows == 0:
-                return
+                return  # another consumer took them between QLEN and GETJOB
             ids = table.column("id").to_pylist()
             handed_over = False
             try:
@@ -92,8 +103,6 @@ class DisqueBatchReader(DataSourceReader):
                 else:  # the consumer stopped early: these were never read
                     client.enqueue(*ids)
             taken += len(ids)
-            if table.num_rows < want:
-                return
 
 
 def _peek(client: Client, part: ScanPartition) -> pa.Table:

@@ -8,10 +8,12 @@ contract it keeps is in :mod:`.stream_reader`.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import threading
 import time
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import pyarrow as pa
@@ -26,13 +28,14 @@ from pyspark.sql.streaming.datasource import (
 from disque.exceptions import ConnectionFailed, DisqueError, NoPerm
 
 from .ahead import FetchAhead
-from .executor_read import LEASE_UNTIL, SERVED_BY, seconds_left
+from .executor_read import SERVED_BY, seconds_left
 from .fetch import Fetched, binary_ids, count_nonzero, empty_table, fetch_jobs
 from .leases import COPY_SKEW_S, LeaseKeeper
 from .logs import log_to_stderr
 from .options import DEFAULT_MAX_JOBS_PER_TRIGGER, OptionError, SourceConfig
 from .partitions import FetchPartition, staged_partitions
-from .staging import StagingArea
+from .progress import Progress
+from .staging import LEASE_UNTIL, StagingArea, lease_until_ms, wall_clock_ms
 from .topology import NodeSet, check_reachable
 
 __all__ = ["DriverSide"]
@@ -45,6 +48,7 @@ class DriverSide:
 
     def __init__(self, config: SourceConfig) -> None:
         assert config.staging_path is not None
+        started = time.monotonic()
         self.config = config
         log_to_stderr(config.log_level)
         # Before anything else (staging, leases): a wrong address fails the
@@ -59,6 +63,10 @@ class DriverSide:
                 "fetchMode", f"executor needs a first-writer-wins create on stagingPath, "
                 f"which the connector has for paths (local, NFS) and S3, not for "
                 f"{self.staging.root}; use fetchMode=driver there")
+        if config.fetch_mode == "executor":
+            # What the tasks will do, once here: a missing boto3, bucket or
+            # credentials fail the query now, not after tasks took jobs.
+            self.staging.store.check_create()
         #: The cluster's nodes (seeds plus HELLO), one pinned client each.
         self.nodes = NodeSet(config.connection)
         self._next_blocking = 0
@@ -75,7 +83,8 @@ class DriverSide:
                     else config.working_interval_ms / 1000)
         self.keeper = LeaseKeeper(
             heartbeat_client.working_many, interval_s=interval,
-            discover=self._discover_executor_parts if config.fetch_mode == "executor" else None)
+            discover=self._discover_executor_parts if config.fetch_mode == "executor" else None,
+            renewed=self._record_lease)
         #: Guards seen_parts: the keeper thread discovers parts too.
         self._parts_lock = threading.Lock()
         #: seq -> staged table, for batches staged (or recovered) and not acked.
@@ -91,12 +100,9 @@ class DriverSide:
         self._throttled_ms = 0
         self.last_batch_at = time.monotonic()
         self.idle = threading.Event()
-        self.counters = {"jobsFetched": 0, "jobsAcked": 0, "redeliveredSeen": 0,
-                         "queueLength": 0, "batchesStaged": 0}
-        #: address -> {"fetched": jobs it delivered, "queued": QLEN last seen};
-        #: reported with whether the node answers (metrics()).
-        self.per_node: dict[str, dict[str, int]] = {}
-        self._per_node_lock = threading.Lock()
+        #: The figures of the progress reports (metrics()).
+        self.progress = Progress()
+        self.counters = self.progress.counters
         self.last_staged = 0
         #: fetchAhead: the thread that acknowledges committed batches and
         #: stages the next one while Spark runs a batch.
@@ -110,6 +116,9 @@ class DriverSide:
         self._overlap = config.fetch_ahead and config.fetch_mode == "driver"
         self._first_latest = True
         self._recover()
+        # Checking the nodes and the store, the clients, recovery: what this
+        # process adds to its query's start before the first fetch.
+        self.progress.timed("startMs", time.monotonic() - started)
 
     # ------------------------------------------------------------ recovery
 
@@ -163,34 +172,89 @@ class DriverSide:
     def _hold(self, seq: int) -> None:
         plan = self.staging.plan(seq)
         if plan.mode == "driver":
-            table = self.tables[seq] = self.staging.read_batch(seq)
+            table, staged_until = self.staging.read_batch_and_lease(seq)
+            self.tables[seq] = table
             self.keeper.hold(seq, table.column("id").to_pylist(), start=False)
+            jobs = table.num_rows
         else:
-            self._discover_parts(seq, start=False, recovering=True)
+            jobs, staged_until = self._discover_parts(seq, start=False, recovering=True)
+        self._check_lease_kept(seq, jobs, staged_until)
 
-    def _discover_parts(self, seq: int, *, start: bool = True, recovering: bool = False) -> None:
+    def _check_lease_kept(self, seq: int, jobs: int, staged_until_ms: float | None) -> None:
+        """A recovered batch: did its jobs' lease run out while the driver was away?
+
+        The lease ran until the last heartbeat's record (``lease.json``: its
+        time plus the smallest RETRY it was answered), or, before any
+        heartbeat, the lease the nodes reported at the fetch.  Past that,
+        the nodes queued the jobs again: the heartbeat about to go out takes
+        back those nobody fetched meanwhile, but other consumers may have
+        got some (a second delivery, ``additional_deliveries`` > 0).  The
+        jobs count as lost leases.
+        """
+        if not jobs:
+            return
+        record = self.staging.lease(seq)
+        until_ms = float(record[0]) if record is not None else staged_until_ms
+        if until_ms is None or math.isinf(until_ms):
+            return
+        late_s = time.time() - until_ms / 1000
+        if late_s <= 0:
+            return
+        retry = f"RETRY {record[1]} s" if record is not None else "their RETRY"
+        self.keeper.count_lost(seq)
+        log.warning(
+            "batch %d: the leases of its %d staged jobs ran out %.0f s before this restart "
+            "(%s; leased until %s UTC): the driver was away longer than that, and other "
+            "consumers may have received these jobs (a second delivery has "
+            "additional_deliveries > 0). Give jobs a RETRY longer than the driver may be "
+            "away, Spark's start-up included (docs/SPARK.md, \"Sizing RETRY\")",
+            seq, jobs, late_s, retry,
+            time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(until_ms / 1000)))
+
+    def _record_lease(self, seq: int, retry_s: int, sent_at: float) -> None:
+        """Keeper thread: a heartbeat sent at ``sent_at`` (Unix time) kept batch
+        ``seq`` leased for ``retry_s``.  Recorded as the soonest the lease can
+        end: counted from the send, less :data:`COPY_SKEW_S` (another node's
+        copy may be queued that much earlier), as the fetch's lease is."""
+        until_ms = int((sent_at + retry_s - COPY_SKEW_S) * 1000)
+        try:
+            if self.staging.has_batch(seq):  # not acknowledged (and removed) meanwhile
+                self.staging.record_lease(seq, until_ms, retry_s)
+        except Exception as exc:  # a record missed: a restart may warn less, nothing more
+            log.info("could not record batch %d's lease: %s", seq, exc)
+
+    def _discover_parts(self, seq: int, *, start: bool = True,
+                        recovering: bool = False) -> tuple[int, float | None]:
         """Executor mode: start leasing part files the tasks have published.
 
         Their first heartbeat goes out halfway to the lease the task's node
         reported (less :data:`COPY_SKEW_S`); at once for a part without one
-        (an original node) and for every part of a recovered batch.
+        (an original node) and for every part of a recovered batch.  Returns
+        the jobs of the parts found, and the soonest lease they reported
+        (Unix ms, None: none said).
         """
+        jobs, soonest = 0, None
         with self._parts_lock:
             seen = self.seen_parts.setdefault(seq, set())
             if not self.staging.has_batch(seq):
-                return  # acknowledged and removed meanwhile
+                return 0, None  # acknowledged and removed meanwhile
             for name, table in self.staging.read_parts(seq, skip=seen):
                 seen.add(name)
                 metadata = table.schema.metadata or {}
                 served = metadata.get(SERVED_BY.encode())
                 if served:
-                    self._count_node(served.decode(), "fetched", table.num_rows)
+                    self.progress.count_node(served.decode(), "fetched", table.num_rows)
+                jobs += table.num_rows
+                until = lease_until_ms(table)
+                if until is not None:
+                    soonest = until if soonest is None else min(soonest, until)
                 left = None if recovering else seconds_left(metadata.get(LEASE_UNTIL.encode()))
                 # Without a lease: the task fetched these a while ago (up to a
                 # lease tick plus its own run time), heartbeat at once.
                 first = 0.0 if left is None else max((left - COPY_SKEW_S) / 2, 0.0)
                 self.keeper.hold(seq, table.column("id").to_pylist(), start=start,
                                  first_after_s=first)
+        return jobs, soonest
 
     # ------------------------------------------------------------- offsets
 
@@ -199,16 +263,20 @@ class DriverSide:
         self.available_now_budget = self._queue_length()
         log.info("availableNow: will read at most %d jobs", self.available_now_budget)
 
-    def latest(self, start: int, limit: ReadLimit, start_jobs: int | None = None) -> int:
+    def latest(self, start: int, limit: ReadLimit, start_jobs: int | None = None,
+               start_offset: Mapping[str, Any] | None = None) -> int:
         """The offset that ends the next batch (``start``: no new batch).
 
         ``start_jobs``: how many jobs Spark's offset log says batch
-        ``start`` held (None: not recorded).
+        ``start`` held (None: not recorded); ``start_offset``: that offset
+        whole, whose figures a restarted driver goes on from.
         """
         self.ahead.trigger()
         if self._first_latest:
             self._first_latest = False
             self._check_committed(start, start_jobs)
+            if start_offset is not None:
+                self.progress.carry(start_offset)
         if self._overlap:
             # Committed: acknowledged in the background (after the batch
             # being staged ahead, if any) while Spark runs the next batch.
@@ -347,11 +415,6 @@ class DriverSide:
             return True
         return self._queue_length() >= min_jobs
 
-    def _count_node(self, address: str, key: str, value: int, *, add: bool = True) -> None:
-        with self._per_node_lock:
-            node = self.per_node.setdefault(address, {"fetched": 0, "queued": 0})
-            node[key] = node[key] + value if add else value
-
     def _queue_lengths(self) -> list[tuple[str, int]]:
         """(address, jobs queued there) for every node that answers QSTAT;
         with ``deadLetterQueues``, also the jobs the nodes dead-lettered
@@ -384,7 +447,7 @@ class DriverSide:
                         throttled_ms = max(throttled_ms, int(stat["rate-limit"][1]))
             if self.nodes.check(address, client):
                 out.append((address, queued))
-                self._count_node(address, "queued", queued, add=False)
+                self.progress.count_node(address, "queued", queued, add=False)
         if not out and not self.nodes.live():
             raise ConnectionFailed("no node in 'nodes' (or found through HELLO) answers")
         if self.config.dead_letter_queues:
@@ -408,6 +471,7 @@ class DriverSide:
         remaining = max_jobs
         live = self.nodes.live()
         reached = []
+        served: list[str] = []  # the node each table came from, to give it back
         # One job, one row: not twice in this batch (two GETJOBs, or two
         # nodes), nor again while a batch that holds it runs (fetchAhead).
         seen = self._held_ids()
@@ -419,6 +483,7 @@ class DriverSide:
             lease_until = min(lease_until, self._lease_until(fetched, fetch_started))
             reached.append(address)
             tables.append(table)
+            served.append(address)
             if remaining is not None:
                 remaining -= table.num_rows
                 if remaining <= 0:
@@ -437,12 +502,23 @@ class DriverSide:
             fetched = self._fetch_from(address, max_jobs, wait_ms, seen)
             if fetched is not None:
                 tables.append(fetched.table)
+                served.append(address)
                 lease_until = min(lease_until, self._lease_until(fetched, fetch_started))
         table = pa.concat_tables(tables)
         if table.num_rows == 0:
             return False
-        self.staging.stage_driver_batch(seq, table)
+        staging_started = time.monotonic()
+        self.progress.timed("fetchMs", staging_started - fetch_started)
+        # When the first job is due again, as the nodes said: a restarted
+        # driver tells from it whether the lease ran out while it was away.
+        table = table.replace_schema_metadata({LEASE_UNTIL: wall_clock_ms(lease_until)})
+        try:
+            self.staging.stage_driver_batch(seq, table)
+        except BaseException:
+            self._give_back(seq, zip(served, tables, strict=True))
+            raise
         self.tables[seq] = table
+        self.progress.timed("stageMs", time.monotonic() - staging_started)
         ids = table.column("id").to_pylist()
         # Halfway to the first job's requeue: a failed heartbeat leaves time
         # for another try.
@@ -451,6 +527,29 @@ class DriverSide:
         self.keeper.hold(seq, ids, first_after_s=max(first, 0.0))
         self._count_fetched(seq, table)
         return True
+
+    def _give_back(self, seq: int, fetched: Iterable[tuple[str, pa.Table]]) -> None:
+        """Staging failed after the fetch: queue the jobs again (ENQUEUE, on
+        the node each came from) rather than leave them leased, unstaged,
+        until their RETRY.  Unless the batch got staged after all: its plan,
+        the commit point, was written last (when the store cannot even be
+        asked, the plan's write failed: the batch does not exist)."""
+        with contextlib.suppress(Exception):
+            if self.staging.has_batch(seq):
+                return
+        for address, table in fetched:
+            ids = table.column("id").to_pylist()
+            if not ids:
+                continue
+            try:
+                self.nodes.client(address).enqueue(*ids)
+            except DisqueError as exc:
+                log.warning("batch %d could not be staged, and its %d jobs from %s could not "
+                            "be queued again (%s): they come back after their RETRY",
+                            seq, len(ids), address, exc)
+                continue
+            log.warning("batch %d could not be staged: its %d jobs from %s were queued again",
+                        seq, len(ids), address)
 
     def _lease_until(self, fetched: Fetched, fetch_started: float) -> float:
         """When the first job of ``fetched`` may be queued again anywhere.
@@ -493,7 +592,7 @@ class DriverSide:
             # The client moved to another node: the jobs are leased all the
             # same (and staged below); they count for the node that gave them.
             log.info("%s does not answer; %d jobs came from %s", address, table.num_rows, served)
-        self._count_node(served, "fetched", table.num_rows)
+        self.progress.count_node(served, "fetched", table.num_rows)
         return fetched
 
     def _count_fetched(self, seq: int, table: pa.Table) -> None:
@@ -539,7 +638,9 @@ class DriverSide:
                     parts.append({"file": f"part-{len(parts):05d}.arrow", "node": addr,
                                   "queues": list(config.queues), "count": count,
                                   "fallbacks": [a for a in live if a != addr]})
+        planned_at = time.monotonic()
         self.staging.stage_executor_plan(seq, parts)
+        self.progress.timed("stageMs", time.monotonic() - planned_at)
         with self._parts_lock:
             self.seen_parts[seq] = set()
         self.keeper.start()  # it discovers the parts as tasks publish them
@@ -628,12 +729,14 @@ class DriverSide:
             # Stop heartbeats first: a WORKING racing the ACK would only get
             # NOJOB back.  Re-held below if the ACK fails.
             self.keeper.release_through(seq)
+            ack_started = time.monotonic()
             try:
                 if ids:
                     if self.config.ack_mode == "fastack":
                         self.acker.fastack_many(ids)
                     else:
                         self.acker.ack_many(ids)
+                    self.progress.timed("ackMs", time.monotonic() - ack_started)
             except NoPerm:
                 raise  # retrying cannot help: fail the query saying so
             except DisqueError as exc:
@@ -665,15 +768,10 @@ class DriverSide:
     # -------------------------------------------------------------- metrics
 
     def metrics(self) -> dict[str, Any]:
-        with self._per_node_lock:
-            nodes = {address: {**counts, "up": self.nodes.up.get(address, False)}
-                     for address, counts in sorted(self.per_node.items())}
-        for address in self.nodes.ids:
-            nodes.setdefault(address, {"fetched": 0, "queued": 0,
-                                       "up": self.nodes.up.get(address, False)})
-        return {"batch": self.last_staged, **self.counters,
-                "jobsLeased": sum(self.keeper.held().values()),
-                "leasesLost": self.keeper.leases_lost, "nodes": nodes}
+        return self.progress.report(self.last_staged, leased=sum(self.keeper.held().values()),
+                                    leases_lost=self.keeper.leases_lost,
+                                    node_ids=self.nodes.ids,
+                                    up=lambda address: self.nodes.up.get(address, False))
 
     def commit(self, end: int) -> None:
         """Spark committed ``end`` (it usually told ``latest`` already)."""

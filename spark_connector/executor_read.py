@@ -23,7 +23,7 @@ from disque.exceptions import ConnectionFailed
 
 from .fetch import empty_table, fetch_jobs
 from .partitions import FetchPartition
-from .staging import StagingArea
+from .staging import LEASE_UNTIL, StagingArea, wall_clock_ms
 
 if TYPE_CHECKING:
     from disque.client import Client
@@ -34,10 +34,6 @@ log = logging.getLogger("spark_connector.executor_read")
 
 #: Part-file metadata key: the node an executor task fetched the part from.
 SERVED_BY = "disque.node"
-#: Part-file metadata key: when the part's first job is due again (Unix
-#: time in ms, "never" for RETRY 0 only), as the node said (WITHLEASE).
-#: Wall-clock, not monotonic: executors may run on other machines.
-LEASE_UNTIL = "disque.lease_until_ms"
 
 
 def fetch_or_replay(part: FetchPartition) -> pa.Table:
@@ -61,6 +57,7 @@ def fetch_or_replay(part: FetchPartition) -> pa.Table:
             f"{part.staging_path} from this executor ({socket.gethostname()}): with "
             "fetchMode=executor, stagingPath must be storage every node of the cluster "
             "sees (s3://..., an NFS mount); a local path works in local mode only")
+    _check_publishable(part, staging)
     client = part.connection.client(node=part.node, client_name="spark-disque-fetch",
                                     fallbacks=part.fallbacks)
     try:
@@ -70,7 +67,7 @@ def fetch_or_replay(part: FetchPartition) -> pa.Table:
                                  lease=True)
             table = fetched.table
             if fetched.lease_until is not None:
-                metadata[LEASE_UNTIL] = _wall_clock_ms(fetched.lease_until)
+                metadata[LEASE_UNTIL] = wall_clock_ms(fetched.lease_until)
         except ConnectionFailed as exc:
             # No node answers: this part of the batch is empty, for good
             # (a replay must return the same rows), rather than failing the
@@ -82,16 +79,60 @@ def fetch_or_replay(part: FetchPartition) -> pa.Table:
         # driver's per-node progress counts it there.
         metadata[SERVED_BY] = client.address or part.node
         table = table.replace_schema_metadata(metadata)
-        return publish_fetched(part, client, table, staging)
+        try:
+            return publish_fetched(part, client, table, staging)
+        except BaseException:
+            _give_back(part, client, table, staging)
+            raise
     finally:
         client.close()
 
 
-def _wall_clock_ms(monotonic_at: float) -> str:
-    """A time.monotonic() instant as Unix ms (``never`` for ``inf``)."""
-    if math.isinf(monotonic_at):
-        return "never"
-    return str(int((time.time() + monotonic_at - time.monotonic()) * 1000))
+#: Staging URIs this process has published to (or probed): checked once per
+#: Python worker, which Spark reuses for the tasks of many batches.
+_publishable: set[str] = set()
+
+
+def _check_publishable(part: FetchPartition, staging: StagingArea) -> None:
+    """Fail the task before its first GETJOB if it could not publish what it fetched.
+
+    A store the executor cannot create in (boto3 missing on this node,
+    credentials or the bucket refused here) would otherwise fail the task
+    after the fetch, and each attempt's jobs would stay leased until their
+    RETRY.
+    """
+    if staging.root in _publishable:
+        return
+    try:
+        staging.store.check_create()
+    except Exception as exc:
+        raise RuntimeError(
+            f"disque source: batch {part.seq} {part.file}: this executor "
+            f"({socket.gethostname()}) cannot publish to stagingPath; no job was fetched. "
+            f"{exc}") from None
+    _publishable.add(staging.root)
+
+
+def _give_back(part: FetchPartition, client: Client, table: pa.Table,
+               staging: StagingArea) -> None:
+    """The task fails after its fetch: queue its jobs again (ENQUEUE) before it
+    raises, unless its part file exists (then the driver leases and
+    acknowledges them).  When that cannot be told, the jobs are left leased:
+    they come back after their RETRY, never twice."""
+    ids = table.column("id").to_pylist()
+    if not ids:
+        return
+    try:
+        if staging.read_part(part.seq, part.file) is not None:
+            return
+        client.enqueue(*ids)
+    except Exception as exc:
+        log.warning("batch %d %s: the task failed and its %d jobs could not be queued "
+                    "again (%s): they come back after their RETRY",
+                    part.seq, part.file, len(ids), exc)
+        return
+    log.warning("batch %d %s: the task failed after its fetch; its %d jobs were queued "
+                "again", part.seq, part.file, len(ids))
 
 
 def seconds_left(lease_until_ms: bytes | None) -> float | None:

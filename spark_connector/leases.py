@@ -11,11 +11,16 @@ says more), and then again after a third of the smallest RETRY the WORKING
 replies report.  A batch acknowledged before its first heartbeat costs none.
 Jobs with RETRY 0 are never queued again and need no heartbeat.
 
-When a heartbeat cannot be delivered the lease is lost and the node will
-queue the job again: ``NOJOB`` (the job is gone: TTL expired, or it was
+When the job's own node refuses a heartbeat the lease is lost and the job
+will be queued again: ``NOJOB`` (the job is gone: TTL expired, or it was
 acknowledged elsewhere) and ``TOOLATE`` (more than half the TTL elapsed, the
 node refuses to postpone).  Those jobs are counted in ``leases_lost`` and
-logged; their next delivery has ``additional_deliveries`` > 0.
+logged; their next delivery has ``additional_deliveries`` > 0.  Only the
+job's own node's answer counts: ``working_many`` sends each ID to the node
+named in it, and answers ``ConnectionFailed`` in place for a job whose node
+could not be asked (another node's NOJOB says nothing about a job it holds
+no copy of).  Those jobs are tried again at the next heartbeat, as are all
+the jobs of a round that failed as a whole (no node reachable).
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from disque.exceptions import Acked, DisqueError, NoJob, TooLate
+from disque.exceptions import Acked, ConnectionFailed, DisqueError, NoJob, TooLate
 
 __all__ = ["COPY_SKEW_S", "LeaseKeeper"]
 
@@ -49,6 +54,9 @@ class _Lease:
     due: float = 0.0                      # monotonic time of the next heartbeat
     interval: float | None = None         # learned from WORKING replies
     lost: set[str] = field(default_factory=set)
+    #: Counted in leases_lost already (a restart found their lease ran out):
+    #: a later refusal of the same job is not a second loss.
+    counted: set[str] = field(default_factory=set)
 
 
 class LeaseKeeper:
@@ -66,9 +74,14 @@ class LeaseKeeper:
     def __init__(self, working: Callable[[list[str]], list[int | DisqueError]], *,
                  interval_s: float | None = None, tick_s: float = 0.25,
                  clock: Callable[[], float] = time.monotonic,
-                 discover: Callable[[], None] | None = None) -> None:
+                 discover: Callable[[], None] | None = None,
+                 renewed: Callable[[int, int, float], None] | None = None) -> None:
         self._working = working
         self._discover = discover
+        #: Called (seq, smallest RETRY answered, Unix time the WORKING went
+        #: out) after a heartbeat round renewed batch ``seq``: the driver
+        #: records how long it is leased.
+        self._renewed = renewed
         self._fixed_interval = interval_s
         self._tick = tick_s
         self._clock = clock
@@ -106,6 +119,19 @@ class LeaseKeeper:
                 lease.due = min(lease.due, due)
         if start:
             self.start()
+
+    def count_lost(self, seq: int) -> int:
+        """Count every job of batch ``seq`` as a lost lease (its lease ran out
+        while no heartbeat could be sent); returns how many.  They are still
+        heartbeat: WORKING takes back a job nobody fetched meanwhile."""
+        with self._lock:
+            lease = self._leases.get(seq)
+            if lease is None:
+                return 0
+            fresh = [i for i in lease.ids if i not in lease.counted and i not in lease.lost]
+            lease.counted.update(fresh)
+            self.leases_lost += len(fresh)
+            return len(fresh)
 
     def start(self) -> None:
         """Run the heartbeat thread (idempotent)."""
@@ -166,22 +192,37 @@ class LeaseKeeper:
             for _, lease in due:  # claimed: a concurrent call skips them
                 lease.due = float("inf")
         sent = 0
-        for seq, lease in due:
+        for n, (seq, lease) in enumerate(due):
             ids = [i for i in lease.ids if i not in lease.lost]
             if not ids:
                 continue
-            replies = self._working(ids)
+            sent_at = time.time()
+            try:
+                replies = self._working(ids)
+            except BaseException:
+                # No node answered: this batch and the ones not reached yet
+                # are due again at the next tick, not never.
+                with self._lock:
+                    for _, unsent in due[n:]:
+                        unsent.due = min(unsent.due, self._clock() + self._tick)
+                raise
             sent += len(ids)
             retries = []
             refused: list[tuple[str, BaseException]] = []
+            unanswered = 0
             for job_id, reply in zip(ids, replies, strict=True):
                 if isinstance(reply, int):
                     if reply > 0:
                         retries.append(reply)
                 elif isinstance(reply, NoJob | TooLate | Acked):
                     refused.append((job_id, reply))
+                elif isinstance(reply, ConnectionFailed):
+                    unanswered += 1  # its node could not be asked: next heartbeat
                 elif isinstance(reply, Exception):
                     raise reply
+            if unanswered:
+                log.warning("WORKING for %d jobs of batch %d did not reach their node; "
+                            "tried again at the next heartbeat", unanswered, seq)
             with self._lock:
                 if self._leases.get(seq) is not lease:
                     # Released (acknowledged) while the heartbeat was in
@@ -189,16 +230,23 @@ class LeaseKeeper:
                     continue
                 for job_id, refusal in refused:
                     lease.lost.add(job_id)
+                    if job_id in lease.counted:
+                        continue  # counted when the restart found its lease ran out
                     self.leases_lost += 1
                     log.warning("lease on job %s of batch %d lost (%s): the node may "
                                 "deliver it again", job_id, seq, refusal)
+                renewed = bool(retries) and self._renewed is not None
                 if self._fixed_interval is not None:
                     lease.interval = self._fixed_interval
                 elif retries:
                     lease.interval = max(MIN_INTERVAL_S, min(retries) * RENEW_FRACTION)
-                if lease.interval is None:  # RETRY 0 everywhere: nothing to renew
+                if lease.interval is None and unanswered:
+                    lease.due = self._clock() + MIN_INTERVAL_S * 5  # no RETRY learned yet
+                elif lease.interval is None:  # RETRY 0 everywhere: nothing to renew
                     lease.due = float("inf")
                 else:
                     lease.due = self._clock() + lease.interval
+            if renewed and self._renewed is not None:
+                self._renewed(seq, min(retries), sent_at)
         self.heartbeats_sent += sent
         return sent

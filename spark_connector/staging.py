@@ -7,6 +7,8 @@ query; :mod:`.stores` says which storage it may be on)::
         plan.json           the batch exists once this file exists
         part-00000.arrow    staged jobs (Arrow IPC stream, zstd on remote stores),
                             immutable once named
+        lease.json          until when the driver's last heartbeat kept the jobs
+                            leased (written by each heartbeat round)
     acked.json              the last batch acknowledged
 
 Every file appears whole or not at all (:meth:`.Store.write`): a crash
@@ -29,7 +31,9 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
+import time
 from collections.abc import Container, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -40,10 +44,17 @@ import pyarrow.ipc
 from .schema import STAGED_SCHEMA, empty_table
 from .stores import Store, open_store
 
-__all__ = ["StagingArea", "BatchPlan", "table_buffer", "table_from"]
+__all__ = ["StagingArea", "BatchPlan", "LEASE_UNTIL", "lease_until_ms", "table_buffer",
+           "table_from", "wall_clock_ms"]
 
 PLAN = "plan.json"
 ACKED = "acked.json"
+LEASE = "lease.json"
+#: Part-file metadata key: when the part's first job is due again (Unix
+#: time in ms, "never" for RETRY 0 only), as the node said (WITHLEASE).
+#: Wall-clock, not monotonic: executors may run on other machines, and a
+#: restarted driver compares it with its own clock.
+LEASE_UNTIL = "disque.lease_until_ms"
 #: The one part file of a batch fetched on the driver.
 DRIVER_PART = "part-00000.arrow"
 _BATCH_PREFIX = "batch-"
@@ -72,6 +83,26 @@ def table_buffer(table: pa.Table, compression: str | None = None) -> memoryview:
     with pa.ipc.new_stream(pa.FixedSizeBufferWriter(buffer), schema) as writer:
         writer.write_table(table)
     return memoryview(buffer)
+
+
+def wall_clock_ms(monotonic_at: float) -> str:
+    """A time.monotonic() instant as Unix ms (``never`` for ``inf``)."""
+    if math.isinf(monotonic_at):
+        return "never"
+    return str(int((time.time() + monotonic_at - time.monotonic()) * 1000))
+
+
+def lease_until_ms(table: pa.Table) -> float | None:
+    """A staged part's LEASE_UNTIL (Unix ms; ``inf``: never; None: not said)."""
+    value = (table.schema.metadata or {}).get(LEASE_UNTIL.encode())
+    if value is None:
+        return None
+    if value == b"never":
+        return math.inf
+    try:
+        return float(int(value))
+    except ValueError:
+        return None
 
 
 def table_from(data: bytes) -> pa.Table:
@@ -207,8 +238,33 @@ class StagingArea:
 
     def read_batch(self, seq: int) -> pa.Table:
         """Every job staged for batch ``seq`` so far, as one table."""
-        return pa.concat_tables([empty_table(),
-                                 *(table for _, table in self.read_parts(seq))])
+        return self.read_batch_and_lease(seq)[0]
+
+    def read_batch_and_lease(self, seq: int) -> tuple[pa.Table, float | None]:
+        """:meth:`read_batch`, and when the first of its jobs was due again
+        as staged (the soonest LEASE_UNTIL of its parts, Unix ms; None: no
+        part said)."""
+        tables = [table for _, table in self.read_parts(seq)]
+        leases = [lease for lease in map(lease_until_ms, tables) if lease is not None]
+        return pa.concat_tables([empty_table(), *tables]), min(leases, default=None)
+
+    def record_lease(self, seq: int, until_ms: int, retry_s: int) -> None:
+        """A heartbeat kept batch ``seq``'s jobs leased until ``until_ms`` (Unix
+        ms; ``retry_s``, their smallest RETRY): what a restarted driver
+        compares with its clock."""
+        self.store.write(self._key(seq, LEASE), json.dumps(
+            {"until_ms": until_ms, "retry_s": retry_s}).encode())
+
+    def lease(self, seq: int) -> tuple[int, int] | None:
+        """``(until_ms, retry_s)`` of the last heartbeat recorded for ``seq``."""
+        data = self.store.read(self._key(seq, LEASE))
+        if data is None:
+            return None
+        try:
+            record = json.loads(data)
+            return int(record["until_ms"]), int(record["retry_s"])
+        except (ValueError, KeyError, TypeError):
+            return None
 
     def remove(self, seq: int) -> None:
         self.store.remove_tree(batch_name(seq))

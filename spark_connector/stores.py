@@ -42,7 +42,7 @@ import pyarrow.fs as pafs
 
 from .options import OptionError
 
-__all__ = ["Store", "LocalStore", "ArrowStore", "open_store", "absolute_uri"]
+__all__ = ["Store", "LocalStore", "ArrowStore", "open_store", "absolute_uri", "explain"]
 
 _S3 = ("s3", "s3a", "s3n")
 _GCS = ("gs", "gcs")
@@ -103,7 +103,48 @@ class Store:
             self.remove_tree(probe)
         except Exception as exc:
             raise OptionError("stagingPath", f"{self.uri} cannot be written: "
-                              f"{type(exc).__name__}: {exc}") from None
+                              f"{explain(exc)}") from None
+
+    def check_create(self) -> None:
+        """Fail now if :meth:`create` cannot be used here (a missing library,
+        credentials or bucket), with an error naming what is missing.
+
+        What executor fetch mode runs before its first GETJOB: a task that
+        fetched jobs and then could not publish them would leave them leased
+        until their RETRY.
+        """
+        probe = f".probe-{uuid.uuid4().hex}"
+        try:
+            self.create(probe, b"")
+            self.remove_tree(probe)
+        except Exception as exc:
+            raise OptionError("stagingPath", f"{self.uri} cannot take a first-writer-wins "
+                              f"create (fetchMode=executor): {explain(exc)}") from None
+
+
+def explain(exc: BaseException) -> str:
+    """What a store's error says is missing, in front of the error itself."""
+    text = f"{type(exc).__name__}: {exc}"
+    name = type(exc).__name__
+    code = ""
+    response = getattr(exc, "response", None)
+    if isinstance(response, dict):
+        code = str(response.get("Error", {}).get("Code", ""))
+    if isinstance(exc, ImportError) or "boto3" in str(exc):
+        return f"boto3 is missing (pip install boto3): {text}"
+    if name in ("NoCredentialsError", "PartialCredentialsError") or code in (
+            "InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "ExpiredToken") or (
+            "ACCESS_DENIED" in str(exc) or "InvalidAccessKeyId" in str(exc)):
+        return ("the credentials are missing or refused (AWS_ACCESS_KEY_ID and "
+                "AWS_SECRET_ACCESS_KEY, an instance profile, or the options "
+                f"staging.access_key and staging.secret_key): {text}")
+    if code == "NoSuchBucket" or "NO_SUCH_BUCKET" in str(exc) or "NoSuchBucket" in str(exc):
+        return f"the bucket does not exist: {text}"
+    if name in ("EndpointConnectionError", "ConnectTimeoutError") or (
+            "NETWORK_CONNECTION" in str(exc) or "Couldn't connect" in str(exc)):
+        return ("the endpoint cannot be reached (AWS_ENDPOINT_URL, or the option "
+                f"staging.endpoint_override): {text}")
+    return text
 
 
 # ---------------------------------------------------------------------------
@@ -299,8 +340,8 @@ def _s3_put_if_absent(args: Mapping[str, Any], path: str, data: bytes | memoryvi
         import boto3
         from botocore.exceptions import ClientError
     except ImportError:
-        raise RuntimeError("fetchMode=executor with stagingPath on S3 needs boto3 on every "
-                           "node (pip install boto3)") from None
+        raise ImportError("fetchMode=executor with stagingPath on S3 needs boto3 on every "
+                          "node (pip install boto3)", name="boto3") from None
     key = tuple(sorted(args.items()))
     client = _boto3_clients.get(key)
     if client is None:

@@ -2,9 +2,10 @@
 
 Delivery contract (docs/SPARK.md explains it for users):
 
-* An offset is ``{"batch": n, "jobs": k}``: a batch sequence number, and how
-  many jobs the batch holds (for messages only; an offset without it reads
-  as unknown).  Before offset n is
+* An offset is ``{"batch": n, "jobs": k, ...}``: a batch sequence number,
+  how many jobs the batch holds (for messages only; an offset without it
+  reads as unknown), and the source's figures (:mod:`.progress`; read by
+  nothing but the progress reports and a restarted driver).  Before offset n is
   returned, the jobs of batch n are durably staged under ``stagingPath``
   (see :mod:`.staging`), so a restarted query replays exactly that batch.
 * Jobs are acknowledged only for batches Spark has committed: at the start
@@ -98,16 +99,20 @@ class DisqueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.driver.prepare_available_now()
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
-        seq = self.driver.latest(int(start["batch"]), limit, start.get("jobs"))
+        seq = self.driver.latest(int(start["batch"]), limit, start.get("jobs"), start)
         if seq == int(start["batch"]):
             return start  # no new batch: exactly the offset Spark gave
         # The count rides in Spark's offset log: a restarted query that finds
-        # the batch's staging lost can say how many jobs come back.
-        return {"batch": seq, "jobs": self.driver.batch_jobs(seq)}
+        # the batch's staging lost can say how many jobs come back.  The
+        # figures ride along (progress.py): the batch's endOffset in the
+        # progress reports, also when Spark replays it after a restart.
+        figures = self.driver.metrics()
+        del figures["batch"]
+        return {"batch": seq, "jobs": self.driver.batch_jobs(seq), **figures}
 
     def reportLatestOffset(self) -> dict | None:
-        # Shown as sources[0].latestOffset in query progress: the only place
-        # the Python API lets a source report per-query metrics.
+        # Shown as sources[0].latestOffset in query progress (null for a
+        # batch replayed after a restart: Spark does not ask then).
         return self.driver.metrics()
 
     def partitions(self, start: dict, end: dict) -> list[InputPartition]:

@@ -30,7 +30,7 @@ from typing import Any
 from ._wire import DEFAULT_PORT, Hello, NodeInfo, format_address
 
 __all__ = ["Address", "parse_address", "parse_addresses", "NodeTable", "Affinity",
-           "JobRouter", "job_node_prefix", "format_address"]
+           "JobRouter", "answered_by_own_node", "job_node_prefix", "format_address"]
 
 Address = tuple[str, int]
 
@@ -234,6 +234,14 @@ def job_node_prefix(job_id: str | bytes | bytearray | memoryview | int) -> str |
     if any(c not in "0123456789abcdef" for c in prefix):
         return None
     return prefix
+
+
+def answered_by_own_node(job_id: str | bytes | bytearray | memoryview | int,
+                         node_id: str | None) -> bool:
+    """Is ``node_id`` the node named in ``job_id`` (or is the ID not one that
+    names a node, so that any node's answer is the answer)?"""
+    prefix = job_node_prefix(job_id)
+    return prefix is None or (node_id is not None and node_id.startswith(prefix))
 
 
 #: Job IDs joined by newlines, each checked as :func:`job_node_prefix` does.

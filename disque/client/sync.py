@@ -35,7 +35,13 @@ from ._base import (
     ClientBase,
     chunks,
 )
-from ._cluster import Address, format_address
+from ._cluster import (
+    LEAVING_PRIORITY,
+    Address,
+    answered_by_own_node,
+    format_address,
+    job_node_prefix,
+)
 from ._io import Lock, close_connection, read_reply, sleep
 from ._wire import NOJOB_UNKNOWN, Arg, Hello, Job, Request
 
@@ -390,16 +396,20 @@ class Client(ClientBase):
                         raise
         return self._execute(req)
 
-    def _execute_many_routed(self, node_id: str | None,
-                             reqs: list[Request]) -> list[Any]:
+    def _execute_many_routed(self, node_id: str | None, reqs: list[Request],
+                             answered: list[str | None] | None = None) -> list[Any]:
         """Pipelined :meth:`_execute_routed`: one result or error per request.
 
         What the job's node did not answer (link lost, or ``-LEAVING``) is
-        sent to the connected node.
+        sent to the connected node.  ``answered``, when given, gets the ID
+        of the node that answered each request.
         """
         if node_id is None:
-            return self._execute_many(reqs)
-        results: list[Any] = [None] * len(reqs)
+            results = self._execute_many(reqs)
+            if answered is not None:
+                answered[:] = [self._node_id] * len(reqs)
+            return results
+        results = [None] * len(reqs)
         again = list(range(len(reqs)))
         with self._lock:
             conn = self._route_connection(node_id)
@@ -420,11 +430,27 @@ class Client(ClientBase):
                 if again and len(replies) == len(reqs):  # all answered: some -LEAVING
                     self._table.mark_leaving(node_id)
                     self._route_failed(node_id)
+        if answered is not None:
+            answered[:] = [node_id] * len(reqs)
         if again:  # not answered there: the connected node (outside the lock)
             for i, result in zip(again, self._execute_many([reqs[i] for i in again]),
                                  strict=True):
                 results[i] = result
+                if answered is not None:
+                    answered[i] = self._node_id
         return results
+
+    def _learn_cluster(self) -> None:
+        """Connect, and so learn the node table (HELLO), before routing.
+
+        A client that has not connected yet knows only its seeds: it would
+        send a command about a job to whichever seed it reaches, which holds
+        no copy of a job created elsewhere (WORKING and NACK then do nothing
+        and answer NOJOB or 0).
+        """
+        if self._router is not None and self._conn is None:
+            with self._lock:
+                self._connection()
 
     def send_pipeline(self, build: Callable[[str | None], tuple[bytes, int]], *,
                       wait: float | None = 0.0) -> w.PipelineReplies:
@@ -608,6 +634,7 @@ class Client(ClientBase):
             return 0
         if name not in ROUTED_BY_JOB_ID:
             return self._execute(w.job_ids_command(name, job_ids, tail))
+        self._learn_cluster()
         total = 0
         for node, at in self._route(job_ids).items():
             total += self._execute_routed(
@@ -641,6 +668,7 @@ class Client(ClientBase):
         return self._ids("DELJOB", job_ids)
 
     def _ids_many(self, name: str, job_ids: Iterable[Arg], batch_size: int) -> int:
+        self._learn_cluster()
         total = 0
         for batch in chunks(job_ids, batch_size * PIPELINE_COMMANDS):
             for node, at in self._route(batch).items():
@@ -675,6 +703,7 @@ class Client(ClientBase):
         deleted).  Asked of the job's creator, which holds a copy and learns
         of an ACK made anywhere in the cluster.
         """
+        self._learn_cluster()
         node = self._route_one(job_id)
         try:
             return self._execute_routed(node, w.wait_job(job_id, timeout_ms))
@@ -686,6 +715,7 @@ class Client(ClientBase):
 
     def working(self, job_id: Arg) -> int:
         """WORKING: postpone redelivery; returns the seconds it was postponed by."""
+        self._learn_cluster()
         node = self._route_one(job_id)
         try:
             return self._execute_routed(node, w.working(job_id))
@@ -702,30 +732,109 @@ class Client(ClientBase):
         WORKINGs on a node without it (the original). Errors (``NoJob``,
         ``TooLate``, ``Acked`` ...) are returned in place, not raised, so
         one lost job does not hide the others' answers.
+
+        Each ID goes to the node named in it (see ``route_by_job_id``). A
+        ``NoJob`` in place is that node's answer: a node that is not the
+        job's own holds no copy of a job replicated elsewhere, so its NOJOB
+        says nothing.  When such a node answered (the job's node was not
+        known, or did not answer), the client asks the job's node (after a
+        HELLO, if the table does not know it), and when that node cannot be
+        asked (down, leaving), the other nodes, one of which may hold a copy
+        (its answer then stands).  When no node answers for the job, the
+        ID's answer is a ``ConnectionFailed`` in place.  (An ID naming a
+        node no HELLO lists keeps the NOJOB of the node that answered.)
         """
+        self._learn_cluster()
         out: list[int | DisqueError] = []
         for batch in chunks(job_ids, PIPELINE_COMMANDS * 32):
             results: list[Any] = [None] * len(batch)
-            for node, at in self._route(batch).items():
-                replies = self._working_group(node, [batch[i] for i in at])
-                for i, result in zip(at, replies, strict=True):
-                    results[i] = result
+            answered: list[str | None] = [None] * len(batch)
+            self._working_routed(batch, range(len(batch)), results, answered)
+            doubtful = [i for i, result in enumerate(results)
+                        if isinstance(result, NoJob) and not answered_by_own_node(
+                            batch[i], answered[i])]
+            if doubtful and self._router is not None:
+                self._working_own_node(batch, doubtful, results, answered)
             out.extend(results)
         return out
 
-    def _working_group(self, node: str | None, ids: list[Arg]) -> list[Any]:
-        """WORKINGS by the thousand where the node has it, else one WORKING per ID."""
+    def _working_routed(self, batch: list[Arg], indexes: Iterable[int],
+                        results: list[Any], answered: list[str | None]) -> None:
+        """WORKING for ``batch[i]`` of each index, grouped by the node to send
+        it to; each reply and the node that gave it stored at ``i``."""
+        indexes = list(indexes)
+        for node, at in self._route([batch[i] for i in indexes]).items():
+            group = [indexes[k] for k in at]
+            by: list[str | None] = []
+            replies = self._working_group(node, [batch[i] for i in group], by)
+            for i, result, node_id in zip(group, replies, by, strict=True):
+                results[i] = result
+                answered[i] = node_id
+
+    def _working_own_node(self, batch: list[Arg], doubtful: list[int],
+                          results: list[Any], answered: list[str | None]) -> None:
+        """NOJOB from a node that is not the job's own: ask the job's node."""
+        if any(self._table.node_by_prefix(str(job_node_prefix(batch[i]))) is None
+               for i in doubtful):
+            # A node that joined after our last HELLO: ask the table again.
+            try:
+                self.hello()
+            except DisqueError as exc:
+                log.info("job routing: HELLO to refresh the node table failed: %s", exc)
+        routable = [i for i in doubtful if self._route_one(batch[i]) is not None]
+        if routable:
+            self._working_routed(batch, routable, results, answered)
+        # The job's node could not be asked (down, leaving): a copy may be on
+        # another node, whose WORKING keeps the lease there.
+        unasked = [i for i in doubtful if isinstance(results[i], NoJob)
+                   and not answered_by_own_node(batch[i], answered[i])]
+        for node in list(self._table.nodes.values()):
+            if not unasked:
+                break
+            if (self._table.priority(node.id) >= LEAVING_PRIORITY
+                    or self._table.address_of(node.id) is None):
+                continue
+            # Not the node that said NOJOB already, nor the job's own (down).
+            ask = [i for i in unasked if answered[i] != node.id
+                   and not answered_by_own_node(batch[i], node.id)]
+            if not ask:
+                continue
+            replies = self._working_group(node.id, [batch[i] for i in ask], [])
+            for i, reply in zip(ask, replies, strict=True):
+                if not isinstance(reply, NoJob):
+                    results[i] = reply  # that node holds a copy: its answer is the job's
+                    answered[i] = node.id
+            unasked = [i for i in unasked if isinstance(results[i], NoJob)]
+        for i in doubtful:
+            prefix, by = job_node_prefix(batch[i]), answered[i]
+            if (isinstance(results[i], NoJob) and not answered_by_own_node(batch[i], by)
+                    and self._table.node_by_prefix(str(prefix)) is not None):
+                # A node of the cluster that could not be asked (failing,
+                # leaving, unreachable). A node the cluster does not know
+                # (forgotten, or no node's ID) leaves the NOJOB as it is.
+                where = by[:8] if by else "the connected node"
+                results[i] = ConnectionFailed(
+                    f"WORKING {batch[i]!r}: its node {prefix} could not be asked "
+                    f"(failing, leaving or unreachable), and {where} holds no copy", {})
+
+    def _working_group(self, node: str | None, ids: list[Arg],
+                       answered: list[str | None]) -> list[Any]:
+        """WORKINGS by the thousand where the node has it, else one WORKING per
+        ID; ``answered`` gets the ID of the node that answered each ID."""
         key = self._node_id if node is None else node
         if key not in self._no_bulk_working:
             reqs = [w.workings(group) for group in chunks(ids, w.WORKINGS_IDS)]
-            replies = self._execute_many_routed(node, reqs)
+            by: list[str | None] = []
+            replies = self._execute_many_routed(node, reqs, by)
             if not any(isinstance(r, DisqueError) for r in replies):
+                answered[:] = [node_id for reply, node_id in zip(replies, by, strict=True)
+                               for _ in reply]
                 return [result for reply in replies for result in reply]
             if any(w.is_unknown_command(r) for r in replies):
                 self._no_bulk_working.add(key)
             # Else a whole-command error (-BADID): one WORKING per ID tells
             # which ID it concerns, as without the extension.
-        return self._execute_many_routed(node, w.working_requests(ids))
+        return self._execute_many_routed(node, w.working_requests(ids), answered)
 
     def show(self, job_id: Arg) -> dict[str, Any] | None:
         """SHOW: the job's fields as a dict (``body`` stays bytes), or None.
@@ -733,6 +842,7 @@ class Client(ClientBase):
         Asked of the job's creator first; of the connected node when the
         creator has no copy (replicated externally, or already deleted).
         """
+        self._learn_cluster()
         node = self._route_one(job_id)
         shown = self._execute_routed(node, w.show(job_id))
         if shown is None and node is not None:

@@ -5,16 +5,19 @@
         tests/spark/cluster_app.py sink NODES QUEUE ROWS [--partitions N] [--batch-size N]
     ... cluster_app.py stream NODES QUEUE WORKDIR --staging URI [--fetch-mode M]
         [--available-now] [--max-jobs N] [--partitions N] [--batch-delay S]
+        [--progress FILE]
 
 Run by file path from a directory outside the checkout, as a user's job is:
 it imports only pyspark and, through the short name, the connector.
 
 ``sink`` writes ROWS rows ``row-<i>`` (dedup key ``key-<i>``, IDMP on) and
 prints ``written``. ``stream`` reads QUEUE and writes each micro-batch's job
-IDs to ``WORKDIR/out/batch-<id>.parquet`` with foreachBatch on the driver (a
-replayed batch overwrites its own file: duplicates in the union of the files
-are jobs delivered twice); the checkpoint is ``WORKDIR/checkpoint``; it
-prints ``DONE`` when an availableNow run ends.
+IDs (and ``additional_deliveries``) to ``WORKDIR/out/batch-<id>.parquet`` with
+foreachBatch on the driver (a replayed batch overwrites its own file:
+duplicates in the union of the files are jobs delivered twice); the
+checkpoint is ``WORKDIR/checkpoint``; it prints ``DONE`` when an
+availableNow run ends, and writes each progress report's time and the
+source's figures (its ``endOffset``) to ``--progress`` FILE.
 """
 
 from __future__ import annotations
@@ -52,15 +55,18 @@ def stream(args: argparse.Namespace) -> None:
     out.mkdir(parents=True, exist_ok=True)
 
     def write_batch(df, batch_id: int) -> None:
-        ids = [r.id for r in df.select("id").collect()]
+        (args.workdir / "started").write_text(str(batch_id))
+        rows = df.select("id", "additional_deliveries").collect()
         if args.batch_delay:
             time.sleep(args.batch_delay)  # a slow sink: the window the tests kill in
-        if ids:
+        if rows:
             import pyarrow as pa
             import pyarrow.parquet as pq
 
             tmp = out / f".batch-{batch_id}.tmp"
-            pq.write_table(pa.table({"id": ids}), tmp)
+            pq.write_table(pa.table({"id": [r.id for r in rows],
+                                     "redelivered": [r.additional_deliveries for r in rows]}),
+                           tmp)
             os.replace(tmp, out / f"batch-{batch_id:06d}.parquet")
         (args.workdir / "progress").write_text(str(batch_id))
 
@@ -77,6 +83,13 @@ def stream(args: argparse.Namespace) -> None:
               else writer.trigger(processingTime="100 milliseconds"))
     query = writer.start()
     query.awaitTermination()
+    if args.progress is not None:
+        import json
+
+        reports = [json.loads(p.json) for p in query.recentProgress]
+        args.progress.write_text(json.dumps(
+            [{"timestamp": r["timestamp"], "figures": r["sources"][0]["endOffset"]}
+             for r in reports]))
     if query.exception() is not None:
         raise SystemExit(f"query failed: {query.exception()}")
     print("DONE", flush=True)
@@ -102,6 +115,7 @@ def main() -> None:
     stream_args.add_argument("--max-jobs", type=int, default=200)
     stream_args.add_argument("--partitions", type=int, default=2)
     stream_args.add_argument("--batch-delay", type=float, default=0.0)
+    stream_args.add_argument("--progress", type=Path)
     args = parser.parse_args()
     {"sink": sink, "stream": stream}[args.command](args)
 

@@ -7,7 +7,10 @@ jobs to queue ``cq`` through the sink; a batch read of them (peek); then,
 unless ``--batch-only``, the source in driver and in executor fetch mode
 (availableNow, each into Parquet under WORKDIR) and the sink as a stream.
 ``--artifacts`` adds ZIP to the session first (``addArtifacts(pyfile=True)``).
-Prints one JSON line: what each step saw.
+Prints one JSON line: what each step saw. A source query that fails does so
+after ``start()`` returned: the line then says which query, that it was
+active after ``start()``, and the error of ``awaitTermination()``; the exit
+status is 3.
 """
 
 from __future__ import annotations
@@ -50,7 +53,14 @@ def main() -> None:
                      .option("path", f"{args.workdir}/out-{mode}")
                      .option("checkpointLocation", f"{args.workdir}/checkpoint-{mode}")
                      .trigger(availableNow=True).start())
-            query.awaitTermination()
+            active = query.isActive  # start() returned: where does a failure show?
+            try:
+                query.awaitTermination()
+            except Exception as exc:
+                seen.update(failed=mode, active_after_start=int(active),
+                            failed_at="awaitTermination", error=str(exc)[:3000])
+                print(json.dumps(seen), flush=True)
+                raise SystemExit(3) from None
             seen[mode] = spark.read.parquet(f"{args.workdir}/out-{mode}").count()
             if mode == "driver":  # more jobs for the executor-mode query
                 (spark.range(0, 30).selectExpr("concat('d-', cast(id as string)) as body")

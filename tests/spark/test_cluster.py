@@ -12,6 +12,7 @@ cannot be reached and ADDJOB answers -NOREPL, as in the original Disque.
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pyarrow as pa
@@ -120,6 +121,47 @@ def test_source_reads_every_node_from_one_seed(cluster, tmp_path: Path, fetch_mo
         reader.stop()
 
 
+def test_a_live_batch_stays_leased_when_the_seed_holds_none_of_its_jobs(
+        cluster, tmp_path: Path) -> None:
+    """Heartbeats go to each job's own node from the first one on.
+
+    The seed holds no copy of the jobs (REPLICATE 1 on the two other nodes):
+    a WORKING sent to it answers NOJOB. A competing consumer polls every node
+    for three times the jobs' RETRY while the batch is held: it gets none of
+    them, and no lease is counted lost.
+    """
+    seed, b, c = cluster
+    produced = []
+    for node in (b, c):
+        with on(node) as client:
+            produced += client.add_jobs("events", [f"{node.port}-{i}" for i in range(20)],
+                                        replicate=1, retry=2)
+    reader = reader_for(seed, tmp_path / "staging", maxJobsPerTrigger="1000")
+    competitor_got: list[str] = []
+    try:
+        assert reader.latestOffset({"batch": 0}, reader.getDefaultReadLimit())["batch"] == 1
+        held = set(reader.driver.tables[1].column("id").to_pylist())
+        with on(seed) as client:
+            elsewhere = {i for i in held if client.show(i) is None}
+        assert len(elsewhere) >= 20, "most of the batch should have no copy on the seed"
+        competitors = [on(n) for n in cluster]
+        deadline = time.monotonic() + 3 * 2  # three times the jobs' RETRY
+        while time.monotonic() < deadline:
+            for competitor in competitors:
+                jobs = competitor.get_jobs("events", count=100, nohang=True)
+                competitor_got += [j.id for j in jobs]
+            time.sleep(0.05)  # a consumer's poll interval, not a wait for a condition
+        for competitor in competitors:
+            competitor.close()
+        metrics = reader.reportLatestOffset()
+        reader.commit({"batch": 1})
+    finally:
+        reader.stop()
+    assert not set(competitor_got) & held
+    assert metrics["leasesLost"] == 0
+    assert metrics["jobsLeased"] == len(held)
+
+
 def test_source_acks_and_keeps_reading_after_a_node_is_killed(cluster, tmp_path: Path) -> None:
     produced = add_on_each(cluster, "events", 30, "k", retry=1)
     reader = reader_for(cluster[0], tmp_path / "staging", maxJobsPerTrigger="1000")
@@ -195,6 +237,29 @@ def test_batch_read_finds_every_node_from_one_seed(spark, cluster) -> None:
     assert read() == sorted(produced)                            # peeked on every node
     assert read(drain="true") == sorted(produced)
     assert not [n for n in cluster if on(n).qlen("scan")]
+
+
+def test_a_batch_drain_from_one_seed_reads_every_job_of_the_cluster(spark, cluster) -> None:
+    """A drain takes what was queued when it started, on every node, also when
+    the same queue is drained again and again (20 runs of 60 jobs).
+
+    A partition that found its queue empty with a GETJOB (here every one:
+    20 jobs per node, fetched 10 per GETJOB) would ask the other nodes for
+    jobs (federation), which would then move to its node after it ended,
+    from the node whose partition had not started yet (two of the three
+    partitions run at a time): the drain asks QLEN before each GETJOB instead.
+    """
+    seed = addr(cluster[0])
+    counts = []
+    for run in range(20):
+        produced = add_on_each(cluster, "drained", 20, f"r{run}-")
+        rows = (spark.read.format("disque").option("nodes", seed).option("queues", "drained")
+                .option("drain", "true").option("fetchBatchSize", "10").load()
+                .select("id").collect())
+        counts.append(len(rows))
+        assert sorted(r.id for r in rows) == sorted(produced), f"run {run}: {counts}"
+        assert not [n for n in cluster if on(n).qlen("drained")]
+    assert counts == [60] * 20
 
 
 # --------------------------------------------------------------------------

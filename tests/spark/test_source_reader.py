@@ -14,6 +14,7 @@ ahead.
 
 from __future__ import annotations
 
+import logging
 import re
 from pathlib import Path
 
@@ -53,6 +54,11 @@ def rows(reader: DisqueStreamReader, start: int, end: int) -> list[dict]:
         for batch in reader.read(part):
             out.extend(batch.to_pylist())
     return out
+
+
+def same_batch(offset: dict, other: dict) -> bool:
+    """Two offsets name the same batch (their figures, progress.py, may differ)."""
+    return (offset["batch"], offset.get("jobs")) == (other["batch"], other.get("jobs"))
 
 
 def registered(client: Client) -> int:
@@ -130,7 +136,7 @@ def test_orphan_staged_batch_is_reused_not_refetched(server, client: Client,
     staged = rows(first, 4, end["batch"])
     first.driver.keeper.stop()  # crash before Spark wrote the offset
     second = make_reader(server, tmp_path / "s")
-    assert second.latestOffset({"batch": 4}, ReadMaxRows(20)) == end
+    assert same_batch(second.latestOffset({"batch": 4}, ReadMaxRows(20)), end)
     assert rows(second, 4, end["batch"]) == staged
     assert client.qlen("q") == 10  # nothing more was fetched
     second.stop()
@@ -148,7 +154,7 @@ def test_half_written_batch_directory_is_promoted_or_dropped(server, client: Cli
     seventh.mkdir()
     (seventh / ".tmp-x").write_bytes(b"partial")
     second = make_reader(server, tmp_path / "s")
-    assert second.latestOffset({"batch": 0}, ReadMaxRows(5)) == end
+    assert same_batch(second.latestOffset({"batch": 0}, ReadMaxRows(5)), end)
     assert [r["body"] for r in rows(second, 0, 1)] == [f"b{i}".encode() for i in range(5)]
     assert not seventh.exists()
     second.stop()
@@ -177,6 +183,46 @@ def test_restart_renews_leases_first(server, client: Client, tmp_path: Path) -> 
     keeper = second.driver.keeper  # recovery happens on first use, before any offset call
     assert keeper.heartbeats_sent == 1
     second.stop()
+
+
+@pytest.mark.parametrize("heartbeats", [0, 2])
+def test_a_restart_after_the_leases_ran_out_says_so(server, client: Client, tmp_path: Path,
+                                                    caplog, heartbeats: int) -> None:
+    """Back after RETRY (before the first heartbeat, or after some): a warning
+    that names the batch, its jobs and their RETRY; the leases count as lost."""
+    ids = client.add_jobs("q", [b"a", b"b", b"c"], retry=2)
+    first = make_reader(server, tmp_path / "s")
+    first.latestOffset({"batch": 0}, ReadMaxRows(10))
+    keeper = first.driver.keeper
+    wait_for(lambda: keeper.heartbeats_sent >= 3 * heartbeats, timeout=15)
+    first.driver.keeper.stop()  # the driver dies: no more heartbeats, no ACK
+    # Away for longer than RETRY: the node queues the jobs again.
+    wait_for(lambda: {client.show(i)["state"] for i in ids} == {"queued"}, timeout=15)
+    with caplog.at_level(logging.WARNING, logger="spark_connector"):
+        second = make_reader(server, tmp_path / "s")
+        try:
+            metrics = second.reportLatestOffset()  # recovery: the driver side's start
+            retry = "RETRY 2 s" if heartbeats else "their RETRY"
+            assert re.search(rf"batch 1: the leases of its 3 staged jobs ran out \d+ s before "
+                             rf"this restart \({retry}; leased until ", caplog.text), caplog.text
+            assert metrics["leasesLost"] == 3
+        finally:
+            second.stop()
+
+
+def test_a_restart_within_retry_warns_of_nothing(server, client: Client, tmp_path: Path,
+                                                 caplog) -> None:
+    client.add_jobs("q", [b"a", b"b"], retry=60)
+    first = make_reader(server, tmp_path / "s")
+    first.latestOffset({"batch": 0}, ReadMaxRows(10))
+    first.driver.keeper.stop()
+    with caplog.at_level(logging.WARNING, logger="spark_connector"):
+        second = make_reader(server, tmp_path / "s")
+        try:
+            assert second.reportLatestOffset()["leasesLost"] == 0
+        finally:
+            second.stop()
+    assert "ran out" not in caplog.text
 
 
 def test_lost_lease_is_counted(server, client: Client, tmp_path: Path) -> None:

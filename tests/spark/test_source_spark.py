@@ -44,8 +44,9 @@ def test_available_now_drains_the_queue_exactly_once(spark, server, tmp_path: Pa
     assert sorted(ids) == sorted(produced)  # every job, exactly once
     assert client.qlen("events") == 0 and registered(client) == 0  # all ACKed
     assert StagingArea(tmp_path / "staging").batches() == []
-    # The source's counters ride along in the progress' latestOffset.
-    progress = json.loads(query.lastProgress["sources"][0]["latestOffset"])
+    # The source's counters ride along in the progress' endOffset (and latestOffset).
+    progress = json.loads(query.lastProgress["sources"][0]["endOffset"])
+    assert json.loads(query.lastProgress["sources"][0]["latestOffset"])["jobsAcked"] == 2500
     assert progress["jobsFetched"] == 2500 and progress["redeliveredSeen"] == 0
     assert progress["jobsAcked"] == 2500 and progress["jobsLeased"] == 0
     bodies = spark.sql("select body from drain_once where body like '{\"n\": 7}'").collect()
@@ -201,3 +202,17 @@ def test_a_rate_limited_queue_is_read_at_its_rate_and_reported(spark, server,
     progress = json.loads(query.lastProgress["sources"][0]["latestOffset"])
     assert progress["rateLimited"] >= 1
     assert registered(client) == 0
+
+
+def test_spark_real_time_mode_takes_no_python_source(spark, server, tmp_path: Path) -> None:
+    """Spark's real-time mode (4.1+) refuses Python data sources: docs/SPARK.md
+    ("Latency") says so and what a query gets instead."""
+    writer = (stream(spark, server, tmp_path).writeStream.format("console")
+              .outputMode("update").option("checkpointLocation", str(tmp_path / "checkpoint"))
+              .trigger(realTime="5 seconds"))
+    with pytest.raises(Exception, match=r"REAL_TIME_MODE\.INPUT_STREAM_NOT_SUPPORTED"):
+        query = writer.start()
+        try:
+            query.awaitTermination(120)
+        finally:
+            query.stop()

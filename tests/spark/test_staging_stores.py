@@ -11,12 +11,17 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from pyspark.sql.streaming.datasource import ReadMaxRows
 
 from disque.client import Client
+from spark_connector import executor_read, stores
 from spark_connector.executor_read import fetch_or_replay, publish_fetched
 from spark_connector.fetch import fetch_table
 from spark_connector.options import OptionError, SourceConfig
@@ -47,7 +52,7 @@ def test_a_driver_restarted_elsewhere_replays_and_acknowledges_from_s3(
     monkeypatch.chdir(tmp_path.joinpath("host-a").mkdir() or tmp_path / "host-a")
     first = make_reader(server, uri)
     end = first.latestOffset({"batch": 0}, ReadMaxRows(10))
-    assert end == {"batch": 1, "jobs": 10}
+    assert (end["batch"], end["jobs"]) == (1, 10)
     staged = ids_of(first, 0, 1)
     assert staged == ids[:10]
     assert "queries/q1/batch-000000000001/plan.json" in s3.keys(s3.bucket_name)
@@ -200,3 +205,127 @@ def test_a_committed_batch_whose_staging_is_lost_is_reported(server, client: Cli
     finally:
         second.stop()
     assert os.path.exists(tmp_path / "elsewhere" / "acked.json")
+
+
+# --------------------------------------------------------------------------
+# A store that cannot be used: found before any job is taken
+# --------------------------------------------------------------------------
+
+def untouched(client: Client, queue: str, count: int) -> bool:
+    """All ``count`` jobs still queued: none was taken (leased) by the source."""
+    return client.qlen(queue) == count and registered(client) == count
+
+
+@pytest.mark.parametrize("fetch_mode", ["driver", "executor"])
+def test_an_unusable_store_fails_the_query_before_any_job_is_taken(
+        server, client: Client, s3, unused_port: int, monkeypatch, fetch_mode: str) -> None:
+    client.add_jobs("q", [b"%d" % i for i in range(5)])
+
+    def first_batch(uri: str) -> None:
+        make_reader(server, uri, fetchMode=fetch_mode).latestOffset({"batch": 0},
+                                                                   ReadMaxRows(10))
+
+    with pytest.raises(OptionError, match=r"scheme 'nosuch'"):
+        first_batch("nosuch://bucket/x")
+    with pytest.raises(OptionError, match=r"s3://missing-bucket/x .*the bucket does not exist"):
+        first_batch("s3://missing-bucket/x")
+    with monkeypatch.context() as env:
+        env.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{unused_port}")
+        with pytest.raises(OptionError, match="the endpoint cannot be reached"):
+            first_batch(f"s3://{s3.bucket_name}/x")
+    assert untouched(client, "q", 5)
+
+
+def test_executor_mode_names_a_missing_boto3_or_credentials_on_the_driver(
+        server, client: Client, s3, tmp_path: Path, monkeypatch) -> None:
+    client.add_jobs("q", [b"%d" % i for i in range(5)])
+    uri = f"s3://{s3.bucket_name}/x"
+    with monkeypatch.context() as env:
+        env.setitem(sys.modules, "boto3", None)  # not installed: import fails
+        with pytest.raises(OptionError, match=r"create \(fetchMode=executor\): boto3 is "
+                                              r"missing \(pip install boto3\)"):
+            make_reader(server, uri, fetchMode="executor").latestOffset({"batch": 0},
+                                                                        ReadMaxRows(10))
+    with monkeypatch.context() as env:
+        for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+            env.delenv(name)
+        env.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+        env.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+        stores._boto3_clients.clear()  # made with the credentials of other tests
+        with pytest.raises(OptionError, match="the credentials are missing or refused"):
+            make_reader(server, uri, fetchMode="executor").latestOffset({"batch": 0},
+                                                                        ReadMaxRows(10))
+    stores._boto3_clients.clear()
+    assert untouched(client, "q", 5)
+    # Driver fetch mode does not use boto3: a driver without it stages on S3.
+    with monkeypatch.context() as env:
+        env.setitem(sys.modules, "boto3", None)
+        reader = make_reader(server, uri)
+        try:
+            end = reader.latestOffset({"batch": 0}, ReadMaxRows(10))
+            assert (end["batch"], end["jobs"]) == (1, 5)
+        finally:
+            reader.stop()
+
+
+def test_an_executor_without_boto3_fails_its_task_before_its_fetch(
+        server, client: Client, s3, monkeypatch) -> None:
+    client.add_jobs("q", [b"%d" % i for i in range(6)])
+    reader = make_reader(server, f"s3://{s3.bucket_name}/e", fetchMode="executor")
+    try:
+        reader.latestOffset({"batch": 0}, ReadMaxRows(6))  # the driver has boto3
+        (part,) = reader.partitions({"batch": 0}, {"batch": 1})
+        with monkeypatch.context() as env:  # the executor's Python has not
+            env.setitem(sys.modules, "boto3", None)
+            env.setattr(executor_read, "_publishable", set())
+            for _attempt in range(4):  # Spark's task attempts on a cluster
+                with pytest.raises(RuntimeError, match=r"cannot publish to stagingPath; no job "
+                                                       r"was fetched.*boto3 is missing"):
+                    fetch_or_replay(part)
+        assert untouched(client, "q", 6)
+    finally:
+        reader.stop()
+
+
+@pytest.fixture
+def tiny_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 64 KiB tmpfs: staging that runs out of space (a batch of 80 KB does not fit)."""
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        pytest.skip("needs root to mount a small tmpfs (a disk that fills up)")
+    path = tmp_path / "tiny"
+    path.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "disque-test-tiny", str(path)],
+                   check=True, timeout=30)
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=False, timeout=30)
+
+
+def test_a_task_that_fails_after_its_fetch_gives_its_jobs_back(
+        server, client: Client, tiny_disk: Path) -> None:
+    ids = client.add_jobs("q", [b"x" * 2000 for _ in range(40)])
+    reader = make_reader(server, str(tiny_disk / "staging"), fetchMode="executor")
+    try:
+        reader.latestOffset({"batch": 0}, ReadMaxRows(40))
+        (part,) = reader.partitions({"batch": 0}, {"batch": 1})
+        with pytest.raises(OSError):
+            fetch_or_replay(part)
+        # Queued again (ENQUEUE) before the task raised: not leased until RETRY.
+        assert client.qlen("q") == 40
+        assert {client.show(i)["state"] for i in ids} == {"queued"}
+    finally:
+        reader.stop()
+
+
+def test_a_driver_batch_that_cannot_be_staged_gives_its_jobs_back(
+        server, client: Client, tiny_disk: Path) -> None:
+    ids = client.add_jobs("q", [b"x" * 2000 for _ in range(40)])
+    reader = make_reader(server, str(tiny_disk / "staging"))
+    try:
+        with pytest.raises(OSError):  # 80 KB of bodies on a 64 KiB disk
+            reader.latestOffset({"batch": 0}, ReadMaxRows(40))
+        assert client.qlen("q") == 40
+        assert {client.show(i)["state"] for i in ids} == {"queued"}
+    finally:
+        reader.stop()

@@ -8,7 +8,8 @@ with ``hide=[...]`` runs in its own mount namespace (``unshare -m``) with an
 empty tmpfs over each of those directories: its executors cannot see the
 driver's files, nor the checkout, so the connector must reach them the way
 it reaches a real cluster (``spark.submit.pyFiles``, staging on shared
-storage).
+storage). The interpreter's own prefix and Spark's home stay (:func:`kept`):
+a venv inside the checkout, as the README sets one up, is still there.
 """
 
 from __future__ import annotations
@@ -27,8 +28,8 @@ from pathlib import Path
 from spark_connector.pyspark_zips import spark_home
 from tests.support.process import wait_for
 
-__all__ = ["SparkStandalone", "Worker", "can_hide", "driver_conf", "kill_group", "spark_home",
-           "standalone_cluster", "submit"]
+__all__ = ["SparkStandalone", "Worker", "can_hide", "driver_conf", "hiding", "kept", "kill_group",
+           "spark_home", "standalone_cluster", "submit"]
 
 MASTER_URL = re.compile(r"Starting Spark master at (spark://\S+)")
 WORKER_REGISTERED = re.compile(r"Successfully registered with master")
@@ -41,6 +42,46 @@ def can_hide() -> bool:
     probe = subprocess.run(["unshare", "-m", "--propagation", "private", "true"],
                            capture_output=True, timeout=30)
     return probe.returncode == 0
+
+
+def kept(hide: Sequence[Path]) -> list[Path]:
+    """What hiding ``hide`` must leave in place: the interpreter's prefix (a
+    venv) and Spark's home, when they lie under a hidden directory.
+
+    The README sets up a venv inside the checkout (``.venv``), with pyspark
+    in it; hiding the checkout from a worker must not take away the Python
+    it runs (``spark.pyspark.python``) nor ``spark-class``. The project
+    stays hidden: the venv's editable install points into the checkout.
+    """
+    hidden = [Path(os.path.abspath(p)) for p in hide]
+    out: list[Path] = []
+    for path in (Path(os.path.abspath(sys.prefix)), spark_home()):
+        if any(path.is_relative_to(h) for h in hidden) and not any(
+                path.is_relative_to(k) for k in out):
+            out.append(path)
+    return out
+
+
+def hiding(hide: Sequence[Path], stash: Path, argv: Sequence[str], *, size: str = "64m",
+           before: str = "") -> list[str]:
+    """``argv`` run in its own mount namespace with an empty tmpfs over each of
+    ``hide``, except what :func:`kept` keeps, bound back in place (through
+    ``stash``, a directory outside the hidden ones). ``before``: shell
+    commands to run once the mounts are made."""
+    keep = kept(hide)
+    steps = []
+    for i, path in enumerate(keep):  # reachable while its parent is hidden
+        steps += [f"mkdir -p {shlex.quote(str(stash / str(i)))}",
+                  f"mount --bind {shlex.quote(str(path))} {shlex.quote(str(stash / str(i)))}"]
+    steps += [f"mount -t tmpfs -o size={size} disque-test-hidden {shlex.quote(str(p))}"
+              for p in hide]
+    for i, path in enumerate(keep):
+        steps += [f"mkdir -p {shlex.quote(str(path))}",
+                  f"mount --bind {shlex.quote(str(stash / str(i)))} {shlex.quote(str(path))}"]
+    if before:
+        steps.append(before)
+    script = " && ".join([*steps, f"exec {shlex.join(argv)}"])
+    return ["unshare", "-m", "--propagation", "private", "sh", "-c", script]
 
 
 def base_env() -> dict[str, str]:
@@ -115,11 +156,8 @@ class SparkStandalone:
             # Private mounts: the empty tmpfs over each hidden directory is
             # seen by this worker and its executors only. Its work directory
             # is made after, so it may lie under a hidden one.
-            mounts = " && ".join(
-                f"mount -t tmpfs -o size=64m disque-test-hidden {shlex.quote(str(p))}"
-                for p in hide)
-            script = f"{mounts} && mkdir -p {shlex.quote(str(workdir))} && exec {shlex.join(argv)}"
-            argv = ["unshare", "-m", "--propagation", "private", "sh", "-c", script]
+            argv = hiding(hide, self.root / f"{name}-kept", argv,
+                          before=f"mkdir -p {shlex.quote(str(workdir))}")
         else:
             workdir.mkdir(parents=True, exist_ok=True)
         worker = Worker(name, self._spawn(argv, log, base_env()), log, workdir, hide)

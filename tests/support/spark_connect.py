@@ -3,13 +3,13 @@
 ``spark-submit --class ...SparkConnectServer`` on ``local[2]``, gRPC on
 127.0.0.1 with a port the kernel picks (read back from its log). With
 ``hide=[...]`` it runs in its own mount namespace with an empty directory
-over each of those paths: a server whose Python lacks the project.
+over each of those paths: a server whose Python lacks the project (the
+interpreter's prefix and Spark's home stay, spark_cluster.kept).
 """
 
 from __future__ import annotations
 
 import re
-import shlex
 import subprocess
 import sys
 from collections.abc import Iterator, Sequence
@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from tests.support.process import wait_for
-from tests.support.spark_cluster import base_env, kill_group, spark_home
+from tests.support.spark_cluster import base_env, hiding, kill_group, spark_home
 
 __all__ = ["connect_server"]
 
@@ -36,10 +36,7 @@ def connect_server(root: Path, hide: Sequence[Path] = ()) -> Iterator[str]:
             "--conf", "spark.driver.host=127.0.0.1",
             "--conf", "spark.ui.enabled=false"]
     if hide:
-        mounts = " && ".join(f"mount -t tmpfs -o size=16m disque-test-hidden {shlex.quote(str(p))}"
-                             for p in hide)
-        argv = ["unshare", "-m", "--propagation", "private", "sh", "-c",
-                f"{mounts} && exec {shlex.join(argv)}"]
+        argv = hiding(hide, root / "kept", argv, size="16m")
     with open(log, "ab") as out:
         proc = subprocess.Popen(argv, cwd=root, stdout=out, stderr=subprocess.STDOUT,
                                 start_new_session=True,
