@@ -125,6 +125,12 @@ BLOCKS: dict[tuple[str, str], str] = {
     ("docs/CLIENT.md", "from disque import AsyncClient"): HERE,
     ("docs/CLIENT.md", "DisqueError"): "a diagram of the exception tree",
     ("docs/CLIENT.md", "disque [-h HOST]"): "a usage synopsis; tests/client/test_cli.py",
+    ("docs/BENCHMARKS.md", "DISQUE_INTERPRETED=1 python3 -m benchmarks.console"):
+        "fills a node with a million jobs for minutes; tests/benchmarks/"
+        "test_console_smoke.py runs the same command with --smoke",
+    ("docs/CLIENT.md", "$ disque redrive orders:dead"):
+        "sample output with a fixed path; tests/client/test_redrive.py runs the command "
+        "with these options (--rate, --journal, and the others) against real nodes",
     ("docs/PERSISTENCE.md", "*3\\r\\n$7\\r\\nLOADJOB"): "the record format, not a command",
     ("docs/EXTENSIONS.md", '127.0.0.1:7711> ADDJOB orders "..." 0 RETRY 5 BACKOFF 300'):
         "a CLI session with placeholders; tests/server/test_backoff_deadletter_server.py "
@@ -189,7 +195,9 @@ BLOCKS: dict[tuple[str, str], str] = {
     ("docs/SPARK.md", "import spark_connector"): HERE,
     ("docs/SPARK.md", '"""Copy the jobs of queue \'orders\''): HERE,
     ("docs/SPARK.md", "import json"):
-        "needs a query: tests/spark/test_source_spark.py reads the same expression",
+        "needs a query: tests/spark/test_source_faults.py "
+        "(test_driver_sigkill_mid_batch_loses_nothing) runs it on every progress report of a "
+        "restarted query, the replayed batch's included",
     ("docs/SPARK.md", "jobs = (spark.readStream.format(\"disque\")"):
         "fragments (no sink); tests/spark/test_cluster.py runs the cluster one's options from "
         "one seed against three nodes (test_stream_from_the_cluster_to_the_cluster_survives_"
@@ -221,6 +229,10 @@ BLOCKS: dict[tuple[str, str], str] = {
         "podman-compose",
     ("docker/README.md", "docker compose -f docker/compose.yaml run --rm spark"):
         "needs Docker (see above)",
+    ("docker/README.md", "docker compose -f docker/compose.yaml --profile console up"):
+        "needs Docker; tests/docker/test_console_service.py runs the console service's "
+        "command as a process over three nodes, tests/docker/test_docker_files.py checks "
+        "the service and docker/Dockerfile.console",
     ("docs/DEPLOY.md", "kubectl create secret generic disque-cluster-secret"):
         "needs a Kubernetes cluster: tests/deploy/test_deploy_doc.py runs the secret command "
         "with --dry-run=client and renders the kustomization; tests/deploy/"
@@ -236,6 +248,12 @@ BLOCKS: dict[tuple[str, str], str] = {
         "build arguments",
     ("docs/SERVER.md", "edges       connection"):
         "a drawing of the node's layers; tests/test_node_map.py checks the table under it",
+    ("docs/CONSOLE.md", "python3 -m pip install -e '.[console]'"):
+        "fixed ports and paths; tests/console/conftest.py starts the console the same way "
+        "(--nodes, --data-dir, --port 0) and every test there talks to it",
+    ("docs/CONSOLE.md", "curl -s -u team-a:secret"):
+        "needs a console and users; tests/console/test_users.py "
+        "(test_scripts_use_basic_auth_on_the_api) calls the API with Basic authentication",
     ("docker/README.md", "DISQUE_CONFIG_FILE=none DISQUE_DATA_DIR=/tmp/disque"):
         "tests/docker/test_docker_files.py runs the entrypoint the same way (on free ports)",
 }

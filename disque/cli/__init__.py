@@ -4,6 +4,7 @@ Usage::
 
     disque [-h HOST] [-p PORT] [-a PASSWORD] [--raw | --no-raw] [command [arg ...]]
     disque [...] monitor-queues [--interval S] [--count N] [--minlen N]
+    disque [...] redrive DEADQUEUE [--to QUEUE] [--rate N] [--journal FILE]
 
 With a command it runs it once, prints the reply and exits (status 1 if the
 reply is an error or no connection could be made).  Without one it opens an
@@ -19,9 +20,12 @@ are always printed as raw text, as redis-cli does.
 
 ``monitor-queues`` is a live QSTAT view: every ``--interval`` seconds it
 lists the node's queues (QSCAN) with their QSTAT counters and in/out rates.
+``redrive`` moves the jobs of a dead-letter queue back to the queue each died
+in, without losing or duplicating one (:mod:`~disque.cli.redrive`).
 
 The rooms: :mod:`~disque.cli.format` prints replies, :mod:`~disque.cli.monitor`
-is ``monitor-queues``, :mod:`~disque.cli.session` runs one command on a
+is ``monitor-queues``, :mod:`~disque.cli.redrive` is ``redrive``,
+:mod:`~disque.cli.session` runs one command on a
 :class:`disque.Client`, :mod:`~disque.cli.prompt` is the interactive
 prompt and :mod:`~disque.cli.main` the program's options.
 """

@@ -32,6 +32,7 @@ Disque commands (see the Disque README for details):
   INFO [section]  HELLO  PING  CLUSTER MEET ip port | LEAVING [yes|no] | NODES | INFO | ...
 Client commands:
   monitor-queues [--interval S] [--count N] [--minlen N]   live QSTAT view (Ctrl-C stops)
+  redrive DEADQUEUE [--to QUEUE] [--rate N] [--journal FILE]  dead letters back to their queue
   help   clear   quit   exit
 """
 

@@ -25,6 +25,7 @@ from ..client._cluster import format_address
 from ..exceptions import ConnectionFailed, DisqueError, ResponseError, error_from_reply
 from .format import Status, always_raw, format_reply
 from .monitor import monitor_args, monitor_queues
+from .redrive import redrive
 
 __all__ = ["EXIT_ERROR", "EXIT_OK", "WAIT_HINT_AFTER_S", "Cli", "CliClient",
            "CliParser", "isatty", "waiting_hint"]
@@ -205,6 +206,9 @@ class Cli:
             except KeyboardInterrupt:
                 self.out.write(b"\n")
             return EXIT_OK
+        if name == b"redrive":
+            return redrive(self.options, [os.fsdecode(a) for a in args[1:]], self.out,
+                           self.err)
         if name == b"shutdown":
             return self._shutdown(args)
         hint = waiting_hint(args) if isatty(self.err) else None

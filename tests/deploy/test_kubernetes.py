@@ -310,3 +310,133 @@ def test_ready_waits_for_a_peer(tmp_path: Path) -> None:
         assert pod.ready().returncode == 0  # no peers to wait for
     finally:
         pod.stop()
+
+
+# --------------------------------------------------------------------------
+# The web console: an optional component (deploy/kubernetes/console/)
+# --------------------------------------------------------------------------
+
+CONSOLE = KUBE / "console"
+
+
+def rendered_with_console(tmp_path: Path) -> list[dict[str, Any]]:
+    """What an overlay of deploy/kubernetes/ with the console component renders.
+
+    Kustomize refuses an overlay inside its base's directory (a cycle) and
+    absolute paths, so the overlay is made in a temporary directory with
+    relative ones, as a user's own overlay would be.
+    """
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        pytest.skip("rendering a kustomization with a component needs kubectl "
+                    "(Debian's kubectl package)")
+    base = os.path.relpath(KUBE, tmp_path)
+    (tmp_path / "kustomization.yaml").write_text(
+        "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n"
+        f"resources:\n  - {base}\ncomponents:\n  - {base}/console\n")
+    result = subprocess.run([kubectl, "kustomize", str(tmp_path)], capture_output=True,
+                            text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    return [doc for doc in yaml.safe_load_all(result.stdout) if doc]
+
+
+@pytest.fixture
+def with_console(tmp_path: Path) -> dict[str, dict[str, Any]]:
+    return {f"{d['kind']}/{d['metadata']['name']}": d for d in rendered_with_console(tmp_path)}
+
+
+def test_the_console_is_optional(resources, with_console) -> None:
+    assert not any("console" in name for name in resources)  # the base alone: no console
+    added = set(with_console) - set(resources)
+    assert added == {"Deployment/disque-console", "PersistentVolumeClaim/disque-console-data"}
+    component = yaml.safe_load((CONSOLE / "kustomization.yaml").read_text())
+    assert component["kind"] == "Component"
+    assert set(component["resources"]) == {p.name for p in CONSOLE.glob("*.yaml")} - {
+        "kustomization.yaml"}
+    # The nodes' resources come out as the base renders them.
+    for name, resource in resources.items():
+        assert with_console[name] == resource, name
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_the_console_manifests_match_the_api_schemas(with_console, version: str) -> None:
+    kubernetes_validate = pytest.importorskip("kubernetes_validate")
+    target = kubernetes_validate.latest_version() if version == "latest" else version
+    for name in ("Deployment/disque-console", "PersistentVolumeClaim/disque-console-data"):
+        try:
+            kubernetes_validate.validate(with_console[name], target, strict=True)
+        except kubernetes_validate.ValidationError as err:
+            raise AssertionError(f"{name} against Kubernetes {target}: {err}") from None
+
+
+def _console(with_console) -> tuple[dict[str, Any], dict[str, Any]]:
+    deployment = with_console["Deployment/disque-console"]
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    return deployment, container
+
+
+def test_no_disque_selector_picks_the_console_pod(with_console) -> None:
+    deployment, _ = _console(with_console)
+    labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert deployment["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    for name in ("Service/disque", "Service/disque-headless", "PodDisruptionBudget/disque"):
+        spec = with_console[name]["spec"]
+        selector = spec["selector"].get("matchLabels", spec["selector"])
+        assert not selector.items() <= labels.items(), f"{name} selects the console's pod"
+
+
+def test_the_console_pod_serves_on_its_loopback_over_the_disque_service(with_console,
+                                                                        tmp_path) -> None:
+    from disque.console.main import parse_args
+    from disque.console.settings import is_loopback
+
+    deployment, container = _console(with_console)
+    args = container["args"]
+    at = args.index("--data-dir") + 1
+    settings, _ = parse_args([*args[:at], str(tmp_path / "data"), *args[at + 1:]])
+    client_port = next(p["port"] for p in with_console["Service/disque"]["spec"]["ports"]
+                       if p["name"] == "client")
+    assert settings.nodes == (f"disque:{client_port}",)
+    # Open nodes (no requirepass in the ConfigMap): loopback only, reached
+    # with kubectl port-forward.
+    assert "requirepass" not in with_console["ConfigMap/disque-config"]["data"]["disque.conf"]
+    assert is_loopback(settings.bind) and not settings.allow_open
+    assert container["ports"] == [{"name": "http", "containerPort": settings.port}]
+    for probe in ("readinessProbe", "livenessProbe"):
+        command = container[probe]["exec"]["command"]
+        assert command[:2] == ["python", "-c"]
+        assert f"http://127.0.0.1:{settings.port}/health" in command[2]
+    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    assert mounts["data"] == args[at] == "/data"
+    (volume,) = deployment["spec"]["template"]["spec"]["volumes"]
+    assert volume["persistentVolumeClaim"]["claimName"] == "disque-console-data"
+    assert deployment["spec"]["strategy"]["type"] == "Recreate"  # ReadWriteOnce
+    pod_security = deployment["spec"]["template"]["spec"]["securityContext"]
+    assert pod_security["runAsUser"] == 10001  # docker/Dockerfile.console's user
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    assert container["image"] == "disque-py-console:latest"
+    dockerfile = (ROOT / "docker" / "Dockerfile.console").read_text()
+    assert "USER 10001:10001" in dockerfile
+
+
+def test_the_console_pod_command_and_probe_run(with_console, server, tmp_path) -> None:
+    """The container's arguments, as a process (the node's address for the
+    Service's, an ephemeral port), answer the pod's readiness probe."""
+    pytest.importorskip("starlette", reason="the console needs the 'console' extra")
+    from tests.console.conftest import ConsoleProcess
+
+    _, container = _console(with_console)
+    args = list(container["args"])
+    args[args.index("--nodes") + 1] = f"127.0.0.1:{server.port}"
+    args[args.index("--data-dir") + 1] = str(tmp_path / "data")
+    port_at = args.index("--port")
+    del args[port_at:port_at + 2]  # ConsoleProcess asks for any free port
+    console = ConsoleProcess(tmp_path / "console", *args).start()
+    try:
+        port = console.url.rsplit(":", 1)[1]
+        command = container["readinessProbe"]["exec"]["command"]
+        script = command[2].replace("127.0.0.1:7780", f"127.0.0.1:{port}")
+        assert subprocess.run([sys.executable, "-c", script], timeout=30).returncode == 0
+        assert (tmp_path / "data" / "cookie.key").exists()
+    finally:
+        console.stop()

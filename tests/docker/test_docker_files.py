@@ -37,10 +37,12 @@ ROOT = Path(__file__).resolve().parents[2]
 DOCKER = ROOT / "docker"
 ENTRYPOINT = DOCKER / "entrypoint.sh"
 COMPOSE = DOCKER / "compose.yaml"
-DOCKERFILES = ["Dockerfile", "Dockerfile.spark"]
+DOCKERFILES = ["Dockerfile", "Dockerfile.spark", "Dockerfile.console"]
 NODES = ["disque1", "disque2", "disque3"]
 #: Services from upstream images: Prometheus scrapes the nodes, Grafana shows them.
 MONITORING = ["prometheus", "grafana"]
+#: The web console, an optional service of its own image.
+CONSOLE = "console"
 PROMETHEUS = DOCKER / "prometheus.yml"
 DASHBOARD = DOCKER / "grafana" / "dashboards" / "disque.json"
 BIN = Path(sys.executable).parent
@@ -168,7 +170,7 @@ def find_tool(name: str) -> str | None:
 
 def test_compose_has_three_nodes_spark_and_monitoring() -> None:
     compose = load_compose()
-    assert set(compose["services"]) == {*NODES, "spark", *MONITORING}
+    assert set(compose["services"]) == {*NODES, "spark", *MONITORING, CONSOLE}
 
 
 def test_compose_build_contexts_and_dockerfiles_exist() -> None:
@@ -186,6 +188,7 @@ def test_compose_build_contexts_and_dockerfiles_exist() -> None:
     for node in NODES:
         assert compose["services"][node]["build"]["dockerfile"] == "docker/Dockerfile"
     assert compose["services"]["spark"]["build"]["dockerfile"] == "docker/Dockerfile.spark"
+    assert compose["services"][CONSOLE]["build"]["dockerfile"] == "docker/Dockerfile.console"
 
 
 def test_compose_volumes_are_declared_and_one_per_node() -> None:
@@ -435,6 +438,50 @@ def test_spark_dockerfile() -> None:
     # Spark's Python processes load the venv's bytecode, not PySpark's zips.
     assert "/opt/venv/bin/python -m spark_connector.pyspark_zips --remove" in run
     assert (["jobs/"], "./jobs/") in copies(dockerfile)
+
+
+def test_console_dockerfile() -> None:
+    dockerfile = DOCKER / "Dockerfile.console"
+    text = dockerfile.read_text(encoding="utf-8")
+    assert re.search(r"^ARG PYTHON_IMAGE=python:3\.11-slim", text, re.M)
+    final = dict(stages(dockerfile)[-1])
+    assert final["USER"].split(":")[0] not in ("", "0", "root")
+    assert words(final["VOLUME"]) == ["/data"]
+    assert final["EXPOSE"].split() == ["7780"]
+    assert words(final["ENTRYPOINT"]) == ["disque-console"]
+    # The image's default arguments are the console's own options.
+    from disque.console.main import parse_args
+
+    settings, _ = parse_args(words(final["CMD"]))
+    assert settings.bind == "0.0.0.0" and str(settings.data_dir) == "/data"
+    assert "/health" in final["HEALTHCHECK"] and ":7780/" in final["HEALTHCHECK"]
+    run = " ".join(rest for name, rest in instructions(dockerfile) if name == "RUN")
+    assert "pip install --no-cache-dir '.[console]'" in run
+    # No compiler and no compiled core: the console is not on a node's hot path.
+    assert "gcc" not in run and "DISQUE_INTERPRETED=1" in text
+
+
+def test_compose_console_is_optional_and_points_at_the_nodes(tmp_path: Path) -> None:
+    from disque.console.main import parse_args
+
+    services = load_compose()["services"]
+    console = services[CONSOLE]
+    assert console["profiles"] == ["console"]
+    for name in [*NODES, "spark"]:
+        assert CONSOLE not in (services[name].get("depends_on") or {})
+    assert console["depends_on"] == {n: {"condition": "service_healthy"} for n in NODES}
+    assert console.get("init") is True
+    command = [str(arg) for arg in console["command"]]
+    at = command.index("--data-dir") + 1
+    assert command[at] == "/data"
+    # Parsed as the console parses it (the data directory made here, not at /data).
+    settings, _ = parse_args([*command[:at], str(tmp_path / "data"), *command[at + 1:]])
+    assert settings.nodes == tuple(f"{n}:7711" for n in NODES)
+    assert console["volumes"] == ["console-data:/data"]
+    (port,) = console["ports"]
+    assert port.startswith("127.0.0.1:") and port.endswith(":7780")
+    # Open nodes: --allow-open, with the port on the host's loopback only.
+    assert settings.allow_open and settings.bind == "0.0.0.0"
 
 
 def test_dockerignore_keeps_the_context_small() -> None:

@@ -1,0 +1,218 @@
+"""``disque redrive``: dead letters back to their queue, none lost, none added twice.
+
+Against real nodes and the real CLI process.  The crash tests put a move in
+the state a crash leaves it in (claimed, maybe added, not acknowledged),
+with the same commands and journal records the redrive itself writes, then
+run the CLI again and count the jobs in the target queue; one test kills
+the CLI with SIGKILL in the middle of a run instead.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from disque.console.bulk import IDMP_WINDOW, TaskSpec, idmp_key
+from tests.console.workload import (
+    Consumer,
+    assert_each_once,
+    make_dead_letters,
+    node_client,
+    queue_length,
+    registered_jobs,
+)
+from tests.support.cluster import TEST_NODE_TIMEOUT_MS, join, wait_joined
+from tests.support.process import DisqueProcess, wait_for
+
+
+def redrive(port: int, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "disque.cli", "-p", str(port), "redrive",
+                           *args], capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, "DISQUE_INTERPRETED": "1"})
+
+
+def jobs_of(node: DisqueProcess, queue: str) -> list[dict]:
+    with node_client(node) as c:
+        return list(c.jscan(queue=queue, reply="all"))
+
+
+def test_redrive_sends_each_job_back_to_the_queue_it_died_in(server: DisqueProcess) -> None:
+    orders = [f"order-{i}".encode() for i in range(30)]
+    invoices = [f"invoice-{i}".encode() for i in range(10)]
+    make_dead_letters(server, "orders", orders)
+    # Jobs of another queue dead-lettered into the same named queue.
+    make_dead_letters(server, "invoices", invoices, dead_letter="orders:dead")
+    result = redrive(server.port, "orders:dead", "--rate", "1000")
+    assert result.returncode == 0, result.stderr
+    assert "redrive orders:dead: finished: moved 40" in result.stdout
+    with node_client(server) as c:
+        assert c.qlen("orders:dead") == 0
+        assert c.qlen("orders") == 30 and c.qlen("invoices") == 10
+    moved = {j["body"]: j for j in jobs_of(server, "orders")}
+    assert set(moved) == set(orders)
+    job = next(iter(moved.values()))
+    # The delivery limit comes along, counters start again; the dead-letter
+    # mark is gone (it is a job of orders again).
+    assert job["max-deliveries"] == 1 and job["nacks"] == 0
+    assert job["dead-lettered-from"] is None and job["dead-letter-queue"] == "orders:dead"
+    # An invoice dead-lettered into orders:dead keeps that dead-letter queue.
+    invoice = jobs_of(server, "invoices")[0]
+    assert invoice["dead-letter-queue"] == "orders:dead"
+
+
+def test_to_origin_contains_and_limit_choose_the_jobs(server: DisqueProcess) -> None:
+    make_dead_letters(server, "a", [b"keep-1", b"move-1", b"move-2", b"move-3"])
+    result = redrive(server.port, "a:dead", "--to", "elsewhere", "--contains", "move",
+                     "--limit", "2")
+    assert result.returncode == 0, result.stderr
+    assert "moved 2" in result.stdout and "not matching 1" in result.stdout
+    with node_client(server) as c:
+        assert c.qlen("elsewhere") == 2 and c.qlen("a:dead") == 2 and c.qlen("a") == 0
+    assert {j["body"] for j in jobs_of(server, "elsewhere")} <= {b"move-1", b"move-2",
+                                                                 b"move-3"}
+    make_dead_letters(server, "b", [b"from-b"])
+    result = redrive(server.port, "a:dead", "--origin", "zzz*")
+    assert "moved 0" in result.stdout and "not matching 2" in result.stdout
+
+
+def test_the_rate_holds_the_redrive_back(server: DisqueProcess) -> None:
+    make_dead_letters(server, "slow", [f"s{i}".encode() for i in range(40)])
+    started = time.monotonic()
+    result = redrive(server.port, "slow:dead", "--rate", "20")
+    elapsed = time.monotonic() - started
+    assert result.returncode == 0, result.stderr
+    assert "moved 40" in result.stdout
+    # 40 jobs at 20/s in batches of 2: the first batch at once, 19 more at
+    # 0.1 s intervals (the process's own start-up comes on top).
+    assert elapsed >= 1.9, elapsed
+
+
+def test_bad_input_is_refused_with_a_clear_message(server: DisqueProcess, tmp_path) -> None:
+    result = redrive(server.port, "x:dead", "--rate", "0")
+    assert result.returncode == 2 and "rate must be between 0.1 and 10000" in result.stderr
+    result = redrive(server.port, "x:dead", "--to", "x:dead")
+    assert result.returncode == 2 and "must not be the queue the jobs are in" in result.stderr
+    result = redrive(server.port, "x:dead", "--limit", "many")
+    assert result.returncode == 2 and "limit must be a whole number" in result.stderr
+    journal = tmp_path / "j.jsonl"
+    assert redrive(server.port, "x:dead", "--journal", str(journal)).returncode == 0
+    other = redrive(server.port, "y:dead", "--journal", str(journal))
+    assert other.returncode == 2 and "is the journal of another task" in other.stderr
+    down = subprocess.run([sys.executable, "-m", "disque.cli", "-p", "1", "redrive", "q:dead"],
+                          capture_output=True, text=True, timeout=60)
+    assert down.returncode == 1 and "Could not connect to Disque at 127.0.0.1:1" in down.stderr
+    # A job in a dead-letter queue that never died anywhere: no origin to go back to.
+    with node_client(server) as c:
+        c.add_job("plain:dead", b"put here by hand", retry=5)
+    orphan = redrive(server.port, "plain:dead")
+    assert orphan.returncode == 0 and "skipped 1" in orphan.stdout
+    assert "has no dead-letter origin: give a target queue" in orphan.stderr
+
+
+# --------------------------------------------------------------------------
+# Crashes in the middle of a move
+# --------------------------------------------------------------------------
+
+def _crash_after_add(server: DisqueProcess, journal: Path | None,
+                     journal_added: bool) -> tuple[str, str, bytes]:
+    """One dead letter moved as far as a crash lets it: claimed (DEQUEUE),
+    journaled, added to its queue with the move's IDMP key, not acknowledged."""
+    (old,) = make_dead_letters(server, "crash", [b"the only one"])
+    address = f"127.0.0.1:{server.port}"
+    with node_client(server) as c:
+        assert c.dequeue(old) == 1
+        shown = c.show(old)
+        assert shown is not None
+        new = c.add_job("crash", shown["body"], retry=shown["retry"], ttl=shown["ttl"],
+                        max_deliveries=1, idmp=idmp_key(old), idmp_window=IDMP_WINDOW)
+    if journal is not None:
+        spec = TaskSpec.parse({"kind": "redrive", "queue": "crash:dead"})
+        records = [{"r": "start", "id": "crashed", "user": "default", "created": time.time(),
+                    "spec": spec.as_json()},
+                   {"r": "claim", "old": old, "source": address, "add_on": address,
+                    "target": "crash"}]
+        if journal_added:
+            records.append({"r": "added", "old": old, "new": new})
+        journal.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return old, new, shown["body"]
+
+
+def _only_the_first_copy_is_left(server: DisqueProcess, old: str, new: str,
+                                 body: bytes) -> None:
+    jobs = jobs_of(server, "crash")
+    assert [(j["id"], j["body"]) for j in jobs] == [(new, body)], jobs
+    with node_client(server) as c:
+        assert c.qlen("crash:dead") == 0
+        wait_for(lambda: c.show(old) is None, 10, message="the old job to be collected")
+
+
+@pytest.mark.parametrize("journal_added", [False, True], ids=["claim-journaled",
+                                                              "add-journaled"])
+def test_a_resumed_journal_finishes_the_move_without_a_second_job(
+        server: DisqueProcess, tmp_path: Path, journal_added: bool) -> None:
+    journal = tmp_path / "redrive.jsonl"
+    old, new, body = _crash_after_add(server, journal, journal_added)
+    result = redrive(server.port, "crash:dead", "--journal", str(journal))
+    assert result.returncode == 0, (result.stdout, result.stderr)
+    assert "resuming: 1 moves started before are finished first" in result.stderr
+    assert "moved 1" in result.stdout
+    _only_the_first_copy_is_left(server, old, new, body)
+
+
+def test_a_rerun_without_journal_finishes_the_move_without_a_second_job(
+        server: DisqueProcess) -> None:
+    old, new, body = _crash_after_add(server, None, False)
+    # The claim lapses: the old job is queued again after its RETRY.
+    with node_client(server) as c:
+        wait_for(lambda: c.qlen("crash:dead") == 1, 10, message="the old job queued again")
+    result = redrive(server.port, "crash:dead")
+    assert result.returncode == 0, result.stderr
+    assert "moved 1" in result.stdout
+    _only_the_first_copy_is_left(server, old, new, body)
+
+
+def test_sigkill_in_the_middle_then_the_same_command_loses_and_duplicates_nothing(
+        server_factory, tmp_path: Path) -> None:
+    nodes = [server_factory("--cluster-node-timeout", str(TEST_NODE_TIMEOUT_MS))
+             for _ in range(3)]
+    join(nodes)
+    wait_joined(nodes)
+    bodies = [f"killed-{n}-{i}".encode() for n in range(3) for i in range(100)]
+    for n, node in enumerate(nodes):
+        make_dead_letters(node, "kq", bodies[n * 100:(n + 1) * 100])
+    journal = tmp_path / "kill.jsonl"
+    command = [sys.executable, "-m", "disque.cli", "-p", str(nodes[0].port), "redrive",
+               "kq:dead", "--rate", "100", "--journal", str(journal)]
+    env = {**os.environ, "DISQUE_INTERPRETED": "1"}
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+                            start_new_session=True)
+    try:
+        def done_records() -> int:
+            text = journal.read_text() if journal.exists() else ""
+            return text.count('"r":"done"')
+
+        wait_for(lambda: done_records() >= 60, 60, message="the redrive to move 60 jobs")
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+    assert 0 < queue_length(nodes, "kq:dead") < 300  # stopped in the middle
+    consumer = Consumer(nodes, "kq").start()
+    try:
+        again = subprocess.run(command, capture_output=True, text=True, timeout=120, env=env)
+        assert again.returncode == 0, (again.stdout, again.stderr)
+        wait_for(lambda: consumer.received() >= 300, 60,
+                 message=lambda: f"300 jobs consumed, got {consumer.received()}")
+        # Every copy acknowledged and collected: nothing left to come back.
+        wait_for(lambda: registered_jobs(nodes) == 0, 30,
+                 message=lambda: f"no job left, {registered_jobs(nodes)} are")
+    finally:
+        received = consumer.stop()
+    assert_each_once(received, bodies)
+    assert queue_length(nodes, "kq:dead") == 0
