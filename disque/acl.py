@@ -74,9 +74,10 @@ class Glob:
     name for a given pattern.
     """
 
-    __slots__ = ("_first", "_last", "_middle", "_only", "_tail_len")
+    __slots__ = ("_empty", "_first", "_last", "_middle", "_only", "_tail_len")
 
     def __init__(self, pattern: bytes) -> None:
+        self._empty = not pattern
         segments = _segments(pattern)
         #: The whole pattern when it has no star (the segment must match all of it).
         self._only: re.Pattern[bytes] | None = None
@@ -96,6 +97,8 @@ class Glob:
         self._middle = [_compile(segment) for segment in middle if segment]
 
     def matches(self, name: bytes) -> bool:
+        if not name:
+            return self._empty  # Redis: an empty name matches only the empty pattern
         only = self._only
         if only is not None:
             return only.fullmatch(name) is not None
@@ -121,9 +124,9 @@ class Glob:
 def _segments(pattern: bytes) -> list[list[bytes]]:
     """The pattern cut at its stars: each segment a list of one-byte regexes.
 
-    Redis's rules: ``?`` any byte, ``\\x`` the byte x, ``[abc]``, ``[^a]``,
-    ``[a-z]`` (ends in any order, ``\\`` escapes inside), a ``[`` without
-    its ``]`` a literal byte; several stars in a row are one.
+    The tokens are Redis's (``stringmatchlen``), quirks included: ``?`` any
+    byte, ``\\x`` the byte x (a ``\\`` ending the pattern is itself),
+    ``[...]`` a class (:func:`_redis_class`), several stars in a row one.
     """
     segments: list[list[bytes]] = [[]]
     i, n = 0, len(pattern)
@@ -134,46 +137,64 @@ def _segments(pattern: bytes) -> list[list[bytes]]:
                 segments.append([])
         elif ch == 0x3F:  # ?
             segments[-1].append(b".")
-        elif ch == 0x5C and i + 1 < n:  # \x: x literally
-            i += 1
-            segments[-1].append(re.escape(pattern[i:i + 1]))
         elif ch == 0x5B:  # [
-            end = i + 1
-            if end < n and pattern[end] == 0x5E:  # ^
-                end += 1
-            if end < n and pattern[end] == 0x5D:  # a leading ] is a member
-                end += 1
-            while end < n and pattern[end] != 0x5D:
-                end += 1
-            if end >= n:  # no closing ]: a literal [
-                segments[-1].append(re.escape(b"["))
-            else:
-                segments[-1].append(_byte_class(pattern[i + 1:end]))
-                i = end
+            members, i = _redis_class(pattern, i + 1)
+            segments[-1].append(_members_regex(members))
         else:
+            if ch == 0x5C and i + 1 < n:  # \x: x literally
+                i += 1
             segments[-1].append(re.escape(pattern[i:i + 1]))
         i += 1
     return segments
 
 
-def _byte_class(body: bytes) -> bytes:
-    """``[...]``'s inside (without the brackets) as a regex class."""
-    negate = body[:1] == b"^"
+def _signed(byte: int) -> int:
+    """A pattern byte as Redis's ``char`` compares it (signed on x86-64)."""
+    return byte - 256 if byte >= 0x80 else byte
+
+
+def _redis_class(pattern: bytes, start: int) -> tuple[frozenset[int], int]:
+    """The bytes the class opened at ``start - 1`` matches, and the index of
+    its last byte: stringmatchlen's loop, walked once for every byte value
+    (what it consumes does not depend on the byte).  Its rules: ``^`` first
+    negates; ``\\x`` is x; ``a-z`` a range (ends in either order, compared
+    as signed chars; ``a-]`` is a range up to ``]``); the first ``]`` closes,
+    so ``[]`` matches nothing; without a ``]`` the class runs to the end of
+    the pattern."""
+    n = len(pattern)
+    i = start
+    negate = i < n and pattern[i] == 0x5E  # ^
     if negate:
-        body = body[1:]
-    members = bytearray()
-    j = 0
-    while j < len(body):
-        if body[j] == 0x5C and j + 1 < len(body):
-            j += 1
-        if j + 2 < len(body) and body[j + 1] == 0x2D:  # a-z
-            low, high = sorted((body[j], body[j + 2]))
-            members += re.escape(bytes([low])) + b"-" + re.escape(bytes([high]))
-            j += 3
+        i += 1
+    singles: set[int] = set()
+    ranges: list[tuple[int, int]] = []
+    while True:
+        if i < n and pattern[i] == 0x5C and n - i >= 2:  # \x
+            i += 1
+            singles.add(pattern[i])
+        elif i < n and pattern[i] == 0x5D:  # ]
+            break
+        elif i >= n:  # no ]: the class ends with the pattern
+            i = n - 1
+            break
+        elif n - i >= 3 and pattern[i + 1] == 0x2D:  # x-y
+            low, high = sorted((_signed(pattern[i]), _signed(pattern[i + 2])))
+            ranges.append((low, high))
+            i += 2
         else:
-            members += re.escape(body[j:j + 1])
-            j += 1
-    return b"[" + (b"^" if negate else b"") + bytes(members) + b"]"
+            singles.add(pattern[i])
+        i += 1
+    members = {byte for byte in range(256)
+               if byte in singles or any(low <= _signed(byte) <= high for low, high in ranges)}
+    if negate:
+        members = set(range(256)) - members
+    return frozenset(members), i
+
+
+def _members_regex(members: frozenset[int]) -> bytes:
+    if not members:
+        return b"(?!)"  # matches no byte
+    return b"[" + b"".join(b"\\x%02x" % byte for byte in sorted(members)) + b"]"
 
 
 def _compile(segment: list[bytes]) -> re.Pattern[bytes]:

@@ -236,7 +236,7 @@ DIRECTIVES: dict[str, Directive] = {d.name: d for d in [
               format_memory, doc="most unprocessed input one client may have"),
     # Limits against clients that mean harm (docs/SECURITY.md).
     Directive("client-output-buffer-limit", _output_buffer_limit,
-              OutputBufferLimit(1024 ** 3, 0, 0), _fmt_output_buffer_limit,
+              OutputBufferLimit(1024 ** 3, 256 * 1024 ** 2, 60), _fmt_output_buffer_limit,
               doc="normal <hard> <soft> <seconds>: disconnect a client whose unsent replies "
                   "reach <hard> bytes, or stay above <soft> for <seconds>; 0 = no limit"),
     Directive("auth-timeout", _int_range(0, 2 ** 31 - 1), 10,

@@ -43,7 +43,9 @@ What one client may make the node hold is bounded (docs/SECURITY.md):
   what one reply alone adds is held to ``client-output-buffer-limit``;
 * **before AUTH** (where a password is needed): Redis's pre-auth limits,
   at most 10 arguments of 16 KB per request (``CommandParser.preauth``),
-  and ``auth-timeout`` seconds to authenticate (the server's client walk).
+  requests run a batch at a time (:data:`PREAUTH_BATCH`, and none while
+  the replies are unread), and ``auth-timeout`` seconds to authenticate
+  (the server's client walk).
 """
 
 from __future__ import annotations
@@ -87,6 +89,12 @@ _ADDJOBS: Final = OptionName(b"addjobs")
 #: Queued reply bytes after which running a client's commands waits for the
 #: next loop turn (the replies are written, back-pressure applies).
 DRAIN_OUTPUT_LIMIT: Final = 256 * 1024
+#: Requests of a client that has not authenticated run in one go before the
+#: rest of its read waits (in the parser, reading paused) for a later loop
+#: turn: each is parsed and run on its own (an AUTH may lift the pre-auth
+#: limits for the next), so a read of tiny requests (1 MB: 200,000 PINGs)
+#: would otherwise hold the loop for all of them.
+PREAUTH_BATCH: Final = 256
 #: SO_LINGER on, 0 s: close() resets the connection.
 _LINGER_RESET: Final = struct.pack("ii", 1, 0)
 #: Writes at least this large are checked against client-output-buffer-limit
@@ -216,6 +224,9 @@ class ClientConnection(CommandClient):
         #: Since when (monotonic s) the unsent replies are above the soft
         #: output limit (0: they are not).
         self._over_soft_since = 0.0
+        #: Since when (monotonic s) the connection is without a user, while
+        #: it is (auth-timeout; 0: it has one).
+        self._unauthenticated_since = self.created
         self._closing = False
         self._close_silently = False
         self._write_paused = False
@@ -262,6 +273,8 @@ class ClientConnection(CommandClient):
             self._unauthenticated_input(data)
             return
         parser = self.parser
+        if parser.preauth:
+            parser.preauth = False  # authenticated by an AUTH that was queued (_drain)
         try:
             commands = parser.feed(data)
         except ProtocolError as err:
@@ -281,9 +294,18 @@ class ClientConnection(CommandClient):
     def _unauthenticated_input(self, data: bytes) -> None:
         """Input before AUTH, where a password is needed: Redis's pre-auth
         limits, and one request parsed and run at a time, so that an AUTH
-        pipelined with what follows lifts the limits for the rest of the read."""
+        pipelined with what follows lifts the limits for the rest of the read.
+
+        Behind commands still queued (an AUTH that failed among them) a
+        request waits its turn, as any client's.  The replies leave together
+        at the end of the turn; after :data:`PREAUTH_BATCH` requests, or
+        once the replies are not read, the rest of the read waits in the
+        parser with reading paused (:meth:`_more_unauthenticated`,
+        :meth:`resume_writing`): nobody without the password holds the
+        loop, or makes the node hold more than a batch of replies."""
         parser = self.parser
         parser.preauth = True
+        budget = PREAUTH_BATCH
         while True:
             try:
                 commands = parser.feed(data)
@@ -292,14 +314,45 @@ class ClientConnection(CommandClient):
                 return
             data = b""
             if not commands:
+                if not self.pending and self.blocked is None:
+                    self._resume_reading()
                 return
-            self._run(commands, at_once=True)
+            if self.blocked is not None or self.pending:
+                # Queued, in order (parsed with the pre-auth limits: the
+                # connection has not authenticated when they are read).
+                self._defer(commands)
+                if len(self.pending) > MAX_PENDING_COMMANDS:
+                    self._pause_reading()
+                if self.pending_bytes + parser.pending_bytes > parser.max_query_buffer:
+                    self._disconnect_over_input_limit()
+                    return
+                continue
+            self._run(commands)
             if self._closing or self.transport is None:
                 return
             if self.user is not None:
                 parser.preauth = False
                 self.data_received(b"")  # the rest of the read, as any client's
                 return
+            if self.pending or self.blocked is not None:
+                continue  # it waits behind overlapped ADDJOBs: so do the next
+            budget -= 1
+            if not budget or self._write_paused or self._out_bytes > DRAIN_OUTPUT_LIMIT:
+                # The rest of the read waits in the parser (nothing else of
+                # this connection is queued), reading paused.
+                self._pause_reading()
+                if not self._write_paused:
+                    self.state.event_loop().call_soon(self._more_unauthenticated)
+                return  # else resume_writing goes on
+
+    def _more_unauthenticated(self) -> None:
+        """The rest of a read held back before AUTH (see _unauthenticated_input)."""
+        if self.transport is None or self._closing or self._write_paused:
+            return  # gone, or resume_writing goes on
+        if self.user is None:
+            self._unauthenticated_input(b"")
+        else:
+            self.data_received(b"")
 
     def _fail_protocol(self, err: ProtocolError) -> None:
         """A malformed request: what came before it runs, then the error is
@@ -361,6 +414,9 @@ class ClientConnection(CommandClient):
         self._write_paused = False
         if self.pending and self.blocked is None:
             self._drain()
+        elif (self.user is None and self.blocked is None and self.transport is not None
+              and not self._closing):
+            self._unauthenticated_input(b"")  # what a read before AUTH still holds
         else:
             self._resume_reading()
 
@@ -571,7 +627,13 @@ class ClientConnection(CommandClient):
         the time to authenticate (``auth_timeout`` s; 0 for neither)."""
         if self.transport is None:
             return
-        if auth_timeout and self.user is None and now - self.created >= auth_timeout:
+        if self.user is not None:
+            self._unauthenticated_since = 0.0
+        elif not self._unauthenticated_since:
+            # One that had authenticated, then failed an AUTH: counted from
+            # the first walk that finds it without a user.
+            self._unauthenticated_since = now
+        elif auth_timeout and now - self._unauthenticated_since >= auth_timeout:
             self.state.stats.auth_timeout_disconnections += 1
             log.info("Closing client id=%d addr=%s: not authenticated within %d s "
                      "(auth-timeout)", self.id, self.addr, auth_timeout)
@@ -612,8 +674,13 @@ class ClientConnection(CommandClient):
                 self.transport.close()
 
     def kill(self) -> None:
-        """CLIENT KILL / shutdown: drop the connection now."""
+        """CLIENT KILL, ACL DELUSER, shutdown: close the connection (what is
+        written still leaves).  What it queued does not run: the user it
+        would run as may be gone, and nobody reads the replies."""
         self._abandon_blocked()
+        self.pending.clear()
+        self.pending_bytes = 0
+        self._closing = True
         if self.transport is not None:
             self.transport.close()
 

@@ -195,6 +195,7 @@ class CommandParser:
         "_argc",
         "_args",
         "_buf",
+        "_bufpos",
         "_bulklen",
         "_chunked",
         "_chunks",
@@ -213,6 +214,9 @@ class CommandParser:
 
     def _reset(self) -> None:
         self._buf = b""                     # unparsed bytes held from the last read
+        # Where they start in ``_buf``: past 0 only before AUTH, where a
+        # read is parsed one request at a time (not sliced per request).
+        self._bufpos = 0
         # An inline line without its newline yet.  (Not "_inline": mypyc names
         # the C field "__inline", a keyword of GCC.)
         self._partial_inline = bytearray()
@@ -226,7 +230,8 @@ class CommandParser:
     @property
     def pending_bytes(self) -> int:
         """Bytes of a request that is not complete yet."""
-        return len(self._buf) + len(self._partial_inline) + self._chunked + self._argbytes
+        return (len(self._buf) - self._bufpos + len(self._partial_inline) + self._chunked
+                + self._argbytes)
 
     def feed(self, data: bytes) -> list[list[bytes]]:
         """Consume ``data`` and return the complete commands it finished.
@@ -248,6 +253,7 @@ class CommandParser:
         return out
 
     def _feed(self, data: bytes, out: list[list[bytes]]) -> None:
+        start = 0
         if self._chunks:
             # The middle of a bulk body: wait until all of it (and its CRLF) is here.
             self._chunks.append(data)
@@ -260,17 +266,27 @@ class CommandParser:
         elif self._partial_inline:
             data = self._finish_inline(data, out)
         elif self._buf:
-            data = self._buf + data
+            held = self._buf
+            start = self._bufpos
             self._buf = b""
+            self._bufpos = 0
+            if not data:
+                data = held  # the rest of a read, a request at a time
+            elif start:
+                data = held[start:] + data
+                start = 0
+            else:
+                data = held + data
         n = len(data)
         args = self._args
-        pos = 0
+        pos = start
         max_bulk_len = self.max_bulk_len
         preauth = self.preauth
+        one_request = False
         # After a request this read completes, whole requests may follow.
         fast = args is not None and not preauth
         if args is None and not preauth:
-            pos = _whole_requests(data, 0, max_bulk_len, out)
+            pos = _whole_requests(data, pos, max_bulk_len, out)
             if pos == n:
                 return  # whole requests only (the usual read): nothing to hold
         argc = self._argc
@@ -280,8 +296,11 @@ class CommandParser:
         while True:
             if args is None:
                 # A request boundary.
-                if pos >= n or (preauth and out):
-                    break  # (before AUTH: one request at a time)
+                if pos >= n:
+                    break
+                if preauth and out:
+                    one_request = True  # before AUTH: one request at a time
+                    break
                 if fast:
                     # The request this read continued is complete.  What
                     # follows is usually whole requests again: pipelined
@@ -359,7 +378,13 @@ class CommandParser:
         self._argc = argc
         self._bulklen = bulklen
         self._argbytes = argbytes
-        if pos < n:
+        if one_request:
+            # The rest of the read stays where it is: slicing it off for
+            # every request would cost its length each time (the square of
+            # a read of small requests: seconds for one of 1 MB).
+            self._buf = data
+            self._bufpos = pos
+        elif pos < n:
             rest = data[pos:]
             if bulklen >= 0:
                 self._chunks = [rest]  # inside a bulk body

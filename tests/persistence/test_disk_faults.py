@@ -57,7 +57,8 @@ def disk_node(tmp_path: Path, ns: MountNamespace) -> Iterator[tuple[DisqueProces
 def peer(tmp_path: Path, disk_node: tuple[DisqueProcess, SmallDisk]) -> Iterator[DisqueProcess]:
     """A second node (no AOF) in a cluster with the disk node."""
     node, _ = disk_node
-    other = DisqueProcess(tmp_path / "peer").start()
+    # Queue names longer than a disk block (max-queue-name-len is 1024 by default).
+    other = DisqueProcess(tmp_path / "peer", "--max-queue-name-len", "64kb").start()
     try:
         join([node, other])
         wait_joined([node, other])

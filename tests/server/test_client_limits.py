@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import socket
 import threading
+import time
 from typing import Any
 
 import pytest
@@ -100,6 +101,107 @@ def test_a_connection_that_does_not_authenticate_is_closed(locked: DisqueProcess
         assert info_int(authed, "stats", "auth_timeout_disconnections") == 2
 
 
+def test_a_pipeline_before_auth_does_not_hold_the_loop(server_factory) -> None:
+    """Before AUTH each request is parsed and run on its own (an AUTH may lift
+    the limits for the next).  The rest of the read was sliced off after each
+    one, the square of the read's size: 4 MB of inline PINGs from a client
+    without the password froze every other client for 7 s.  Now the node
+    serves others between batches of them."""
+    locked = server_factory("--requirepass", "s3cret")
+    count = 800_000
+    flood = socket.create_connection(("127.0.0.1", locked.port))
+    answered = [0]
+
+    def read_replies() -> None:
+        while answered[0] < count:
+            try:
+                data = flood.recv(1 << 20)
+            except OSError:
+                return
+            if not data:
+                return
+            answered[0] += data.count(b"\r\n")
+
+    reader = threading.Thread(target=read_replies, daemon=True)
+    try:
+        with Resp(locked.port, timeout=60) as other:
+            assert other.call("AUTH", "s3cret") == b"OK"
+            reader.start()
+            flood.sendall(b"PING\n" * count)
+            worst = 0.0
+            while reader.is_alive():
+                started = time.monotonic()
+                assert other.call("PING") == b"PONG"
+                worst = max(worst, time.monotonic() - started)
+                reader.join(0.001)  # until the flood is answered
+            assert answered[0] == count
+            assert worst < 1.0, f"another client waited {worst:.2f} s"
+    finally:
+        flood.close()
+
+
+def test_a_failed_auth_in_a_pipeline_keeps_the_order(locked: DisqueProcess) -> None:
+    """A pipeline whose AUTH fails: what it queued before the failure ran
+    after it, and a new read (an AUTH that works) ran at once, ahead of
+    them, its reply among theirs and the queued commands then run as the
+    user it authenticated.  Now it waits its turn."""
+    queued = 9_000
+    for _ in range(3):  # the new read must come while the queue drains
+        sock = socket.create_connection(("127.0.0.1", locked.port))
+        with sock:
+            sock.sendall(pack("AUTH", "s3cret"))
+            data = bytearray()
+            while not data.endswith(b"\r\n"):
+                data += sock.recv(100)
+            assert data == b"+OK\r\n"
+            data.clear()
+
+            def read_replies(sock: socket.socket = sock, data: bytearray = data) -> None:
+                sent = False
+                while not data.endswith(b"$6\r\nmarker\r\n"):
+                    chunk = sock.recv(1 << 20)
+                    if not chunk:
+                        return
+                    data += chunk
+                    if not sent and b"-ERR invalid password" in data:
+                        # While the commands behind the failed AUTH still run.
+                        sock.sendall(pack("AUTH", "s3cret") + pack("ECHO", "marker"))
+                        sent = True
+
+            reader = threading.Thread(target=read_replies, daemon=True)
+            reader.start()
+            sock.sendall(pack("GETJOB", "TIMEOUT", 100, "FROM", "nothing")
+                         + pack("AUTH", "wrong") + pack("HELLO", 3) * queued)
+            reader.join(60)
+            assert data.endswith(b"$6\r\nmarker\r\n")
+            replies = bytes(data[data.index(b"-ERR invalid password"):])
+            before_ok = replies[:replies.index(b"+OK\r\n")]
+            assert before_ok.count(b"-NOAUTH") == queued
+            # Authenticated again by an AUTH that waited in the queue: a
+            # read is parsed whole again, not one request per read.
+            sock.settimeout(10)
+            sock.sendall(pack("ECHO", "a") + pack("ECHO", "b"))
+            data.clear()
+            while not data.endswith(b"$1\r\nb\r\n"):
+                data += sock.recv(100)
+            assert data == b"$1\r\na\r\n$1\r\nb\r\n"
+
+
+def test_auth_timeout_counts_from_a_failed_auth(locked: DisqueProcess) -> None:
+    """A long-lived connection whose AUTH fails (a rotated password) gets the
+    whole auth-timeout to authenticate again, not a close at the next walk."""
+    with Resp(locked.port) as c, Resp(locked.port) as admin:
+        assert admin.call("AUTH", "s3cret") == b"OK"
+        assert c.call("AUTH", "s3cret") == b"OK"
+        assert c.call("CLIENT", "SETNAME", "rotating") == b"OK"
+        wait_for(lambda: int(client_fields(admin, b"rotating").get("age", 0)) >= 3,
+                 message="the connection older than auth-timeout (2 s)")
+        assert_error(c, ("AUTH", "wrong"), exact="ERR invalid password")
+        assert not closed_by_peer(c.sock, timeout=1.2)  # a walk or two later: still there
+        assert c.call("AUTH", "s3cret") == b"OK"
+        assert c.call("PING") == b"PONG"
+
+
 def test_no_auth_timeout_without_a_password(server_factory) -> None:
     """Nothing to authenticate: a quiet client stays (two of the node's
     once-a-second walks over its clients pass while it waits)."""
@@ -159,6 +261,32 @@ def test_an_honest_client_queues_at_the_limit(server_factory) -> None:
         assert c.read()[0][1] == job_id
         for _ in range(3):
             assert c.read() == payload
+
+
+def test_what_a_deleted_user_queued_does_not_run(server_factory) -> None:
+    """ACL DELUSER closes the user's connections, but the commands they had
+    queued (behind replies the client had not read yet) still ran once it
+    read them, as the deleted user: here an ADDJOB whose ID nobody saw."""
+    node = server_factory()
+    with Resp(node.port) as admin:
+        admin.call("ADDJOB", "big", b"b" * (8 * 1024 * 1024), 0)
+        assert admin.call("ACL", "SETUSER", "eve", "on", ">pw", "~*", "+@all") == b"OK"
+        sock = socket.create_connection(("127.0.0.1", node.port))
+        # Small enough that the replies wait in the node, not so small that
+        # reading them at the end takes minutes.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024)
+        with sock:
+            sock.sendall(pack("AUTH", "eve", "pw") + pack("CLIENT", "SETNAME", "eve")
+                         + pack("QPEEK", "big", 1) + pack("QPEEK", "big", 1)
+                         + pack("ADDJOB", "after-deluser", "x", 0))
+            wait_for(lambda: int(client_fields(admin, b"eve").get("qbuf", 0)) > 0,
+                     message="the commands behind the unread reply queued")
+            assert admin.call("ACL", "DELUSER", "eve") == 1
+            sock.settimeout(30)
+            while sock.recv(1 << 20):  # eve reads what was written, to the end
+                pass
+        assert admin.call("QLEN", "after-deluser") == 0
+        assert admin.call("QLEN", "big") == 1
 
 
 def test_unread_replies_do_not_pile_up(server_factory) -> None:
@@ -224,7 +352,7 @@ def test_bad_output_limits_are_refused(server_factory, text: str) -> None:
         assert_error(c, ("CONFIG", "SET", "client-output-buffer-limit", text),
                      prefix="ERR Invalid argument")
         assert c.call("CONFIG", "GET", "client-output-buffer-limit") == before
-        assert before == [b"client-output-buffer-limit", b"normal 1gb 0 0"]
+        assert before == [b"client-output-buffer-limit", b"normal 1gb 256mb 60"]
 
 
 def test_a_pipeline_of_10000_addjobs_at_the_smallest_query_limit(server_factory) -> None:
