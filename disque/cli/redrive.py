@@ -2,11 +2,12 @@
 
 The same task as the console's redrive (:mod:`disque.console.bulk`, which
 needs nothing of the console's web stack): every node of the cluster
-(found through HELLO from ``-h``/``-p``), each job claimed with DEQUEUE,
-added again with an idempotent ADDJOB (IDMP keyed on the old job's ID),
-then acknowledged, no faster than ``--rate`` jobs a second.  ``--journal
-FILE`` keeps the progress: the same command run again after a crash or a
-Ctrl-C finishes the moves it had started, then goes on.
+(found through HELLO from ``-h``/``-p``), each job claimed with DEQUEUE and
+held with WORKING, added again with an idempotent ADDJOB (IDMP keyed on the
+old job's ID), then acknowledged, no faster than ``--rate`` jobs a second.
+``--journal FILE`` keeps the progress: the same command run again after a
+crash or a Ctrl-C finishes the moves it had started (those it can no longer
+verify are listed, to be checked), then goes on.
 """
 
 from __future__ import annotations
@@ -155,6 +156,10 @@ async def _run(options: argparse.Namespace, opts: argparse.Namespace, out: IO[by
                f"{report['elapsed']:.1f} s\n").encode("utf-8", "surrogateescape"))
     for problem in task.problems:
         err.write(f"  {problem}\n")
+    if task.unverified:
+        err.write(f"moves to check ({len(task.unverified)}; see the problems above):\n")
+        for entry in task.unverified:
+            err.write(f"  {entry.get('old')} -> {entry.get('target')}: {entry.get('why')}\n")
     out.flush()
     if interrupts:
         return 130

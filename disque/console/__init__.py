@@ -17,6 +17,8 @@ The rooms, bottom to top:
 * :mod:`~disque.console.history`: the sampler and its bounded, persisted
   window of per-node counters;
 * :mod:`~disque.console.queries`: one query function per page;
+* :mod:`~disque.console.audit`: the audit log, one line per action whatever
+  its values hold;
 * :mod:`~disque.console.actions`: what a user may do, each audited;
 * :mod:`~disque.console.sessions`: users, signed cookies, CSRF tokens;
 * :mod:`~disque.console.web`: the Starlette routes, pages, JSON API and SSE;

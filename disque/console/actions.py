@@ -10,19 +10,18 @@ with SHOW), the job's creator first.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from disque.client import AsyncClient
 
+from .audit import audit_log
 from .nodes import Answer, Node, Pool
 from .queries import JOB_ID, LookupProblem
 
 __all__ = ["Outcome", "Actions", "JOB_ACTIONS", "PAUSE_STATES", "DESTRUCTIVE", "audit_log"]
 
-audit_log = logging.getLogger("disque.console.audit")
 
 JOB_ACTIONS = ("ack", "nack", "working", "enqueue", "dequeue", "deljob")
 PAUSE_STATES = ("none", "in", "out", "all")

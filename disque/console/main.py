@@ -33,6 +33,9 @@ def _parser() -> argparse.ArgumentParser:
                              "(default: memory only)")
     parser.add_argument("--allow-open", action="store_true",
                         help="serve outside loopback although the nodes take no password")
+    parser.add_argument("--allowed-hosts", default="",
+                        help="host names an open console answers besides IP addresses and "
+                             "localhost, NAME[,NAME...] (against DNS rebinding)")
     parser.add_argument("--sample-user", default=None,
                         help="user the history sampler reads INFO as (password in "
                              "$DISQUE_CONSOLE_SAMPLE_PASSWORD; default: the default user)")
@@ -40,6 +43,10 @@ def _parser() -> argparse.ArgumentParser:
                         help="seconds between samples of each node (1)")
     parser.add_argument("--history", type=int, default=3600,
                         help="seconds of history kept (3600)")
+    parser.add_argument("--session-idle", type=int, default=8 * 3600,
+                        help="seconds a session may stay unused (28800)")
+    parser.add_argument("--session-lifetime", type=int, default=24 * 3600,
+                        help="seconds a session lasts at most, however busy (86400)")
     parser.add_argument("--log-level", default="info",
                         choices=["debug", "info", "warning", "error"])
     parser.add_argument("--version", action="version", version=f"disque-console {__version__}")
@@ -56,14 +63,35 @@ def parse_args(argv: Sequence[str]) -> tuple[Settings, str]:
         parser.error("--port must be between 0 and 65535")
     if options.sample_interval < 0.1 or options.history < 60:
         parser.error("--sample-interval is at least 0.1 s and --history at least 60 s")
+    if not 1 <= options.session_idle <= options.session_lifetime:
+        parser.error("--session-idle is at least 1 s and at most --session-lifetime")
     if options.data_dir is not None:
-        options.data_dir.mkdir(parents=True, exist_ok=True)
+        private_dir(options.data_dir)
     return Settings(nodes=nodes, bind=options.bind, port=options.port,
                     data_dir=options.data_dir, allow_open=options.allow_open,
+                    allowed_hosts=tuple(h.strip() for h in options.allowed_hosts.split(",")
+                                        if h.strip()),
                     sample_user=options.sample_user,
                     sample_password=os.environ.get("DISQUE_CONSOLE_SAMPLE_PASSWORD"),
                     sample_interval=options.sample_interval,
-                    history_seconds=options.history), options.log_level
+                    history_seconds=options.history,
+                    session_idle_seconds=options.session_idle,
+                    session_lifetime_seconds=options.session_lifetime), options.log_level
+
+
+def private_dir(path: Path) -> None:
+    """The data directory, made and kept for this user alone: it holds the
+    cookie key, the audit log, the history and the tasks' journals (queue
+    names, job IDs).  Its files, and the ``tasks`` directory, are made
+    private too (a directory an older console or a copy left readable)."""
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    for entry in [path, *path.iterdir(), *(path / "tasks").glob("*")]:
+        try:
+            mode = entry.stat().st_mode
+            if mode & 0o077:
+                os.chmod(entry, 0o700 if entry.is_dir() else 0o600)
+        except OSError as exc:  # not ours to change: said, not fatal
+            log.warning("cannot make %s private: %s", entry, exc)
 
 
 def _logging(level: str, data_dir: Path | None) -> None:
@@ -128,6 +156,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"disque-console needs the 'console' extra ({exc.name} is missing): "
               "pip install 'disque-py[console]'", file=sys.stderr)
         return 1
+    # Whatever the console writes (the data directory's files) is its own.
+    os.umask(0o077)
     settings, level = parse_args(sys.argv[1:] if argv is None else argv)
     _logging(level, settings.data_dir)
     try:

@@ -53,7 +53,9 @@ class Credentials:
 
     @property
     def user(self) -> str:
-        return self.username or "default"
+        """The user the nodes know this as: without a password the client
+        sends no AUTH, so whatever the name says, the nodes see ``default``."""
+        return self.username if self.username and self.password else "default"
 
     @property
     def key(self) -> tuple[str, str]:

@@ -19,7 +19,7 @@ from disque.client import AsyncClient
 from .bodies import view_body
 from .history import History
 from .nodes import Answer, Node, Pool, Problem
-from .queue_index import QueueFilter, QueueIndex, QueueStat
+from .queue_index import QueueFilter, QueueIndex, QueueStat, peeker, shower
 from .replies import encode, number, pairs, text
 
 __all__ = ["overview", "queues", "queue", "browse_jobs", "job", "dead_letters", "nodes",
@@ -175,7 +175,9 @@ async def queues(index: QueueIndex, flt: QueueFilter, fresh: bool = False) -> di
     snapshot = await index.get(fresh)
     rows, matched = snapshot.select(flt)
     pages = max(1, -(-matched // flt.per_page))
-    return {"queues": [r.as_json() for r in rows], "matched": matched,
+    ages = await index.next_job_ages(snapshot, rows)
+    return {"queues": [r.as_json() | {"next_age": ages.get(r.name)} for r in rows],
+            "matched": matched,
             "total": len(snapshot.rows), "page": flt.page, "pages": pages,
             "per_page": flt.per_page, "filter": flt.query(),
             "table_age": round(time.monotonic() - snapshot.taken_at, 1),
@@ -193,15 +195,36 @@ def _age(ctime: Any) -> float | None:
     return None if value <= 0 else max(0.0, time.time() - value / 1e9)
 
 
-async def _oldest(client: AsyncClient, name: str) -> dict[str, Any] | None:
-    """The next job this node's queue hands out (QPEEK 1: the oldest of the
-    highest priority), with its age from SHOW."""
-    jobs = await client.qpeek(name, 1)
-    if not jobs:
-        return None
-    shown = await client.show(jobs[0].id)
-    return {"id": jobs[0].id, "age": _age((shown or {}).get("ctime")),
-            "dead_lettered_from": (shown or {}).get("dead-lettered-from")}
+async def _heads(pool: Pool, index: QueueIndex, nodes: list[Node], names_on: Callable[
+        [Node], list[str]]) -> dict[str, dict[str, dict[str, Any]]]:
+    """The next job out of queues, per node: ``{address: {queue: {"id", "age",
+    "dead_lettered_from"}}}``.  One pipelined QPEEK per node for its queues
+    (``names_on(node)``), then SHOW only of the jobs the console has not
+    seen before: a job's creation time and dead-letter origin never change,
+    so a page updated every few seconds reads each job's body once through
+    SHOW (QPEEK still returns the next job's body each time)."""
+    peeked = await asyncio.gather(*(pool.on(n, peeker(names_on(n))) for n in nodes
+                                    if names_on(n)))
+    unknown: dict[str, list[str]] = {}
+    for answer in peeked:
+        for job_id in (answer.value or {}).values():
+            if job_id is not None and job_id not in index.job_facts:
+                unknown.setdefault(answer.node.address, []).append(job_id)
+    shown = await asyncio.gather(*(pool.on(n, shower(unknown[n.address])) for n in nodes
+                                   if n.address in unknown))
+    for answer in shown:
+        index.learn(answer.value or {})
+    heads: dict[str, dict[str, dict[str, Any]]] = {}
+    now = time.time()
+    for answer in peeked:
+        for name, job_id in (answer.value or {}).items():
+            if job_id is None:
+                continue
+            ctime, origin = index.job_facts.get(job_id, (0, None))
+            heads.setdefault(answer.node.address, {})[name] = {
+                "id": job_id, "age": max(0.0, now - ctime / 1e9) if ctime else None,
+                "dead_lettered_from": origin}
+    return heads
 
 
 async def queue(pool: Pool, index: QueueIndex, name: str) -> dict[str, Any]:
@@ -209,10 +232,13 @@ async def queue(pool: Pool, index: QueueIndex, name: str) -> dict[str, Any]:
 
     async def figures(client: AsyncClient) -> dict[str, Any]:
         raw = await client.execute_command("QSTAT", name)
-        stat = QueueStat.from_reply(raw)
-        return {"stat": stat, "oldest": await _oldest(client, name) if stat else None}
+        return {"stat": QueueStat.from_reply(raw)}
 
     answers = await pool.each(figures, nodes)
+    queued = {a.node.address for a in answers
+              if a.value is not None and a.value["stat"] is not None and a.value["stat"].length}
+    heads = await _heads(pool, index, nodes,
+                         lambda n: [name] if n.address in queued else [])
     per_node = []
     for answer in answers:
         entry: dict[str, Any] = {"address": answer.node.address, "id": answer.node.id,
@@ -228,7 +254,7 @@ async def queue(pool: Pool, index: QueueIndex, name: str) -> dict[str, Any]:
                               "rate_limited": stat.rate_limited,
                               "priorities": dict(stat.priorities),
                               "dead_lettered": stat.dead_lettered,
-                              "oldest": answer.value["oldest"]})
+                              "oldest": heads.get(answer.node.address, {}).get(name)})
         entry["extensions"] = pool.extensions.get(answer.node.address)
         per_node.append(entry)
     # Which nodes take QLIMIT: ask once per node (the original answers
@@ -291,26 +317,30 @@ def _job_summary(fields: dict[str, Any], address: str, preview: int) -> dict[str
 
 async def browse_jobs(pool: Pool, name: str, state: str = "", token: str = "",
                       per_page: int = 25, preview: int = 120) -> dict[str, Any]:
-    """One page of the queue's jobs (JSCAN ... REPLY all), node after node.
+    """One page of the queue's jobs, node after node: their IDs with JSCAN
+    (``REPLY id``), then SHOW of the jobs the page shows, pipelined per node.
 
     JSCAN reads; it never changes a job's state (RabbitMQ's "Get messages"
     browses by consuming and requeueing).  Each page costs at most a bounded
     number of JSCAN calls (so a state with few jobs among many cannot hold
-    a request): the next token resumes where it stopped.
+    a request): the next token resumes where it stopped.  Only the jobs
+    shown are read whole (SHOW has no form without the body); a JSCAN call
+    may find more than the page holds, and those are not read.
     """
     if state and state not in JOB_STATES:
         raise LookupProblem(f"state must be one of {', '.join(JOB_STATES)}")
     nodes = await pool.nodes()
     index, cursor, skip = _token(token, len(nodes))
-    jobs: list[dict[str, Any]] = []
+    found: list[tuple[Node, str]] = []
     problems: list[dict[str, Any]] = []
     calls = 0
-    while index < len(nodes) and len(jobs) < per_page and calls < 20:
+    while index < len(nodes) and len(found) < per_page and calls < 20:
         node = nodes[index]
         args: list[str | int] = ["JSCAN", cursor, "COUNT", max(per_page, 10), "QUEUE", name]
         if state:
             args += ["STATE", state]
-        args += ["REPLY", "all"]
+        args += ["REPLY", "id"]
+
         async def scan(client: AsyncClient, a: tuple[str | int, ...] = tuple(args)) -> Any:
             return await client.execute_command(*a)
 
@@ -321,21 +351,41 @@ async def browse_jobs(pool: Pool, name: str, state: str = "", token: str = "",
                              "problem": _problem(answer.problem or Problem("error", "odd reply"))})
             index, cursor = index + 1, 0
             continue
-        entries = (answer.value[1] or [])[skip:]
-        room = per_page - len(jobs)
+        entries = [text(e) for e in (answer.value[1] or [])][skip:]
+        room = per_page - len(found)
         if len(entries) > room:  # the rest of this call's jobs start the next page
-            for entry in entries[:room]:
-                if (fields := pairs(entry)) is not None:
-                    jobs.append(_job_summary(fields, node.address, preview))
+            found += [(node, job_id) for job_id in entries[:room]]
             skip += room
             break
-        for entry in entries:
-            if (fields := pairs(entry)) is not None:
-                jobs.append(_job_summary(fields, node.address, preview))
+        found += [(node, job_id) for job_id in entries]
         cursor, skip = number(answer.value[0]), 0
         if cursor == 0:
             index += 1
     next_token = f"{index}:{cursor}:{skip}" if index < len(nodes) else ""
+    by_node: dict[str, list[str]] = {}
+    for node, job_id in found:
+        by_node.setdefault(node.address, []).append(job_id)
+
+    def shows(ids: list[str]) -> Callable[[AsyncClient], Awaitable[Any]]:
+        async def call(client: AsyncClient) -> Any:
+            payload = encode(("SHOW", i) for i in ids)
+            return await client.send_pipeline(lambda _node: (payload, len(ids)))
+        return call
+
+    targets = [n for n in nodes if n.address in by_node]
+    answers = await asyncio.gather(*(pool.on(n, shows(by_node[n.address])) for n in targets))
+    fields_of: dict[tuple[str, str], dict[str, Any]] = {}
+    for answer in answers:
+        if answer.value is None:
+            problems.append({"address": answer.node.address,
+                             "problem": _problem(answer.problem)})
+            continue
+        for job_id, reply in zip(by_node[answer.node.address], answer.value.replies,
+                                 strict=False):
+            if (fields := pairs(reply)) is not None:
+                fields_of[(answer.node.address, job_id)] = fields
+    jobs = [_job_summary(fields_of[(node.address, job_id)], node.address, preview)
+            for node, job_id in found if (node.address, job_id) in fields_of]
     return {"queue": name, "state": state, "jobs": jobs, "next": next_token,
             "problems": problems}
 
@@ -400,34 +450,6 @@ async def job(pool: Pool, job_id: str, limit: int) -> dict[str, Any]:
 # /dead-letters
 # --------------------------------------------------------------------------
 
-async def _heads(client: AsyncClient, names: list[str]) -> dict[str, dict[str, Any]]:
-    """The next job out of each of ``names`` on one node, with its age and
-    origin: two pipelines (QPEEK each queue, then SHOW each job found), so
-    a page of 200 dead-letter queues costs two round trips per node."""
-    if not names:
-        return {}
-    peeks = encode(("QPEEK", n, 1) for n in names), len(names)
-    peeked = await client.send_pipeline(lambda _node: peeks)
-    if peeked.error is not None:
-        raise peeked.error
-    ids: dict[str, str] = {}
-    for name, reply in zip(names, peeked.replies, strict=False):
-        if isinstance(reply, list) and reply and isinstance(reply[0], list) and len(reply[0]) > 1:
-            ids[name] = text(reply[0][1])
-    if not ids:
-        return {}
-    shows = encode(("SHOW", i) for i in ids.values()), len(ids)
-    shown = await client.send_pipeline(lambda _node: shows)
-    if shown.error is not None:
-        raise shown.error
-    heads: dict[str, dict[str, Any]] = {}
-    for (name, job_id), reply in zip(ids.items(), shown.replies, strict=False):
-        fields = pairs(reply) or {}
-        heads[name] = {"id": job_id, "age": _age(fields.get("ctime")),
-                       "dead_lettered_from": fields.get("dead-lettered-from")}
-    return heads
-
-
 async def dead_letters(pool: Pool, index: QueueIndex, fresh: bool = False) -> dict[str, Any]:
     """Dead-letter queues: ``<queue>:dead`` names, and queues whose jobs say
     ``dead-lettered-from``; with counts, the oldest job's age and the origin."""
@@ -437,16 +459,15 @@ async def dead_letters(pool: Pool, index: QueueIndex, fresh: bool = False) -> di
     nodes = await pool.nodes()
     shown = names[:200]  # the page lists at most 200; the table says how many
 
-    def heads_on(node: Node) -> Callable[[AsyncClient], Awaitable[dict[str, dict[str, Any]]]]:
-        here = [n for n in shown if (stat := snapshot.rows[n].per_node.get(node.address))
+    def heads_on(node: Node) -> list[str]:
+        return [n for n in shown if (stat := snapshot.rows[n].per_node.get(node.address))
                 is not None and stat.length > 0]
-        return lambda client: _heads(client, here)
 
-    answers = await asyncio.gather(*(pool.on(node, heads_on(node)) for node in nodes))
+    heads = await _heads(pool, index, nodes, heads_on)
     out = []
     for name in shown:
         row = snapshot.rows[name]
-        oldest = [a.value[name] for a in answers if a.value and name in a.value]
+        oldest = [h[name] for h in heads.values() if name in h]
         ages = [o["age"] for o in oldest if o["age"] is not None]
         origin = next((text(o["dead_lettered_from"]) for o in oldest
                        if o.get("dead_lettered_from")), name[:-len(":dead")])

@@ -33,7 +33,7 @@ from .nodes import Answer, Node, Pool, Problem
 from .replies import encode, number, pairs, text
 
 __all__ = ["QueueStat", "QueueRow", "Snapshot", "QueueFilter", "FilterError", "QueueIndex",
-           "SORT_COLUMNS"]
+           "SORT_COLUMNS", "peeker", "shower"]
 
 #: QSTATs per round trip.
 BATCH = 1000
@@ -284,6 +284,39 @@ async def _node_stats(client: AsyncClient) -> dict[str, QueueStat]:
     return stats
 
 
+def peeker(names: list[str]) -> Any:
+    """QPEEK 1 of each of ``names``, pipelined: {name: the next job's ID or None}."""
+    async def call(client: AsyncClient) -> dict[str, str | None]:
+        payload = encode(("QPEEK", n, 1) for n in names)
+        result = await client.send_pipeline(lambda _node: (payload, len(names)))
+        if result.error is not None:
+            raise result.error
+        heads: dict[str, str | None] = {}
+        for name, reply in zip(names, result.replies, strict=False):
+            job = reply[0] if isinstance(reply, list) and reply else None
+            heads[name] = text(job[1]) if isinstance(job, list) and len(job) > 1 else None
+        return heads
+    return call
+
+
+def shower(ids: list[str]) -> Any:
+    """SHOW of each of ``ids``, pipelined: {id: (ctime in ns, dead-lettered-from)}
+    of those still there."""
+    async def call(client: AsyncClient) -> dict[str, tuple[int, str | None]]:
+        payload = encode(("SHOW", i) for i in ids)
+        result = await client.send_pipeline(lambda _node: (payload, len(ids)))
+        if result.error is not None:
+            raise result.error
+        facts: dict[str, tuple[int, str | None]] = {}
+        for job_id, reply in zip(ids, result.replies, strict=False):
+            fields = pairs(reply)
+            if fields is not None and number(fields.get("ctime")) > 0:
+                facts[job_id] = (number(fields.get("ctime")),
+                                 text(fields.get("dead-lettered-from")) or None)
+        return facts
+    return call
+
+
 class QueueIndex:
     """The queue table of one pool (one user), rebuilt in the background."""
 
@@ -299,6 +332,12 @@ class QueueIndex:
         self.watch_points = watch_points
         #: name -> (monotonic time, jobs in, jobs out) of its last observation.
         self._counters: dict[str, tuple[float, int, int]] = {}
+        #: (address, queue) -> (the table it was read for, the ID of the
+        #: next job out there): read once per table for the queues shown.
+        self._heads: dict[tuple[str, str], tuple[float, str | None]] = {}
+        #: job ID -> (ctime in ns, dead-lettered-from), which never change
+        #: while the job lives; the newest 20,000 kept.
+        self.job_facts: OrderedDict[str, tuple[int, str | None]] = OrderedDict()
 
     def observe(self, name: str, length: int, jobs_in: int,
                 jobs_out: int) -> list[tuple[float, int, float, float]]:
@@ -328,8 +367,18 @@ class QueueIndex:
         return list(points)
 
     async def get(self, fresh: bool = False) -> Snapshot:
-        """The last table; a new one when asked (``fresh``) or when there is none."""
+        """The last table; a new one when asked (``fresh``) or when there is none.
+
+        A new table asked for still comes no sooner than the spacing allows
+        (twenty times the last rebuild's duration, at least ``max_age``):
+        the request waits for it, and the requests that wait meanwhile share
+        it, so asking again and again cannot keep the nodes rebuilding.
+        """
         now = time.monotonic()
+        if fresh and self._task is None and self.snapshot is not None \
+                and now < self._next_allowed:
+            await asyncio.sleep(self._next_allowed - now)
+            now = time.monotonic()
         if self._task is None and (self.snapshot is None or fresh or (
                 now - self.snapshot.taken_at > self.max_age and now >= self._next_allowed)):
             self._task = asyncio.get_running_loop().create_task(self._rebuild())
@@ -338,6 +387,61 @@ class QueueIndex:
             return await asyncio.shield(task)
         assert self.snapshot is not None
         return self.snapshot
+
+    async def next_job_ages(self, snapshot: Snapshot, rows: list[QueueRow]
+                            ) -> dict[str, float | None]:
+        """The age (seconds) of the next job out of each of ``rows`` (the
+        page shown), the oldest of its nodes', None when none is queued.
+
+        No command gives a job's creation time without its body: QPEEK 1
+        names the next job (its body included) and SHOW gives its ctime
+        (and body again).  So only the queues on the page are asked, once
+        per table (a new table, every few seconds at most, asks again), one
+        pipelined QPEEK per node for those holding queued jobs, and SHOW
+        only for jobs not seen before: a job's ctime never changes.
+        """
+        wanted: dict[str, list[str]] = {}
+        for row in rows:
+            for address, stat in row.per_node.items():
+                cached = self._heads.get((address, row.name))
+                if stat.length > 0 and (cached is None or cached[0] != snapshot.taken_at):
+                    wanted.setdefault(address, []).append(row.name)
+        if wanted:
+            nodes = [n for n in await self.pool.nodes() if n.address in wanted]
+            answers = await asyncio.gather(*(self.pool.on(n, peeker(wanted[n.address]))
+                                             for n in nodes))
+            unknown: dict[str, list[str]] = {}
+            for answer in answers:
+                if answer.value is None:
+                    continue
+                for name, job_id in answer.value.items():
+                    self._heads[(answer.node.address, name)] = (snapshot.taken_at, job_id)
+                    if job_id is not None and job_id not in self.job_facts:
+                        unknown.setdefault(answer.node.address, []).append(job_id)
+            for answer in await asyncio.gather(*(self.pool.on(n, shower(unknown[n.address]))
+                                                 for n in nodes if n.address in unknown)):
+                self.learn(answer.value or {})
+            while len(self._heads) > 20_000:
+                del self._heads[next(iter(self._heads))]
+        now = time.time()
+        ages: dict[str, float | None] = {}
+        for row in rows:
+            found = []
+            for address, stat in row.per_node.items():
+                head = self._heads.get((address, row.name)) if stat.length > 0 else None
+                ctime = self.job_facts.get(head[1], (0, None))[0] if head and head[1] else 0
+                if ctime:
+                    found.append(max(0.0, now - ctime / 1e9))
+            ages[row.name] = round(max(found), 1) if found else None
+        return ages
+
+    def learn(self, facts: dict[str, tuple[int, str | None]]) -> None:
+        """Keep jobs' ctime and origin (from SHOW): asked once per job."""
+        for job_id, fact in facts.items():
+            self.job_facts[job_id] = fact
+            self.job_facts.move_to_end(job_id)
+        while len(self.job_facts) > 20_000:
+            self.job_facts.popitem(last=False)
 
     async def _rebuild(self) -> Snapshot:
         try:

@@ -45,7 +45,8 @@ def environment() -> jinja2.Environment:
     env.filters.update({
         "bytes": human_bytes, "seconds": human_seconds, "rate": _rate,
         # A queue name or job ID inside a path: every reserved character escaped.
-        "path": lambda v: quote(str(v), safe=""),
+        # A name that is not UTF-8 (surrogates from the replies) keeps its bytes.
+        "path": lambda v: quote(str(v), safe="", errors="surrogateescape"),
         # A page's query string with some values changed: ``flt|query(page=2)``.
         "query": lambda values, **changes: urlencode(
             {k: v for k, v in {**values, **changes}.items() if v not in ("", None)}),

@@ -7,8 +7,8 @@ page of another site can neither read it nor have it sent with a request;
 every action also carries the session's CSRF token, compared in constant
 time.  The user's password stays in the server's memory only, in the
 session's credentials, because the console acts on the nodes *as* that
-user (its clients authenticate with it); logging out or an idle session
-expiring forgets it.
+user (its clients authenticate with it); logging out, an idle session
+expiring or its lifetime ending forgets it.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import hmac
 import os
 import secrets
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -29,11 +30,15 @@ COOKIE = "disque_console"
 
 
 def load_key(data_dir: Path | None) -> bytes:
-    """The key cookies are signed with: kept in ``data_dir`` (mode 0600) when given."""
+    """The key cookies are signed with: kept in ``data_dir`` (mode 0600) when
+    given; a key file others could read (an older console's, or copied in)
+    is made private first."""
     if data_dir is None:
         return secrets.token_bytes(32)
     path = data_dir / "cookie.key"
     try:
+        if path.stat().st_mode & 0o077:
+            os.chmod(path, 0o600)
         key = path.read_bytes()
         if len(key) >= 32:
             return key
@@ -55,6 +60,8 @@ class Session:
     csrf: str = field(default_factory=lambda: secrets.token_urlsafe(32))
     created: float = field(default_factory=time.time)
     last_seen: float = field(default_factory=time.monotonic)
+    #: ``time.monotonic()`` at creation: the session's lifetime counts from it.
+    born: float = field(default_factory=time.monotonic)
     #: Messages to show once on the next page (the result of an action).
     flashes: list[tuple[str, str]] = field(default_factory=list)
 
@@ -76,20 +83,44 @@ class Session:
 
 
 class SessionStore:
-    """Sessions by ID, with signed cookie values and an idle timeout."""
+    """Sessions by ID, with signed cookie values, an idle timeout, an
+    absolute lifetime and a bound on how many are kept.
 
-    def __init__(self, key: bytes, idle_seconds: int) -> None:
+    A console in front of open nodes makes a session for every request that
+    comes without a cookie: those anonymous sessions are kept at most
+    ``max_anonymous`` (the least recently used go first), so that a flood
+    of cookie-less requests cannot grow the console's memory; all sessions
+    together at most ``max_sessions``.
+    """
+
+    def __init__(self, key: bytes, idle_seconds: float, lifetime_seconds: float = 24 * 3600,
+                 max_sessions: int = 10_000, max_anonymous: int = 1_000) -> None:
         self.key = key
         self.idle_seconds = idle_seconds
-        self.sessions: dict[str, Session] = {}
+        self.lifetime_seconds = lifetime_seconds
+        self.max_sessions = max_sessions
+        self.max_anonymous = max_anonymous
+        #: Least recently used first.
+        self.sessions: OrderedDict[str, Session] = OrderedDict()
 
     def _sign(self, session_id: str) -> str:
         mac = hmac.new(self.key, session_id.encode(), hashlib.sha256).hexdigest()
         return f"{session_id}.{mac}"
 
+    def _gone(self, session: Session, now: float) -> bool:
+        return (now - session.last_seen > self.idle_seconds
+                or now - session.born > self.lifetime_seconds)
+
     def create(self, credentials: Credentials) -> tuple[Session, str]:
         """A new session and the cookie value that names it."""
         self.expire()
+        anonymous = credentials.password is None
+        if anonymous:
+            kept = [s for s in self.sessions.values() if s.credentials.password is None]
+            for old in kept[:max(0, len(kept) - self.max_anonymous + 1)]:
+                del self.sessions[old.id]  # the least recently used
+        while len(self.sessions) >= self.max_sessions:
+            self.sessions.popitem(last=False)
         session = Session(secrets.token_urlsafe(24), credentials)
         self.sessions[session.id] = session
         return session, self._sign(session.id)
@@ -105,10 +136,11 @@ class SessionStore:
         if session is None:
             return None
         now = time.monotonic()
-        if now - session.last_seen > self.idle_seconds:
+        if self._gone(session, now):
             del self.sessions[session_id]
             return None
         session.last_seen = now
+        self.sessions.move_to_end(session_id)
         return session
 
     def drop(self, session: Session) -> None:
@@ -116,7 +148,7 @@ class SessionStore:
 
     def expire(self) -> list[Session]:
         now = time.monotonic()
-        gone = [s for s in self.sessions.values() if now - s.last_seen > self.idle_seconds]
+        gone = [s for s in self.sessions.values() if self._gone(s, now)]
         for session in gone:
             del self.sessions[session.id]
         return gone
@@ -167,6 +199,16 @@ class LoginThrottle:
             self._failures[key] = (1 if now - last > self.window else count + 1, now)
         while len(self._failures) > self.entries:
             del self._failures[next(iter(self._failures))]
+
+    def forgive(self, address: str, user: str) -> None:
+        """Take back one :meth:`failed` (a try counted before its outcome
+        was known, that turned out not to be a wrong password)."""
+        for key in (("pair", address, user), ("address", address)):
+            count, last = self._failures.get(key, (0, 0.0))
+            if count > 1:
+                self._failures[key] = (count - 1, last)
+            else:
+                self._failures.pop(key, None)
 
     def succeeded(self, address: str, user: str) -> None:
         self._failures.pop(("pair", address, user), None)

@@ -6,7 +6,7 @@ import ipaddress
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["Settings", "is_loopback"]
+__all__ = ["Settings", "is_loopback", "host_allowed"]
 
 
 @dataclass(frozen=True)
@@ -21,6 +21,9 @@ class Settings:
     data_dir: Path | None = None
     #: Serve on a non-loopback address although the nodes have no password.
     allow_open: bool = False
+    #: Host names an open console answers besides IP addresses and
+    #: ``localhost`` (against DNS rebinding: see :func:`host_allowed`).
+    allowed_hosts: tuple[str, ...] = ()
     #: The user the sampler reads INFO as (None: ``default``), and its password.
     sample_user: str | None = None
     sample_password: str | None = None
@@ -30,6 +33,15 @@ class Settings:
     history_seconds: int = 3600
     #: Seconds a session may stay unused before it must log in again.
     session_idle_seconds: int = 8 * 3600
+    #: Seconds a session lasts at most, however busy.
+    session_lifetime_seconds: int = 24 * 3600
+    #: Sessions kept at most (the least recently used go first), and of
+    #: those the anonymous ones of an open console, which anybody makes by
+    #: sending a request without a cookie.
+    max_sessions: int = 10_000
+    max_anonymous_sessions: int = 1_000
+    #: Seconds between two checks of whether the nodes take a password.
+    probe_seconds: float = 30.0
     #: How many bytes of a job's body a page shows.
     body_preview_bytes: int = 64 * 1024
     #: Seconds a node that failed to answer is left alone before the next try.
@@ -46,3 +58,33 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host.strip("[]")).is_loopback
     except ValueError:
         return False
+
+
+def host_allowed(host: str, settings: Settings) -> bool:
+    """Whether an open console answers a request whose ``Host`` header is ``host``.
+
+    A console in front of open nodes listens on loopback, where only this
+    machine reaches it, but a page of any web site can still make the
+    browser send it requests: it makes its own name resolve to 127.0.0.1
+    (DNS rebinding) and is then the console's *own origin* for the browser,
+    which lets it read pages, CSRF tokens included, and act.  Such a request
+    names the attacker's host in its ``Host`` header; a browser that really
+    opened the console names an address, ``localhost``, the ``--bind``
+    name or one given with ``--allowed-hosts``.
+    """
+    host = host.strip().lower()
+    if host.startswith("["):
+        name = host[1:host.find("]")] if "]" in host else host[1:]
+    else:
+        name = host.rsplit(":", 1)[0] if host.count(":") == 1 else host
+    name = name.rstrip(".")
+    if not name:
+        return False
+    if name == "localhost" or name == settings.bind.lower().strip("[]") or name in {
+            h.lower() for h in settings.allowed_hosts}:
+        return True
+    try:
+        ipaddress.ip_address(name)
+    except ValueError:
+        return False
+    return True

@@ -21,6 +21,8 @@ from typing import Any
 from urllib.parse import parse_qsl, quote
 
 from starlette.applications import Starlette
+from starlette.datastructures import Headers
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import (
     HTMLResponse,
@@ -32,18 +34,20 @@ from starlette.responses import (
 )
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from disque.client import AsyncClient, AuthError, DisqueError
 
 from . import queries
-from .actions import DESTRUCTIVE, Actions, Outcome, audit_log
+from .actions import DESTRUCTIVE, Actions, Outcome
+from .audit import audit_log
 from .bulk import KINDS, SpecError, Task, TaskManager, TaskSpec
 from .history import History, Sampler
 from .nodes import Credentials, Pool, probe_open
 from .queue_index import FilterError, QueueFilter, QueueIndex
 from .render import environment
 from .sessions import COOKIE, LoginThrottle, Session, SessionStore, load_key
-from .settings import Settings
+from .settings import Settings, host_allowed, is_loopback
 
 __all__ = ["Console", "create_app"]
 
@@ -61,6 +65,50 @@ SECURITY_HEADERS = {
     "Referrer-Policy": "same-origin",
     "Cache-Control": "no-store",
 }
+
+
+class Page(HTMLResponse):
+    """A page.  Queue names and bodies are whatever bytes a producer sent: a
+    name that is not UTF-8 reaches a template with surrogates (the replies'
+    ``surrogateescape``), shown as ``\\udcff`` rather than failing the page."""
+
+    def render(self, content: Any) -> bytes | memoryview:
+        if isinstance(content, str):
+            return content.encode(self.charset, "backslashreplace")
+        return super().render(content)
+
+
+class Json(JSONResponse):
+    """JSON in ASCII: such a name comes out as ``"\\udcff"``, which a script's
+    JSON parser reads back as the same string (the starlette default,
+    UTF-8, cannot encode it and failed the whole reply)."""
+
+    def render(self, content: Any) -> bytes:
+        return json.dumps(content, ensure_ascii=True, allow_nan=False,
+                          separators=(",", ":")).encode("ascii")
+
+
+class OpenHostGuard:
+    """In front of open nodes, only requests addressed to this machine
+    (:func:`~disque.console.settings.host_allowed`): a web page that made
+    its own name resolve to 127.0.0.1 would otherwise be the console's own
+    origin for the browser, and could read its pages and act."""
+
+    def __init__(self, app: ASGIApp, console: Console) -> None:
+        self.app = app
+        self.console = console
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and self.console.open:
+            host = Headers(scope=scope).get("host", "")
+            if host and not host_allowed(host, self.console.settings):
+                response = PlainTextResponse(
+                    "this console is open (its nodes take no password): it answers only "
+                    "requests addressed to an IP address, localhost or a name given with "
+                    "--allowed-hosts", 403, headers=SECURITY_HEADERS)
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
 
 
 class HttpProblem(Exception):
@@ -88,7 +136,9 @@ class Console:
         self.settings = settings
         self.templates = environment()
         key = load_key(settings.data_dir)
-        self.sessions = SessionStore(key, settings.session_idle_seconds)
+        self.sessions = SessionStore(key, settings.session_idle_seconds,
+                                     settings.session_lifetime_seconds, settings.max_sessions,
+                                     settings.max_anonymous_sessions)
         self.throttle = LoginThrottle()
         self.pools: dict[tuple[str, str], UserPool] = {}
         path = settings.data_dir / "history.jsonl" if settings.data_dir else None
@@ -102,6 +152,22 @@ class Console:
                                  else None)
         self._tasks: list[asyncio.Task[None]] = []
         self._verified: dict[tuple[str, str], float] = {}
+        #: (address, user, password digest) -> the outcome of its check under way.
+        self._checking: dict[tuple[str, str, str], asyncio.Future[str | None]] = {}
+
+    @property
+    def refusing(self) -> str | None:
+        """Why the console serves nobody now, or None.  It refuses to start
+        on an address outside loopback in front of nodes without a password
+        (unless --allow-open); nodes that lose their password later bring it
+        to the same state, and then it refuses every page and login."""
+        if self.open and not is_loopback(self.settings.bind) and not self.settings.allow_open:
+            return (f"the nodes take no password now, and this console serves "
+                    f"{self.settings.bind}, outside loopback, without --allow-open: anybody "
+                    "reaching it could act on the cluster, so it refuses every page and login "
+                    "until the nodes have passwords again (or it is restarted on 127.0.0.1, "
+                    "or with --allow-open)")
+        return None
 
     # -------------------------------------------------------------- pools
 
@@ -116,15 +182,41 @@ class Console:
     async def check_login(self, credentials: Credentials, address: str) -> str | None:
         """:meth:`verify`, throttled per client address and user: None if
         the nodes accept ``credentials``, else why not."""
+        if credentials.username not in (None, "default") and not credentials.password:
+            # Without a password the console sends no AUTH: the nodes would
+            # see ``default``, while the session, its tasks and its audit
+            # lines would carry the name typed.
+            return f"user {credentials.username[:80]!r} needs its password"
+        # The same user and password from the same address, while they are
+        # being checked (a script's first requests sent at once): one check.
+        key = (address, *credentials.key)
+        pending = self._checking.get(key)
+        if pending is not None:
+            return await asyncio.shield(pending)
         wait = self.throttle.wait(address, credentials.user)
         if wait > 0:
             return (f"too many failed logins: try again in {wait:.0f} s" if wait >= 1
                     else "too many failed logins: try again in a second")
-        problem = await self.verify(credentials)
-        if problem == INVALID_LOGIN:
-            self.throttle.failed(address, credentials.user)
-        elif problem is None:
-            self.throttle.succeeded(address, credentials.user)
+        # Counted as failed before the nodes answer, so that guesses sent at
+        # once cannot all pass the wait above while the first is checked;
+        # taken back when it was not a wrong password.
+        self.throttle.failed(address, credentials.user)
+        outcome: asyncio.Future[str | None] = asyncio.get_running_loop().create_future()
+        self._checking[key] = outcome
+        problem: str | None = "the login was interrupted: try again"
+        try:
+            problem = await self.verify(credentials)
+            if problem is None and credentials.password is None:
+                # In without a password: the nodes take anybody now.
+                self.open = True
+                problem = self.refusing
+        finally:
+            if problem != INVALID_LOGIN:
+                self.throttle.forgive(address, credentials.user)
+            if problem is None:
+                self.throttle.succeeded(address, credentials.user)
+            del self._checking[key]
+            outcome.set_result(problem)
         return problem
 
     async def verify(self, credentials: Credentials) -> str | None:
@@ -170,7 +262,7 @@ class Console:
     async def _janitor(self) -> None:
         """Expire sessions, close pools nobody uses, notice the nodes' password state."""
         while True:
-            await asyncio.sleep(30)
+            await asyncio.sleep(self.settings.probe_seconds)
             try:
                 self.sessions.expire()
                 live = self.sessions.users()
@@ -224,7 +316,12 @@ def create_app(settings: Settings) -> Starlette:
     # ---------------------------------------------------------- plumbing
 
     async def session_for(request: Request, api: bool = False) -> tuple[Session, Response | None]:
-        """The request's session; an open cluster's visitor gets one as ``default``."""
+        """The request's session; an open cluster's visitor gets one as
+        ``default`` (a page's visitor a kept one, with its cookie; a script
+        calling the API without a cookie one for this request only)."""
+        refusing = console.refusing
+        if refusing is not None:
+            raise HttpProblem(503, refusing)
         session = console.session_of(request)
         if session is not None:
             return session, None
@@ -232,6 +329,10 @@ def create_app(settings: Settings) -> Starlette:
             basic = await console.basic_auth(request)
             if basic is not None:
                 return basic, None
+        if console.open and api:
+            # Nothing kept: its CSRF token matches nothing, so such a
+            # request reads; acting takes a page's session (or Basic).
+            return Session("anonymous", Credentials()), None
         if console.open:
             session, cookie = console.sessions.create(Credentials())
             response = Response()
@@ -240,12 +341,12 @@ def create_app(settings: Settings) -> Starlette:
         raise HttpProblem(401, "log in first")
 
     def page(template: str, request: Request, session: Session, status: int = 200,
-             **context: Any) -> HTMLResponse:
+             **context: Any) -> Page:
         html = env.get_template(template).render(
             request_path=request.url.path, query=str(request.url.query), session=session,
             user=session.user, csrf=session.csrf, open=console.open,
             flashes=session.take_flashes(), settings=settings, **context)
-        return HTMLResponse(html, status, headers=SECURITY_HEADERS)
+        return Page(html, status, headers=SECURITY_HEADERS)
 
     def with_cookie(response: Response, extra: Response | None) -> Response:
         if extra is not None and "set-cookie" in extra.headers:
@@ -274,7 +375,7 @@ def create_app(settings: Settings) -> Starlette:
     def problem_response(request: Request, exc: HttpProblem, session: Session | None,
                          api: bool) -> Response:
         if api:
-            return JSONResponse({"error": exc.message}, exc.status, headers=SECURITY_HEADERS)
+            return Json({"error": exc.message}, exc.status, headers=SECURITY_HEADERS)
         if exc.status == 401:
             target = quote(request.url.path + ("?" + request.url.query if request.url.query
                                                else ""))
@@ -319,7 +420,13 @@ def create_app(settings: Settings) -> Starlette:
     # ----------------------------------------------------------- queries
 
     async def q_overview(request: Request, session: Session) -> dict[str, Any]:
-        window = float(request.query_params.get("window", "300") or 300)
+        raw = request.query_params.get("window", "") or "300"
+        try:
+            window = float(raw)
+        except ValueError:
+            raise FilterError(f"window must be a number of seconds, not {raw[:40]!r}") from None
+        if not 1 <= window <= 7 * 86400:  # NaN fails too
+            raise FilterError("window must be between 1 and 604800 seconds")
         return await queries.overview(pool_of(session).pool, console.history, window)
 
     async def q_queues(request: Request, session: Session) -> dict[str, Any]:
@@ -339,6 +446,14 @@ def create_app(settings: Settings) -> Starlette:
             entry.pool, name, params.get("state", ""), params.get("token", ""), int(per_page))
         data["tasks"] = tasks_of(session, name)
         return data
+
+    async def q_queue_live(request: Request, session: Session) -> dict[str, Any]:
+        """The queue's figures only: what its live part shows.  Not the job
+        browser, whose JSCAN ... REPLY all reads whole bodies (up to 512 MB
+        each) and whose table the updates do not redraw."""
+        name = request.path_params.get("name") or request.query_params.get("name", "")
+        entry = pool_of(session)
+        return await queries.queue(entry.pool, entry.index, name)
 
     async def q_job(request: Request, session: Session) -> dict[str, Any]:
         return await queries.job(pool_of(session).pool, request.path_params["id"],
@@ -391,13 +506,17 @@ def create_app(settings: Settings) -> Starlette:
         @handler(api=True)
         async def view(request: Request, session: Session) -> Response:
             data = await query(request, session)
-            return JSONResponse(data, headers=SECURITY_HEADERS)
+            return Json(data, headers=SECURITY_HEADERS)
         return view
 
     # --------------------------------------------------------------- SSE
 
+    #: Pages whose live updates need less than the page itself.
+    live_queries: dict[str, Query] = {"queue": q_queue_live}
+
     def events(name: str) -> Callable[[Request], Awaitable[Response]]:
-        query, _, partials, interval = pages[name]
+        _, _, partials, interval = pages[name]
+        query = live_queries.get(name, pages[name][0])
 
         @handler()
         async def stream(request: Request, session: Session) -> Response:
@@ -556,18 +675,19 @@ def create_app(settings: Settings) -> Starlette:
                 task = start_task(session, form)
             except SpecError as exc:
                 raise HttpProblem(400, str(exc)) from None
-            return JSONResponse(task.as_json(), 202, headers=SECURITY_HEADERS)
+            return Json(task.as_json(), 202, headers=SECURITY_HEADERS)
         if form["action"] == "task":
             task, done = control_task(session, form)
-            return JSONResponse(task.as_json(), 200 if done else 409,
-                                headers=SECURITY_HEADERS)
+            return Json(task.as_json(), 200 if done else 409, headers=SECURITY_HEADERS)
         outcome = await run_action(session, form)
-        return JSONResponse(outcome.as_json(), 200 if outcome.ok else 409,
-                            headers=SECURITY_HEADERS)
+        return Json(outcome.as_json(), 200 if outcome.ok else 409, headers=SECURITY_HEADERS)
 
     # -------------------------------------------------------------- login
 
     async def login_page(request: Request) -> Response:
+        refusing = console.refusing
+        if refusing is not None:
+            return PlainTextResponse(refusing, 503, headers=SECURITY_HEADERS)
         session = console.session_of(request)
         token = request.cookies.get(f"{COOKIE}_login") or ""
         if len(token) < 20:
@@ -577,7 +697,7 @@ def create_app(settings: Settings) -> Starlette:
             next=request.query_params.get("next", "/"), login_token=token,
             user=session.user if session else None, request_path="/login", flashes=[],
             csrf=session.csrf if session else "", settings=settings)
-        response = HTMLResponse(html, headers=SECURITY_HEADERS)
+        response = Page(html, headers=SECURITY_HEADERS)
         response.set_cookie(f"{COOKIE}_login", token, httponly=True, samesite="strict",
                             secure=request.url.scheme == "https", path="/login")
         return response
@@ -604,17 +724,15 @@ def create_app(settings: Settings) -> Starlette:
             log.info("login refused for user=%s from %s: %s", credentials.user, address,
                      problem)
             if problem.startswith("too many"):
-                logging.getLogger("disque.console.audit").info(
-                    "user=%s action=login target=console from=%s result=failed (throttled)",
-                    credentials.user, address)
+                audit_log.info("user=%s action=login target=console from=%s "
+                               "result=failed (throttled)", credentials.user, address)
             return RedirectResponse("/login?error=" + quote(problem) + "&next="
                                     + quote(target), 303)
         old = console.session_of(request)
         if old is not None:
             console.sessions.drop(old)
         _session, cookie = console.sessions.create(credentials)
-        logging.getLogger("disque.console.audit").info(
-            "user=%s action=login target=console result=ok", credentials.user)
+        audit_log.info("user=%s action=login target=console result=ok", credentials.user)
         response = RedirectResponse(target, 303, headers=SECURITY_HEADERS)
         _cookie(response, cookie, request, None)
         response.delete_cookie(f"{COOKIE}_login", path="/login")
@@ -626,8 +744,7 @@ def create_app(settings: Settings) -> Starlette:
         if not session.check_csrf(form.get("csrf")):
             raise HttpProblem(403, "the form's CSRF token does not match this session")
         console.sessions.drop(session)
-        logging.getLogger("disque.console.audit").info(
-            "user=%s action=logout target=console result=ok", session.user)
+        audit_log.info("user=%s action=logout target=console result=ok", session.user)
         response = RedirectResponse("/login", 303)
         response.delete_cookie(COOKIE, path="/")
         return response
@@ -641,9 +758,9 @@ def create_app(settings: Settings) -> Starlette:
             task = console.tasks.get(task_id, session.user)
             if task is None:
                 raise HttpProblem(404, f"no task {task_id[:40]!r} of this user")
-            return JSONResponse(task.as_json(), headers=SECURITY_HEADERS)
+            return Json(task.as_json(), headers=SECURITY_HEADERS)
         queue = request.query_params.get("queue") or None
-        return JSONResponse({"tasks": tasks_of(session, queue)}, headers=SECURITY_HEADERS)
+        return Json({"tasks": tasks_of(session, queue)}, headers=SECURITY_HEADERS)
 
     @handler()
     async def task_events(request: Request, session: Session) -> Response:
@@ -688,12 +805,11 @@ def create_app(settings: Settings) -> Starlette:
             since = time.time() - float(request.query_params.get("window", "3600"))
         except ValueError:
             raise HttpProblem(400, "window must be a number of seconds") from None
-        return JSONResponse({"series": name, "nodes": console.history.series(name, since),
-                             "total": console.history.total(name, since)},
-                            headers=SECURITY_HEADERS)
+        return Json({"series": name, "nodes": console.history.series(name, since),
+                     "total": console.history.total(name, since)}, headers=SECURITY_HEADERS)
 
     async def health(request: Request) -> Response:
-        return JSONResponse({"ok": True, "open": console.open})
+        return Json({"ok": True, "open": console.open, "refusing": console.refusing is not None})
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -732,7 +848,8 @@ def create_app(settings: Settings) -> Starlette:
         Route("/health", health),
         Mount("/static", StaticFiles(directory=STATIC), name="static"),
     ]
-    app = Starlette(routes=routes, lifespan=lifespan)
+    app = Starlette(routes=routes, lifespan=lifespan,
+                    middleware=[Middleware(OpenHostGuard, console=console)])
     app.state.console = console
     return app
 

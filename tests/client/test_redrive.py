@@ -9,6 +9,7 @@ the CLI with SIGKILL in the middle of a run instead.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -216,3 +217,93 @@ def test_sigkill_in_the_middle_then_the_same_command_loses_and_duplicates_nothin
         received = consumer.stop()
     assert_each_once(received, bodies)
     assert queue_length(nodes, "kq:dead") == 0
+
+
+def test_a_resumed_claim_of_an_at_most_once_job_is_finished(server: DisqueProcess,
+                                                            tmp_path: Path) -> None:
+    # RETRY 0: a claimed (dequeued) job is never queued again, so the resume
+    # cannot wait for that, as it does for a job a consumer may hold by now:
+    # it would stay out of every queue until its TTL ends.
+    address = f"127.0.0.1:{server.port}"
+    with node_client(server) as c:
+        old = c.add_job("amo", b"at most once", retry=0, replicate=1, ttl=3600)
+        assert c.dequeue(old) == 1  # the claim, then a crash
+    spec = TaskSpec.parse({"kind": "redrive", "queue": "amo", "to": "amo-next"})
+    journal = tmp_path / "amo.jsonl"
+    journal.write_text("".join(json.dumps(r) + "\n" for r in [
+        {"r": "start", "id": "crashed", "user": "default", "created": time.time(),
+         "spec": spec.as_json()},
+        {"r": "claim", "old": old, "source": address, "add_on": address,
+         "target": "amo-next"}]))
+    result = redrive(server.port, "amo", "--to", "amo-next", "--journal", str(journal))
+    assert result.returncode == 0, (result.stdout, result.stderr)
+    assert "moved 1" in result.stdout
+    moved = jobs_of(server, "amo-next")
+    assert [j["body"] for j in moved] == [b"at most once"] and moved[0]["retry"] == 0
+    with node_client(server) as c:
+        wait_for(lambda: c.show(old) is None, 10, message="the old job to be collected")
+
+
+@pytest.mark.parametrize("claim", ["older-than-the-idmp-window", "node-restarted-without-aof"])
+def test_a_resumed_claim_whose_idmp_key_may_be_gone_is_flagged_not_added_again(
+        server: DisqueProcess, tmp_path: Path, claim: str) -> None:
+    # The claim's ADDJOB may have happened (here it did), and the journal
+    # does not say: its IDMP key is what makes a repeat add nothing, and it
+    # may be gone (its window ended, or its node restarted without AOF).
+    # The resume must not add the job again blindly: it says what to check.
+    journal = tmp_path / "redrive.jsonl"
+    old, new, _body = _crash_after_add(server, journal, journal_added=False)
+    with node_client(server) as c:
+        run_id = c.info("server")["server"]["run_id"]
+    records = [json.loads(line) for line in journal.read_text().splitlines()]
+    if claim == "older-than-the-idmp-window":
+        records[1].update({"t": time.time() - IDMP_WINDOW - 3600, "aof": True, "run": run_id})
+    else:
+        records[1].update({"t": time.time() - 60, "aof": False, "run": "f" * 40})
+    journal.write_text("".join(json.dumps(r) + "\n" for r in records))
+    result = redrive(server.port, "crash:dead", "--journal", str(journal))
+    assert result.returncode == 1, (result.stdout, result.stderr)
+    assert "to check 1" in result.stdout, result.stdout
+    assert f"move of {old} to crash not verified" in result.stderr, result.stderr
+    assert "Check whether crash holds a job with its body" in result.stderr
+    # Nothing added a second time, nor the old job acknowledged.
+    assert [j["id"] for j in jobs_of(server, "crash")] == [new]
+    with node_client(server) as c:
+        assert c.show(old) is not None
+    assert '"r":"unverified"' in journal.read_text()
+    # Run again: the journal keeps it flagged, and does not try it again.
+    again = redrive(server.port, "crash:dead", "--journal", str(journal))
+    assert "to check 1" in again.stdout and [j["id"] for j in jobs_of(server, "crash")] == [new]
+
+
+def test_a_moves_added_record_is_on_disk_before_its_acknowledgement(
+        server: DisqueProcess, tmp_path: Path) -> None:
+    # A crash (of the machine, not only the process) between the ACKJOB and
+    # an "added" record still in the page cache would leave a resume without
+    # the new job's ID: the record is fsynced, like the claim before it.
+    from disque.console.bulk import Journal, Task, new_task_id
+    from disque.console.nodes import Credentials, Pool
+    from disque.console.settings import Settings
+
+    make_dead_letters(server, "synced", [b"s1", b"s2", b"s3"])
+    written: list[tuple[str, bool]] = []
+
+    class Recording(Journal):
+        def append(self, records, sync: bool = False) -> None:  # type: ignore[no-untyped-def]
+            records = list(records)
+            written.extend((str(r.get("r")), sync) for r in records)
+            super().append(records, sync)
+
+    async def run() -> Task:
+        address = f"127.0.0.1:{server.port}"
+        pool = Pool((address,), Credentials(), Settings(nodes=(address,)))
+        task = Task(new_task_id(), TaskSpec.parse({"kind": "redrive", "queue": "synced:dead"}),
+                    "default", pool, Recording(tmp_path / "synced.jsonl"))
+        await task.run()
+        return task
+
+    task = asyncio.run(run())
+    assert task.state == "finished" and task.counts.done == 3, task.as_json()
+    steps = [(kind, sync) for kind, sync in written if kind in ("claim", "added", "done")]
+    assert steps.count(("added", True)) == 3 and ("added", False) not in steps, steps
+    assert steps.index(("added", True)) < steps.index(("done", True)), steps

@@ -374,3 +374,138 @@ def test_the_overview_shows_each_nodes_links_and_a_peer_gone(server_factory, con
     assert all(v["up"] == 1 and v["total"] == 2 for v in live)
     page = web.get("/").text
     assert "1/2 connected" in page and f"down: {gone}" in page
+
+
+def test_a_queue_name_that_is_not_utf8_fails_no_page(cluster, web) -> None:
+    # A producer chooses queue names: bytes that are not UTF-8 reach the
+    # templates and JSON as surrogates, which failed every page listing them.
+    name = b"bin\xffary:q"
+    with node_client(cluster[0]) as c:
+        job_id = c.add_job(name, b"x", replicate=1)
+    try:
+        reply = web.get("/api/queues", params={"pattern": "bin*", "fresh": 1})
+        assert reply.status_code == 200, reply.text
+        # ASCII JSON: the name reads back as the string the node's bytes make.
+        assert [q["name"] for q in reply.json()["queues"]] == [
+            name.decode("utf-8", "surrogateescape")]
+        page = web.get("/queues", params={"pattern": "bin*"})
+        assert page.status_code == 200 and "bin\\udcffary:q" in page.text
+        assert 'href="/queues/bin%FFary%3Aq"' in page.text
+        job = web.get(f"/jobs/{quote(job_id, safe='')}")
+        assert job.status_code == 200 and "bin\\udcffary:q" in job.text
+        assert web.get(f"/api/jobs/{quote(job_id, safe='')}").status_code == 200
+        assert web.get("/dead-letters").status_code == 200
+    finally:
+        with node_client(cluster[0]) as c:
+            c.del_job(job_id)
+
+
+def test_a_newline_in_a_value_cannot_forge_an_audit_line(open_console, web, cluster) -> None:
+    token = csrf_of(web)
+    forged = "x\nuser=admin action=deljob target=job:forged result=ok"
+    reply = web.post("/api/actions/pause", json={"queue": forged, "state": "none"},
+                     headers={"X-CSRF-Token": token})
+    assert reply.status_code == 200, reply.text
+    wait_for(lambda: "target=queue:x\\x0auser=admin action=deljob" in open_console.log(), 10,
+             message="the audit line, its newline escaped")
+    assert not re.search(r"^(\S+ ){0,4}user=admin action=deljob", open_console.log(), re.M)
+    audit = (open_console.workdir.parent / "open-data0" / "audit.log")
+    text = audit.read_text() if audit.exists() else ""
+    assert "user=admin action=deljob target=job:forged result=ok\n" not in text
+
+
+def test_the_queue_pages_live_updates_do_not_reread_job_bodies(cluster, web) -> None:
+    # The live part of /queues/<name> is its figures; the job browser's
+    # JSCAN ... REPLY all (whole bodies, up to 512 MB each) belongs to the
+    # page load only.  An active job: the browser lists it, the figures
+    # (QSTAT, and QPEEK of the queued ones) do not read it.
+    with node_client(cluster[0]) as c:
+        job_id = c.add_job("live:bodies", b"y" * (1024 * 1024), replicate=1)
+        assert c.dequeue(job_id) == 1
+
+    def sent() -> int:
+        total = 0
+        for node in cluster:
+            with node_client(node) as c:
+                total += int(c.info()["stats"]["total_net_output_bytes"])
+        return total
+
+    try:
+        before = sent()
+        ticks = 0
+        with web.stream("GET", "/events/queue/live:bodies") as stream:
+            for line in stream.iter_lines():
+                if line.startswith(": tick"):
+                    ticks += 1
+                    if ticks == 3:  # three updates
+                        break
+        assert sent() - before < 512 * 1024  # not the body once, let alone three times
+    finally:
+        with node_client(cluster[0]) as c:
+            c.del_job(job_id)
+
+
+def test_a_bad_overview_window_is_a_clear_message(web) -> None:
+    reply = web.get("/api/overview", params={"window": "abc"})
+    assert reply.status_code == 400 and "window must be a number" in reply.json()["error"]
+    assert web.get("/api/overview", params={"window": "nan"}).status_code == 400
+    assert web.get("/", params={"window": "abc"}).status_code == 400
+
+
+def test_an_open_console_answers_only_requests_addressed_to_this_machine(
+        cluster, open_console, console_factory) -> None:
+    # DNS rebinding: a site whose name now resolves to 127.0.0.1 is the
+    # console's own origin for the browser; its requests name that site.
+    evil = {"Host": "attacker.example:7780"}
+    with httpx.Client(base_url=open_console.url, timeout=30) as browser:
+        refused = browser.get("/", headers=evil)
+        assert refused.status_code == 403 and "--allowed-hosts" in refused.text
+        assert "disque_console" not in refused.cookies
+        assert browser.get("/api/queues", headers=evil).status_code == 403
+        assert browser.get("/", headers={"Host": "localhost:7780"}).status_code == 200
+        assert browser.get("/", headers={"Host": "[::1]:7780"}).status_code == 200
+        assert browser.get("/").status_code == 200  # 127.0.0.1:<port>
+    named = console_factory(cluster, "--allowed-hosts", "console.internal,Other.Example")
+    with httpx.Client(base_url=named.url, timeout=30) as browser:
+        assert browser.get("/", headers={"Host": "console.internal"}).status_code == 200
+        assert browser.get("/", headers={"Host": "other.example:80"}).status_code == 200
+        assert browser.get("/", headers=evil).status_code == 403
+
+
+def test_queues_show_the_age_of_the_next_job_out_not_only_the_queues(cluster, web) -> None:
+    # A queue three seconds old whose only job is new: QSTAT's age is the
+    # queue's ("Queue age"); "Next job" is the job's, read for the page shown.
+    with node_client(cluster[1]) as c:
+        c.add_job("ages:q", b"first", replicate=1)
+        c.ack(*[j.id for j in c.get_jobs("ages:q", nohang=True)])
+        wait_for(lambda: c.qstat("ages:q")["age"] >= 3, 20, interval=0.2,
+                 message="the queue to be 3 s old")
+        c.add_job("ages:q", b"second", replicate=1)
+        c.add_job("ages:empty", b"gone", replicate=1)
+        c.ack(*[j.id for j in c.get_jobs("ages:empty", nohang=True)])
+    (row,) = api(web, "/api/queues", pattern="ages:q", fresh=1)["queues"]
+    assert row["age"] >= 3 and row["next_age"] is not None and row["next_age"] < 2, row
+    (empty,) = api(web, "/api/queues", pattern="ages:empty")["queues"]
+    assert empty["next_age"] is None
+    page = web.get("/queues", params={"pattern": "ages:*"})
+    assert "Queue age" in page.text and "Next job" in page.text
+    assert re.search(r'<td class="next-age">[01]s</td>', page.text), page.text
+
+
+def test_the_job_browser_reads_whole_only_the_jobs_it_shows(cluster, web) -> None:
+    # Forty jobs of 256 KiB on one node: a page of two reads two bodies
+    # (SHOW of the jobs shown), not every job its JSCAN call found.
+    body = b"b" * (256 * 1024)
+    with node_client(cluster[2]) as c:
+        c.add_jobs("big:browse", [body] * 40, replicate=1)
+
+        def sent() -> int:
+            return int(c.info("stats")["stats"]["total_net_output_bytes"])
+
+        before = sent()
+        data = api(web, "/api/queues/big:browse", per_page=2)
+        after = sent()
+    assert len(data["browser"]["jobs"]) == 2
+    assert all(j["size"] == len(body) for j in data["browser"]["jobs"])
+    # Two bodies, the page's QPEEK of the next job and its SHOW: five at most.
+    assert after - before < 5.5 * len(body), after - before

@@ -7,6 +7,9 @@ received while the task ran.
 from __future__ import annotations
 
 import re
+import threading
+import time
+from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
@@ -259,3 +262,141 @@ def test_the_overview_charts_jobs_added_delivered_and_acked(cluster, web) -> Non
     history = api(web, "/api/history", series="added_jobs")
     assert len(history["nodes"]) == 3
     assert 'id="chart-flow"' in web.get("/").text
+
+
+class Staller:
+    """A thread that keeps ``node`` in ``DEBUG SLEEP``, ``seconds`` at a time
+    with ``gap`` between (0: back to back, the node doing a little of its
+    work between two): the copies an ADDJOB waits for come late."""
+
+    def __init__(self, node: DisqueProcess, seconds: float, gap: float = 0.0) -> None:
+        self.node = node
+        self.seconds = seconds
+        self.gap = gap
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        with node_client(self.node, socket_timeout=30) as c:
+            while not self._stop.is_set():
+                c.execute_command("DEBUG", "SLEEP", str(self.seconds))
+                if self.gap:
+                    self._stop.wait(self.gap)
+
+    def __enter__(self) -> Staller:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self._stop.set()
+        self._thread.join(30)
+
+
+@pytest.mark.parametrize("stall,gap,rate", [(0.4, 0.0, 600), (0.8, 0.4, 100)],
+                         ids=["within-the-hold", "past-the-hold"])
+def test_a_move_holds_its_claims_so_no_job_is_delivered_twice(cluster, web, stall, gap,
+                                                              rate) -> None:
+    # RETRY 1: a claimed job that nothing holds is queued again within about
+    # a second.  A stalled third node makes each ADDJOB wait for its copy,
+    # up to ``stall``: within the hold (0.7 s), or past it, when the ADDJOB
+    # times out and is sent again at a later batch, its claim held
+    # meanwhile.  A consumer of the source queue starts as soon as the move
+    # has claimed every job: it gets only what is queued again, and each
+    # such job is one the move adds to the target as well, unless held.
+    # One copy each (REPLICATE 1): no copy on the stalled node, whose own
+    # timers, late after a stall, could queue a job again (the node's
+    # at-least-once, not the move's doing).
+    source, target = f"hold-{stall}:src", f"hold-{stall}:dst"
+    bodies = [f"hold-{stall}-{i}".encode() for i in range(60)]
+    with node_client(cluster[0]) as c:
+        # Added over a second: their requeue times (RETRY after their
+        # creation, then every RETRY while queued) fall anywhere in it.
+        for group in range(10):
+            c.add_jobs(source, bodies[group * 6:(group + 1) * 6], retry=1, ttl=3600,
+                       replicate=1)
+            time.sleep(0.1)  # spacing the creation times, not waiting for anything
+    takers = [Consumer(cluster, target).start()]
+    try:
+        with Staller(cluster[2], stall, gap), node_client(cluster[0]) as c:
+            task = start(web, "bulk", op="move", queue=source, to=target, rate=rate)
+            wait_for(lambda: c.qlen(source) == 0, 30, interval=0.002,
+                     message="the move to claim every job")
+            takers.append(Consumer(cluster, source).start())
+            task = finished(web, task["id"], timeout=120)
+        assert task["state"] == "finished" and task["counts"]["failed"] == 0, task
+        wait_for(lambda: sum(t.received() for t in takers) >= len(bodies)
+                 and jobs_left(cluster, source, target) == 0, 60,
+                 message=lambda: f"{len(bodies)} consumed, got "
+                                 f"{sum(t.received() for t in takers)}")
+    finally:
+        received = Counter[bytes]()
+        for taker in takers:
+            received.update(taker.stop())
+    assert_each_once(received, bodies)
+    assert task["counts"]["done"] == len(bodies), task
+
+
+def test_the_walk_is_paced_even_when_the_filter_matches_little(cluster, web) -> None:
+    # A filter that matches one job in 4,000: the task acts on one job, but
+    # its walk (JSCAN ... REPLY all, bodies included) examines all of them;
+    # at rate 10 it may examine SCAN_FLOOR (2,000) a second, so it takes
+    # two seconds at least, instead of back-to-back scans.
+    with node_client(cluster[1]) as c:
+        c.add_jobs("pace", [b"hay"] * 3999 + [b"needle"], replicate=1, retry=300)
+    started = time.monotonic()
+    task = finished(web, start(web, "bulk", op="delete", queue="pace", contains="needle",
+                               rate=10)["id"], timeout=60)
+    elapsed = time.monotonic() - started
+    assert task["state"] == "finished" and task["counts"]["done"] == 1, task
+    assert task["counts"]["examined"] == 4000 and task["counts"]["total"] == 4000, task
+    assert elapsed >= 2.0, elapsed
+    with node_client(cluster[1]) as c:
+        assert c.qlen("pace") == 3999
+        c.execute_command("DELJOB", *[j for j in c.jscan(queue="pace")])
+
+
+def test_one_user_cannot_take_every_task_slot(acl_cluster, console_factory) -> None:
+    from tests.console.conftest import ADMIN_PASSWORD, login
+
+    with node_client(acl_cluster[0], password=ADMIN_PASSWORD) as c:
+        for team in ("team-a", "team-b"):
+            c.add_jobs(f"{team}:slow", [b"x"] * 10, retry=300)
+    console = console_factory(acl_cluster)
+    teams = {team: login(console.url, team, f"{team}-pw") for team in ("team-a", "team-b")}
+    started: list[tuple[str, str]] = []
+    try:
+        def slow(team: str) -> str:
+            web = teams[team]
+            reply = web.post("/api/actions/bulk", json={"op": "dequeue", "queue": f"{team}:slow",
+                                                        "rate": "0.1"},
+                             headers={"X-CSRF-Token": csrf_of(web)})
+            assert reply.status_code == 202, reply.text
+            started.append((team, reply.json()["id"]))
+            return str(reply.json()["id"])
+
+        def state(team: str, task_id: str) -> str:
+            return str(api(teams[team], f"/api/tasks/{task_id}")["state"])
+
+        # Five tasks of team-a: two run, the other three wait (the console
+        # runs four at once in all).
+        mine = [slow("team-a") for _ in range(5)]
+        wait_for(lambda: [state("team-a", t) for t in mine[:2]] == ["running"] * 2, 20,
+                 message="team-a's first two tasks to run")
+        assert [state("team-a", t) for t in mine[2:]] == ["waiting"] * 3
+        # team-b's task does not wait behind them.
+        other = slow("team-b")
+        wait_for(lambda: state("team-b", other) == "running", 20,
+                 message="team-b's task to run")
+        # One of team-a's ends: the next one of team-a's takes its place.
+        cancel = teams["team-a"].post("/api/actions/task", json={"id": mine[0], "op": "cancel"},
+                                      headers={"X-CSRF-Token": csrf_of(teams["team-a"])})
+        assert cancel.status_code == 200
+        wait_for(lambda: state("team-a", mine[2]) == "running", 20,
+                 message="team-a's third task to run")
+        assert [state("team-a", t) for t in mine[3:]] == ["waiting"] * 2
+    finally:
+        for team, task_id in started:
+            teams[team].post("/api/actions/task", json={"id": task_id, "op": "cancel"},
+                             headers={"X-CSRF-Token": csrf_of(teams[team])})
+        for web in teams.values():
+            web.close()

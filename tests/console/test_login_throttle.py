@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import re
+import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 
+from disque import Client
 from disque.console.sessions import LoginThrottle
-from tests.console.conftest import ConsoleProcess
+from tests.console.conftest import ADMIN_PASSWORD, ConsoleProcess
 from tests.support.process import wait_for
 
 
@@ -63,3 +66,52 @@ def test_the_throttle_doubles_its_wait_and_forgets_old_failures() -> None:
     for n in range(50):
         bounded.failed(f"10.1.0.{n}", "x")
     assert len(bounded._failures) <= 10
+
+
+def test_guesses_sent_at_once_are_throttled_as_if_sent_one_by_one(acl_cluster,
+                                                                 console_factory) -> None:
+    # The wait was checked before the nodes answered and the failure counted
+    # after: guesses sent together all passed the check while the first was
+    # still with the nodes.  The seed the console asks first sleeps, so that
+    # twenty guesses are with the nodes at once.
+    console = console_factory(acl_cluster)
+    seed = f"127.0.0.1:{acl_cluster[0].port}"
+
+    def sleep() -> None:
+        with Client(seed, password=ADMIN_PASSWORD, randomize=False,
+                    socket_timeout=30) as c:
+            c.execute_command("DEBUG", "SLEEP", "3")
+
+    def asleep() -> bool:
+        try:
+            with Client(seed, password=ADMIN_PASSWORD, randomize=False, socket_timeout=0.2,
+                        max_retries=0, reconnect_timeout=0) as c:
+                c.ping()
+        except Exception:
+            return True
+        return False
+
+    sleeper = threading.Thread(target=sleep)
+    sleeper.start()
+    try:
+        wait_for(asleep, 10, interval=0.05, message="the seed to sleep")
+        with ThreadPoolExecutor(30) as pool:
+            guesses = [pool.submit(try_login, console, "team-a", f"guess-{n}")
+                       for n in range(20)]
+            # A script's requests sent at once with the right password: one
+            # check, so none of them is throttled for the others.
+            scripts = [pool.submit(lambda: httpx.get(f"{console.url}/api/queues", timeout=30,
+                                                     auth=("team-b", "team-b-pw")).status_code)
+                       for _ in range(10)]
+            outcomes = [g.result() for g in guesses]
+            assert [s.result() for s in scripts] == [200] * 10
+    finally:
+        sleeper.join()
+    invalid = [o for o in outcomes if o == "invalid user name or password"]
+    assert len(invalid) <= 6, outcomes  # five free failures, and the sixth try
+    assert all(o.startswith("too many failed logins") for o in outcomes
+               if o not in invalid), outcomes
+    # The guesses that were throttled, and the right password after them,
+    # still count as they should: it waits its turn, then gets in.
+    wait_for(lambda: try_login(console, "team-a", "team-a-pw") == "", 15, interval=0.3,
+             message="team-a to log in once its wait is over")

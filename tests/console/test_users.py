@@ -118,3 +118,33 @@ def test_scripts_use_basic_auth_on_the_api(acl_cluster, console_factory) -> None
     done = httpx.post(f"{console.url}/api/actions/pause", auth=("team-a", "team-a-pw"),
                       json={"queue": "team-a:x", "state": "none"}, timeout=30)
     assert done.status_code == 200
+
+
+def test_a_user_name_without_its_password_is_not_that_user(cluster, console_factory) -> None:
+    # Open nodes (default takes no password) that also have an ACL user:
+    # without a password the console sends no AUTH, so the nodes see
+    # `default`.  The name typed must not become the session's user, who
+    # owns tasks and is named in audit lines.
+    for node in cluster:
+        with Client(f"127.0.0.1:{node.port}", randomize=False) as c:
+            c.execute_command("ACL", "SETUSER", "ops", "on", ">ops-pw", "~*", "+@all")
+    console = console_factory(cluster)
+    with closing(login(console.url, "ops", "ops-pw")) as ops:
+        started = ops.post("/api/actions/bulk", json={"op": "dequeue", "queue": "ops:q"},
+                           headers={"X-CSRF-Token": csrf_of(ops)})
+        assert started.status_code == 202, started.text
+        task = started.json()["id"]
+    with httpx.Client(base_url=console.url, timeout=30) as anonymous:
+        form = anonymous.get("/login").text
+        token = re.search(r'name="login_token" value="([^"]+)"', form).group(1)
+        refused = anonymous.post("/login", data={"login_token": token, "username": "ops",
+                                                 "password": "", "next": "/"})
+        assert "needs%20its%20password" in refused.headers["location"]
+        # As an open cluster's visitor it is `default`, and ops' tasks are not its own.
+        assert api(anonymous, "/api/tasks")["tasks"] == []
+        assert anonymous.get(f"/api/tasks/{task}").status_code == 404
+        cancel = anonymous.post("/api/actions/task", json={"id": task, "op": "cancel"},
+                                headers={"X-CSRF-Token": csrf_of(anonymous)})
+        assert cancel.status_code == 400 and "no task" in cancel.json()["error"]
+    basic = httpx.get(f"{console.url}/api/tasks", auth=("ops", ""), timeout=30)
+    assert basic.status_code == 401 and "needs its password" in basic.json()["error"]
