@@ -50,11 +50,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import shutil
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -72,9 +69,9 @@ from benchmarks.redis_tools import (
     rss_of,
     run_benchmark,
 )
+from tests.support.console import ConsoleProcess
 from tests.support.process import DisqueProcess, wait_for
 
-LISTENING = re.compile(r"disque-console listening on http://([\d.]+):(\d+)")
 #: Bodies per ADDJOBS, and ADDJOBS per round trip, while filling.
 PER_QUEUE_BATCH = 100
 PIPELINE = 50
@@ -134,65 +131,10 @@ def fill(port: int, jobs: int, queues: int) -> dict[str, Any]:
             "fill_jobs_per_s": round(added / filled_s)}
 
 
-class Console:
-    """A ``disque-console`` process on a free port."""
-
-    def __init__(self, root: Path, port: int) -> None:
-        self.root = root
-        self.node_port = port
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.url = ""
-        self.log_path = root / "console.log"
-
-    def start(self) -> Console:
-        import httpx
-
-        self.root.mkdir(parents=True, exist_ok=True)
-        before = self.log().count("listening on")
-        with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "disque.console", "--nodes",
-                 f"127.0.0.1:{self.node_port}", "--port", "0", "--data-dir",
-                 str(self.root / "data")],
-                stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                env={**os.environ, "DISQUE_INTERPRETED": "1"})
-
-        def listening() -> str | None:
-            assert self.proc is not None
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"disque-console exited:\n{self.log()}")
-            found = LISTENING.findall(self.log())
-            if len(found) <= before:
-                return None
-            url = f"http://{found[-1][0]}:{found[-1][1]}"
-            try:
-                httpx.get(url + "/health", timeout=2)
-            except httpx.HTTPError:
-                return None
-            return url
-
-        self.url = wait_for(listening, 60, interval=0.1, message="the console to listen")
-        return self
-
-    def log(self) -> str:
-        try:
-            return self.log_path.read_text(errors="replace")
-        except OSError:
-            return ""
-
-    @property
-    def pid(self) -> int:
-        assert self.proc is not None
-        return self.proc.pid
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
+def start_console(root: Path, node_port: int) -> ConsoleProcess:
+    """A ``disque-console`` process over the node, its data under ``root``."""
+    return ConsoleProcess(root, "--nodes", f"127.0.0.1:{node_port}", "--data-dir",
+                          str(root / "data")).start()
 
 
 def pages_of(job_id: str, queue: str) -> dict[str, str]:
@@ -209,7 +151,8 @@ def pages_of(job_id: str, queue: str) -> dict[str, str]:
     }
 
 
-def time_pages(console: Console, node_port: int, requests: int, queue: str) -> dict[str, Any]:
+def time_pages(console: ConsoleProcess, node_port: int, requests: int,
+               queue: str) -> dict[str, Any]:
     import httpx
     import redis
 
@@ -265,8 +208,8 @@ def node_cost(node: DisqueProcess, root: Path, window: float, rounds: int,
     console_cpu: list[float] = []
     label = "the busiest pages open" if queue else "the console sampling"
     for rnd in range(rounds):
-        console = Console(root / f"cost-{'pages' if queue else 'sampling'}-{rnd}",
-                          node.port).start()
+        console = start_console(root / f"cost-{'pages' if queue else 'sampling'}-{rnd}",
+                                node.port)
         try:
             def sampled(url: str = console.url) -> bool:
                 points = httpx.get(url + "/api/history", params={"series": "used_memory"},
@@ -368,7 +311,7 @@ def load_with_and_without(node: DisqueProcess, root: Path, rounds: int, requests
             if side == "without":
                 sides[side].append(load_round(node, requests, pickups))
             else:
-                console = Console(root / f"load-{rnd}", node.port).start()
+                console = start_console(root / f"load-{rnd}", node.port)
                 try:
                     with Streams(console.url, queue) as streams:
                         cpu0, t0 = process_cpu_s(console.pid), time.monotonic()
@@ -451,7 +394,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {report['fill']}, node RSS {report['node_rss_mb']} MB", flush=True)
 
         print(f"pages ({args.requests} requests each):", flush=True)
-        console = Console(root / "pages", node.port).start()
+        console = start_console(root / "pages", node.port)
         try:
             report["pages"] = time_pages(console, node.port, args.requests,
                                          watched(args.queues))

@@ -281,15 +281,24 @@ class ClientConnection(CommandClient):
             self._fail_protocol(err)
             return
         if self.blocked is not None or self.pending:
-            if commands:
-                self._defer(commands)
-                if len(self.pending) > MAX_PENDING_COMMANDS:
-                    self._pause_reading()
-            if self.pending_bytes + parser.pending_bytes > parser.max_query_buffer:
-                self._disconnect_over_input_limit()
+            self._queue_behind(commands)
             return
         if commands:
             self._run(commands, at_once=True)
+
+    def _queue_behind(self, commands: list[list[bytes]]) -> bool:
+        """Queue a read's commands behind the blocked or pending ones; False
+        when that put the client over client-query-buffer-limit (it is
+        disconnected)."""
+        if commands:
+            self._defer(commands)
+            if len(self.pending) > MAX_PENDING_COMMANDS:
+                self._pause_reading()
+        parser = self.parser
+        if self.pending_bytes + parser.pending_bytes > parser.max_query_buffer:
+            self._disconnect_over_input_limit()
+            return False
+        return True
 
     def _unauthenticated_input(self, data: bytes) -> None:
         """Input before AUTH, where a password is needed: Redis's pre-auth
@@ -320,11 +329,7 @@ class ClientConnection(CommandClient):
             if self.blocked is not None or self.pending:
                 # Queued, in order (parsed with the pre-auth limits: the
                 # connection has not authenticated when they are read).
-                self._defer(commands)
-                if len(self.pending) > MAX_PENDING_COMMANDS:
-                    self._pause_reading()
-                if self.pending_bytes + parser.pending_bytes > parser.max_query_buffer:
-                    self._disconnect_over_input_limit()
+                if not self._queue_behind(commands):
                     return
                 continue
             self._run(commands)

@@ -6,11 +6,7 @@ process, port 0); tests talk to it over HTTP like a browser or a script.
 
 from __future__ import annotations
 
-import os
 import re
-import signal
-import subprocess
-import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -22,66 +18,11 @@ pytest.importorskip("uvicorn", reason="the console needs the 'console' extra")
 httpx = pytest.importorskip("httpx", reason="the console tests call it with httpx (dev extra)")
 
 from tests.support.cluster import TEST_NODE_TIMEOUT_MS, join, wait_joined  # noqa: E402
+from tests.support.console import ConsoleProcess  # noqa: E402
 from tests.support.process import DisqueProcess, wait_for  # noqa: E402
 
-LISTENING = re.compile(r"disque-console listening on http://([\d.]+):(\d+)")
+__all__ = ["ADMIN_PASSWORD", "ConsoleProcess", "api", "csrf_of", "login"]
 ADMIN_PASSWORD = "console-admin-pw"
-
-
-class ConsoleProcess:
-    """One ``disque-console`` process and what it logged."""
-
-    def __init__(self, workdir: Path, *args: str) -> None:
-        self.workdir = workdir
-        workdir.mkdir(parents=True, exist_ok=True)
-        self.args = list(args)
-        self.log_path = workdir / "console.log"
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.url = ""
-
-    def start(self, env: dict[str, str] | None = None) -> ConsoleProcess:
-        with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "disque.console", "--port", "0", *self.args],
-                stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                env={**os.environ, "DISQUE_INTERPRETED": "1", **(env or {})})
-        before = len(LISTENING.findall(self.log()))
-
-        def listening() -> str | None:
-            assert self.proc is not None
-            if self.proc.poll() is not None:
-                raise AssertionError(f"disque-console exited {self.proc.returncode}:\n"
-                                     + self.log())
-            found = LISTENING.findall(self.log())
-            if len(found) <= before:
-                return None
-            host, port = found[-1]
-            try:
-                httpx.get(f"http://{host}:{port}/health", timeout=2)
-            except httpx.HTTPError:
-                return None
-            return f"http://{host}:{port}"
-
-        self.url = wait_for(listening, 30, message="the console to listen")
-        return self
-
-    def log(self) -> str:
-        try:
-            return self.log_path.read_text(errors="replace")
-        except OSError:
-            return ""
-
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
 
 
 @pytest.fixture(scope="module")

@@ -423,7 +423,7 @@ def test_the_console_pod_command_and_probe_run(with_console, server, tmp_path) -
     """The container's arguments, as a process (the node's address for the
     Service's, an ephemeral port), answer the pod's readiness probe."""
     pytest.importorskip("starlette", reason="the console needs the 'console' extra")
-    from tests.console.conftest import ConsoleProcess
+    from tests.support.console import ConsoleProcess
 
     _, container = _console(with_console)
     args = list(container["args"])

@@ -31,7 +31,7 @@ httpx = pytest.importorskip("httpx", reason="the console's API is called with ht
 
 
 def test_the_console_service_runs_over_the_three_nodes(server_factory, tmp_path: Path) -> None:
-    from tests.console.conftest import ConsoleProcess
+    from tests.support.console import ConsoleProcess
 
     nodes = [server_factory("--cluster-node-timeout", str(TEST_NODE_TIMEOUT_MS))
              for _ in NODES]
