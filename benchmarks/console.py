@@ -29,7 +29,7 @@ jobs each (ADDJOB ... MAXDELIVERIES 1, GETJOB, NACK).  Then a real
     the node's ADDJOB throughput (``redis-benchmark -c 50 -n 100000 ADDJOB
     bench body 0``) and pickup latency (the ``1 consumer`` case of
     :mod:`benchmarks.latency`: an ADDJOB to a consumer blocked in GETJOB,
-    200 jobs), with the console open on the busiest pages (server-sent
+    ``--pickups`` jobs, 1,000), with the console open on the busiest pages (server-sent
     events connected: the overview, the queues sorted by length and by
     name, a queue, the dead letters, the nodes) and without the console,
     alternating ``--load-rounds`` times (5).  Ratios are with / without of
@@ -37,7 +37,11 @@ jobs each (ADDJOB ... MAXDELIVERIES 1, GETJOB, NACK).  Then a real
 
 Usage (from the repository root)::
 
-    python3 -m benchmarks.console [--smoke] [--jobs N] [--queues N] [--json PATH]
+    python3 -m benchmarks.console [--smoke] [--jobs N] [--queues N] [--steps LIST]
+                                  [--json PATH]
+
+``--steps`` runs some of ``pages``, ``sampling`` (with ``pages_open``) and
+``load`` (all by default).
 
 ``--smoke`` fills 20,000 jobs in 200 queues and runs every step briefly: it
 keeps the harness working (``tests/benchmarks/test_console_smoke.py``) and
@@ -347,6 +351,11 @@ def load_with_and_without(node: DisqueProcess, root: Path, rounds: int, requests
     return summary
 
 
+#: What a run measures (``--steps``): page times, the node's CPU with the
+#: console sampling and with the busiest pages open, ADDJOB and pickups.
+STEPS = ("pages", "sampling", "load")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--smoke", action="store_true",
@@ -362,9 +371,15 @@ def main(argv: list[str] | None = None) -> int:
                         help="alternations for ADDJOB throughput and pickup latency")
     parser.add_argument("--addjobs", type=int, default=100_000,
                         help="ADDJOBs per redis-benchmark run")
-    parser.add_argument("--pickups", type=int, default=200, help="pickups timed per round")
+    parser.add_argument("--pickups", type=int, default=1000,
+                        help="pickups timed per round (1000: the p99 is the tenth worst)")
+    parser.add_argument("--steps", default=",".join(STEPS),
+                        help=f"the steps to run, of {','.join(STEPS)} (all)")
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     args = parser.parse_args(argv)
+    steps = {s.strip() for s in args.steps.split(",") if s.strip()}
+    if not steps or steps - set(STEPS):
+        parser.error(f"--steps takes some of {','.join(STEPS)}")
     if args.smoke:
         args.jobs, args.queues, args.requests = 20_000, 200, 5
         args.window, args.rounds, args.addjobs, args.pickups = 2.0, 1, 2000, 50
@@ -393,37 +408,12 @@ def main(argv: list[str] | None = None) -> int:
         report["node_rss_mb"] = round(rss_of(node.pid) / 2**20)
         print(f"  {report['fill']}, node RSS {report['node_rss_mb']} MB", flush=True)
 
-        print(f"pages ({args.requests} requests each):", flush=True)
-        console = start_console(root / "pages", node.port)
-        try:
-            report["pages"] = time_pages(console, node.port, args.requests,
-                                         watched(args.queues))
-            report["console_rss_mb"] = round(rss_of(console.pid) / 2**20)
-        finally:
-            console.stop()
-        print(f"  first queue table: {report['pages']['first_table_s']} s for "
-              f"{report['pages']['queues_in_table']} queues; console RSS "
-              f"{report['console_rss_mb']} MB", flush=True)
-
-        print(f"sampling cost ({args.rounds} x {args.window:.0f} s each side):", flush=True)
-        report["sampling"] = node_cost(node, root, args.window, args.rounds, None)
-        print(f"  cost: {report['sampling']['cost_pct_of_core']:.2f}% of a core", flush=True)
-        print(f"the node's CPU with the busiest pages open ({args.rounds} x "
-              f"{args.window:.0f} s each side):", flush=True)
-        report["pages_open"] = node_cost(node, root, args.window, args.rounds,
-                                         watched(args.queues))
-        print(f"  cost: {report['pages_open']['cost_pct_of_core']:.2f}% of a core", flush=True)
-
-        print(f"ADDJOB throughput and pickup latency, console open on "
-              f"{len(Streams.paths(''))} live pages vs no console ({args.load_rounds} rounds):",
-              flush=True)
-        report["load"] = load_with_and_without(node, root, args.load_rounds, args.addjobs,
-                                               args.pickups, watched(args.queues))
-        load = report["load"]
-        print(f"  ADDJOB {load['addjob_rps']['with']:.0f}/s with, "
-              f"{load['addjob_rps']['without']:.0f}/s without (x{load['addjob_rps']['ratio']});"
-              f" pickup p50 x{load['pickup_p50_us']['ratio']}, "
-              f"p99 x{load['pickup_p99_us']['ratio']}", flush=True)
+        if "pages" in steps:
+            pages(args, node, root, report)
+        if "sampling" in steps:
+            sampling(args, node, root, report)
+        if "load" in steps:
+            load(args, node, root, report)
     finally:
         node.kill()
         shutil.rmtree(root, ignore_errors=True)
@@ -434,6 +424,46 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=2, default=str) + "\n")
     return 0
+
+
+def pages(args: argparse.Namespace, node: DisqueProcess, root: Path,
+          report: dict[str, Any]) -> None:
+    print(f"pages ({args.requests} requests each):", flush=True)
+    console = start_console(root / "pages", node.port)
+    try:
+        report["pages"] = time_pages(console, node.port, args.requests, watched(args.queues))
+        report["console_rss_mb"] = round(rss_of(console.pid) / 2**20)
+    finally:
+        console.stop()
+    print(f"  first queue table: {report['pages']['first_table_s']} s for "
+          f"{report['pages']['queues_in_table']} queues; console RSS "
+          f"{report['console_rss_mb']} MB", flush=True)
+
+
+def sampling(args: argparse.Namespace, node: DisqueProcess, root: Path,
+             report: dict[str, Any]) -> None:
+    print(f"sampling cost ({args.rounds} x {args.window:.0f} s each side):", flush=True)
+    report["sampling"] = node_cost(node, root, args.window, args.rounds, None)
+    print(f"  cost: {report['sampling']['cost_pct_of_core']:.2f}% of a core", flush=True)
+    print(f"the node's CPU with the busiest pages open ({args.rounds} x "
+          f"{args.window:.0f} s each side):", flush=True)
+    report["pages_open"] = node_cost(node, root, args.window, args.rounds,
+                                     watched(args.queues))
+    print(f"  cost: {report['pages_open']['cost_pct_of_core']:.2f}% of a core", flush=True)
+
+
+def load(args: argparse.Namespace, node: DisqueProcess, root: Path,
+         report: dict[str, Any]) -> None:
+    print(f"ADDJOB throughput and pickup latency, console open on "
+          f"{len(Streams.paths(''))} live pages vs no console ({args.load_rounds} rounds):",
+          flush=True)
+    report["load"] = load_with_and_without(node, root, args.load_rounds, args.addjobs,
+                                           args.pickups, watched(args.queues))
+    figures = report["load"]
+    print(f"  ADDJOB {figures['addjob_rps']['with']:.0f}/s with, "
+          f"{figures['addjob_rps']['without']:.0f}/s without "
+          f"(x{figures['addjob_rps']['ratio']}); pickup p50 x{figures['pickup_p50_us']['ratio']}"
+          f", p99 x{figures['pickup_p99_us']['ratio']}", flush=True)
 
 
 if __name__ == "__main__":

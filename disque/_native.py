@@ -49,6 +49,7 @@ COMPILED_MODULES: tuple[str, ...] = (
     "disque.clock",
     "disque.job",
     "disque.job_options",
+    "disque.headers",
     "disque.keyspace",
     "disque.latency",
     "disque.cluster.messages",

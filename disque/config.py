@@ -13,6 +13,7 @@ kept, and changed directives that were not in the file are appended.
 from __future__ import annotations
 
 import fnmatch
+import ipaddress
 import os
 import re
 import shlex
@@ -111,6 +112,27 @@ def _secret(text: str) -> str:
     if text and len(text.encode("utf-8", "surrogateescape")) < MIN_SECRET_LENGTH:
         raise ValueError(f"the cluster secret must be at least {MIN_SECRET_LENGTH} "
                          "characters long")
+    return text
+
+
+def _announce_ip(text: str) -> str:
+    # ValueError: not an IP address.  Compressed: at most 39 characters,
+    # what the bus header has room for (cluster/messages.py).
+    return str(ipaddress.ip_address(text)) if text else text
+
+
+def _discovery(text: str) -> str:
+    """NAME[:PORT] (NAME a DNS name or an IP): checked here, split by
+    ``cluster/discovery.py``."""
+    if not text:
+        return text
+    name, sep, port = text.rpartition(":") if text.count(":") == 1 else (text, "", "")
+    if not sep:
+        name = text
+    elif not port.isdigit() or not 0 < int(port) <= 55535:
+        raise ValueError(f"bad port in '{text}'")
+    if not name or any(c.isspace() for c in name):
+        raise ValueError(f"bad name in '{text}'")
     return text
 
 
@@ -268,10 +290,35 @@ DIRECTIVES: dict[str, Directive] = {d.name: d for d in [
                   "then stop); 0 = stop at once"),
     Directive("idmp-max-keys", _int_range(1, 2 ** 31 - 1), 1_000_000,
               doc="most IDMP keys (idempotent ADDJOB) a node holds; the oldest go first"),
+    # Job headers (ADDJOB ... HEADER, an extension; disque/headers.py has the
+    # defaults' reasons, docs/EXTENSIONS.md compares them with other brokers).
+    Directive("max-job-headers", _int_range(0, 65535), 64,
+              doc="most headers one job may carry (ADDJOB ... HEADER); 0 = no headers"),
+    Directive("max-job-headers-size", _memory_between(0, 512 * 1024 ** 2), 64 * 1024,
+              format_memory,
+              doc="most bytes of header names and values one job may carry"),
     Directive("cluster-config-file", _string, "nodes.conf", mutable=False,
               doc="the node's ID and known peers, in dir (written by the node)"),
     Directive("cluster-node-timeout", _int_range(1, 2 ** 31 - 1), 15000,
               doc="ms without an answer before a peer is flagged as possibly failing"),
+    # Redis's names: the address peers and clients are told to reach this
+    # node at, for a node behind address translation (docs/CLUSTER.md).
+    Directive("cluster-announce-ip", _announce_ip, "", mutable=False,
+              doc='IP this node announces to peers (bus) and clients (HELLO, CLUSTER '
+                  'NODES); "" = its own address'),
+    Directive("cluster-announce-port", _int_range(0, 65535), 0, mutable=False,
+              doc="client port this node announces; 0 = port"),
+    Directive("cluster-announce-bus-port", _int_range(0, 65535), 0, mutable=False,
+              doc="cluster bus port this node announces; 0 = port + 10000"),
+    # Peers found by DNS (docs/CLUSTER.md, "Discovery by DNS").
+    Directive("cluster-discovery", _discovery, "", mutable=False,
+              doc='NAME[:PORT]: every address the DNS name resolves to is a peer at PORT '
+                  '(default: port), met if unknown; "" = off'),
+    Directive("cluster-discovery-interval", _int_range(1, 3600), 5,
+              doc="seconds between two resolutions of cluster-discovery"),
+    Directive("cluster-discovery-forget-time", _int_range(0, 2 ** 31 - 1), 60,
+              doc="seconds a failing node must stay out of the discovery answer, while "
+                  "every address in it is a known node, before it is forgotten; 0 = never"),
     # Extensions (docs/EXTENSIONS.md): all off by default.
     Directive("cluster-secret", _secret, "", mutable=False,
               doc="HMAC key signing every cluster bus message; every node needs the same"),

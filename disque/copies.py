@@ -183,6 +183,9 @@ def merge_copy(state: ServerState, job: Job, copy: Job) -> None:
         dequeue_job(state, job)  # queued by the mover in the dead-letter queue now
     moved = theirs.moved(theirs.dead_from)
     moved.nack_pending = ours.nack_pending if ours is not None else False
+    # Our copy keeps its own headers: its share of used_memory counts them
+    # (a plain copy from an original node has none, the mover's may have).
+    moved.headers = ours.headers if ours is not None else ()
     job.ext = moved
     job.queue = state.queue_for_write(copy.queue).name
     state.events.job_moved(state, job)

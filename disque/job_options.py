@@ -1,6 +1,6 @@
 """Job options the original's job has no room for: BACKOFF, MAXDELIVERIES,
-DEADLETTER, the dead-letter mark and PRIORITY.  The policy they drive and
-their one encoding live here.
+DEADLETTER, the dead-letter mark, PRIORITY and the headers.  The policy they
+drive and their one encoding live here (the headers' rules: :mod:`disque.headers`).
 
 A job without any of them has ``job.ext is None`` and is, everywhere, the
 original's job: same blob, same bus messages, same AOF record.
@@ -19,21 +19,27 @@ Policy
   its dead-letter queue instead (:mod:`disque.deadletter`).
 * **Priority** (``PRIORITY p``, 0 to 31): the queue hands out higher
   priorities first (``queue_order.JobOrder``); it never changes.
+* **Headers** (``HEADER name value``): inert metadata the node carries with
+  the job; they never change once the job is stored (its share of
+  ``used_memory`` counts them, ``job_table.job_memory``).
 
 Encoding
 --------
 One record, little-endian like the job blob::
 
-    "DQX" | u8 version (2) | u32 length of the rest |
+    "DQX" | u8 version (2 or 3) | u32 length of the rest |
     u32 backoff | u32 max-deliveries |
     u32 len + dead-letter queue ("" = <queue>:dead) |
     u32 len + dead-from queue ("" = not dead-lettered) |
     u8 priority                                  (version 2 on)
+    u32 count | count x (u32 len + name | u32 len + value)
+                                                 (version 3, only with headers)
 
 A reader skips fields it does not know (past the last it knows, up to the
 length), so later versions can append fields: a version-1 reader keeps the
-job without its priority, and a version-1 record (no priority byte) reads
-as priority 0.
+job without its priority, a version-2 reader without its headers, and a
+record without a field reads as its default (priority 0, no headers).  A job
+without headers is written as version 2, byte for byte as before them.
 
 * **AOF**: the record follows the job blob inside ``LOADJOB``'s argument.
 * **Bus** (REPLJOB, YOURJOBS): after the ``numjobs`` blobs, inside the
@@ -75,6 +81,8 @@ __all__ = [
 DEAD_SUFFIX: Final = b":dead"
 MAGIC: Final = b"DQX"
 VERSION: Final = 2
+#: The version of a record with headers.
+HEADERS_VERSION: Final = 3
 TRAILER_MAGIC: Final = b"DQXT"
 
 _HEAD: Final = struct.Struct("<3sBI")
@@ -95,11 +103,12 @@ class JobExt:
     Acyclic, as its job: it holds numbers, bytes and a flag.
     """
 
-    __slots__ = ("backoff", "dead_from", "dead_letter", "max_deliveries", "nack_pending",
-                 "priority")
+    __slots__ = ("backoff", "dead_from", "dead_letter", "headers", "max_deliveries",
+                 "nack_pending", "priority")
 
     def __init__(self, backoff: int = 0, max_deliveries: int = 0, dead_letter: bytes = b"",
-                 dead_from: bytes = b"", priority: int = 0) -> None:
+                 dead_from: bytes = b"", priority: int = 0,
+                 headers: tuple[bytes, ...] = ()) -> None:
         #: Cap of the re-queue delay in seconds; 0: no back-off (RETRY every time).
         self.backoff = backoff
         #: Deliveries after which the job is dead-lettered; 0: no limit.
@@ -110,6 +119,9 @@ class JobExt:
         self.dead_from = dead_from
         #: 0 (the original's order) to MAX_PRIORITY: higher ones are handed out first.
         self.priority = priority
+        #: The headers, flat: name, value, name, value ... (empty: none).
+        #: Never changed once the job is stored: its memory share counts them.
+        self.headers = headers
         #: This node's copy waits for a NACK ... DELAY to end: its next
         #: queueing counts as the NACK.  Local: never encoded.
         self.nack_pending = False
@@ -117,7 +129,7 @@ class JobExt:
     @property
     def travels(self) -> bool:
         """Whether anything here must be encoded (nack_pending is local)."""
-        return bool(self.priority or self.has_delivery_options)
+        return bool(self.priority or self.headers or self.has_delivery_options)
 
     @property
     def has_delivery_options(self) -> bool:
@@ -127,22 +139,22 @@ class JobExt:
     def moved(self, dead_from: bytes) -> JobExt:
         """These options on a job dead-lettered from ``dead_from``."""
         return JobExt(self.backoff, self.max_deliveries, self.dead_letter, dead_from,
-                      self.priority)
+                      self.priority, self.headers)
 
     def __eq__(self, other: object) -> bool:
         return (isinstance(other, JobExt) and self.backoff == other.backoff
                 and self.max_deliveries == other.max_deliveries
                 and self.dead_letter == other.dead_letter and self.dead_from == other.dead_from
-                and self.priority == other.priority)
+                and self.priority == other.priority and self.headers == other.headers)
 
     def __hash__(self) -> int:
         return hash((self.backoff, self.max_deliveries, self.dead_letter, self.dead_from,
-                     self.priority))
+                     self.priority, self.headers))
 
     def __repr__(self) -> str:
         return (f"JobExt(backoff={self.backoff}, max_deliveries={self.max_deliveries}, "
                 f"dead_letter={self.dead_letter!r}, dead_from={self.dead_from!r}, "
-                f"priority={self.priority})")
+                f"priority={self.priority}, headers={self.headers!r})")
 
 
 # --------------------------------------------------------------------------
@@ -186,13 +198,22 @@ def dead_letter_queue(job: Job) -> bytes:
 
 def encode_record(ext: JobExt) -> bytes:
     """One job's extension record (see the module docstring)."""
-    body = b"".join((
+    parts = [
         _FIXED.pack(ext.backoff & 0xFFFFFFFF, ext.max_deliveries & 0xFFFFFFFF),
         _U32.pack(len(ext.dead_letter)), ext.dead_letter,
         _U32.pack(len(ext.dead_from)), ext.dead_from,
         bytes((ext.priority,)),
-    ))
-    return _HEAD.pack(MAGIC, VERSION, len(body)) + body
+    ]
+    headers = ext.headers
+    version = VERSION
+    if headers:
+        version = HEADERS_VERSION
+        parts.append(_U32.pack(len(headers) // 2))
+        for item in headers:
+            parts.append(_U32.pack(len(item)))
+            parts.append(item)
+    body = b"".join(parts)
+    return _HEAD.pack(MAGIC, version, len(body)) + body
 
 
 def decode_record(data: bytes | memoryview, offset: int = 0) -> tuple[JobExt, int]:
@@ -215,14 +236,35 @@ def decode_record(data: bytes | memoryview, offset: int = 0) -> tuple[JobExt, in
     except struct.error:
         raise ExtError("truncated job extension record") from None
     priority = 0
+    headers: tuple[bytes, ...] = ()
     if pos < end:  # version 2 on
         priority = view[pos]
         if priority > MAX_PRIORITY:
             raise ExtError(f"job priority {priority} out of range")
-    return JobExt(backoff, max_deliveries, dead_letter, dead_from, priority), end
+        pos += 1
+        if pos < end:  # version 3 on
+            headers = _headers(view, pos, end)
+    return JobExt(backoff, max_deliveries, dead_letter, dead_from, priority, headers), end
+
+
+def _headers(view: memoryview, pos: int, end: int) -> tuple[bytes, ...]:
+    """The headers field (version 3): ``u32 count``, then the names and values."""
+    if pos + 4 > end:
+        raise ExtError("truncated headers in job extension record")
+    (count,) = _U32.unpack_from(view, pos)
+    pos += 4
+    if count * 8 > end - pos:  # each header takes two lengths at least
+        raise ExtError("truncated headers in job extension record")
+    items: list[bytes] = []
+    for _ in range(2 * count):
+        item, pos = _string(view, pos, end)
+        items.append(item)
+    return tuple(items)
 
 
 def _string(view: memoryview, pos: int, end: int) -> tuple[bytes, int]:
+    if pos + 4 > end:
+        raise ExtError("truncated string in job extension record")
     (size,) = _U32.unpack_from(view, pos)
     pos += 4
     if pos + size > end:

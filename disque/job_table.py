@@ -25,7 +25,8 @@ from .job import Job
 from .keyspace import SlicedDict, job_id_slice
 from .time_buckets import TimeBuckets
 
-__all__ = ["AwakeSchedule", "JobRegistry", "JOB_OVERHEAD_BYTES", "job_memory"]
+__all__ = ["AwakeSchedule", "JobRegistry", "JOB_OVERHEAD_BYTES", "HEADER_OVERHEAD_BYTES",
+           "HEADERS_OVERHEAD_BYTES", "job_memory", "headers_memory"]
 
 #: Bytes attributed to one job besides its body (object, ID, times, registry
 #: and schedule entries); checked against tracemalloc in the tests, and
@@ -35,6 +36,12 @@ __all__ = ["AwakeSchedule", "JobRegistry", "JOB_OVERHEAD_BYTES", "job_memory"]
 #: (ServerState.shared_int): ~400 bytes at tens of jobs per ms and ~470 at
 #: one per ms.
 JOB_OVERHEAD_BYTES: Final = 410 if _native.activate() == "compiled" else 450
+#: Bytes attributed to a job's headers besides their names and values: per
+#: header (two bytes objects and their slots in the tuple), and once per job
+#: with headers (its extension object and the tuple); checked against
+#: tracemalloc in the tests.
+HEADER_OVERHEAD_BYTES: Final = 88
+HEADERS_OVERHEAD_BYTES: Final = 136
 
 
 class AwakeSchedule:
@@ -171,5 +178,21 @@ class JobRegistry:
 
 
 def job_memory(job: Job) -> int:
-    """What a job counts in ``used_memory`` (memory.py)."""
-    return JOB_OVERHEAD_BYTES + len(job.body)
+    """What a job counts in ``used_memory`` (memory.py).
+
+    The same at registration and removal: a job's body and headers never
+    change while it is registered.
+    """
+    size = JOB_OVERHEAD_BYTES + len(job.body)
+    ext = job.ext
+    if ext is not None and ext.headers:
+        size += headers_memory(ext.headers)
+    return size
+
+
+def headers_memory(headers: tuple[bytes, ...]) -> int:
+    """What a job's headers (flat: name, value, ...) count in ``used_memory``."""
+    size = HEADERS_OVERHEAD_BYTES + HEADER_OVERHEAD_BYTES * (len(headers) // 2)
+    for item in headers:
+        size += len(item)
+    return size

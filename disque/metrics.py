@@ -14,12 +14,16 @@ Rates (jobs in/out per second) are PromQL's job:
 from 0 when an idle empty queue is evicted and later re-created; ``rate()``
 takes such resets in its stride, and the node-wide totals
 (``disque_jobs_enqueued_total``) include evicted queues and never go down.
+
+The same port answers the probes, ``GET /healthz`` and ``GET /readyz``
+(``health.py`` says what they mean).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 import time
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
@@ -38,6 +42,7 @@ from . import __version__, _native
 from .cluster import messages
 
 if TYPE_CHECKING:
+    from .health import Health
     from .state import ServerState
 
 __all__ = ["NodeCollector", "MetricsServer", "make_registry"]
@@ -322,8 +327,9 @@ def _response(status: str, body: bytes, content_type: str = "text/plain; charset
 class MetricsProtocol(asyncio.Protocol):
     """One scrape: read the request head, answer, close (``Connection: close``)."""
 
-    def __init__(self, registry: CollectorRegistry) -> None:
+    def __init__(self, registry: CollectorRegistry, health: Health | None = None) -> None:
         self.registry = registry
+        self.health = health
         self.buffer = bytearray()
         self.transport: asyncio.Transport | None = None
         self.timer: asyncio.TimerHandle | None = None
@@ -354,6 +360,15 @@ class MetricsProtocol(asyncio.Protocol):
         method, target = words[0], words[1].split(b"?", 1)[0]
         if method not in (b"GET", b"HEAD"):
             return _response("405 Method Not Allowed", b"GET /metrics\n")
+        head_only = method == b"HEAD"
+        if target == b"/healthz":
+            return _response("200 OK", b"ok\n", head=head_only)
+        if target == b"/readyz":
+            if self.health is None:
+                return _response("200 OK", b"ready\n", head=head_only)
+            ready, reason = self.health.ready()
+            return _response("200 OK" if ready else "503 Service Unavailable",
+                             reason.encode() + b"\n", head=head_only)
         if target != b"/metrics":
             return _response("404 Not Found", b"GET /metrics\n", head=method == b"HEAD")
         try:
@@ -372,23 +387,31 @@ class MetricsProtocol(asyncio.Protocol):
 class MetricsServer:
     """The listeners of ``metrics-port`` on ``metrics-bind``."""
 
-    def __init__(self, state: ServerState) -> None:
+    def __init__(self, state: ServerState, health: Health | None = None) -> None:
         self.registry = make_registry(state)
+        self.health = health
         self._servers: list[asyncio.base_events.Server] = []
 
-    async def start(self, bind: list[str], port: int) -> None:
+    async def start(self, bind: list[str], port: int,
+                    sockets: list[socket.socket] | None = None) -> None:
+        """Listen on ``bind``:``port``, or on ``sockets`` already bound
+        (health.bind_sockets: the port answered during the AOF load)."""
         loop = asyncio.get_running_loop()
-        for address in bind:
+        for sock in sockets or []:
+            self._servers.append(await loop.create_server(
+                lambda: MetricsProtocol(self.registry, self.health), sock=sock))
+        for address in bind if sockets is None else []:
             host = None if address == "*" else address
             try:
-                server = await loop.create_server(lambda: MetricsProtocol(self.registry),
-                                                  host, port, reuse_address=True)
+                server = await loop.create_server(
+                    lambda: MetricsProtocol(self.registry, self.health), host, port,
+                    reuse_address=True)
             except OSError as err:
                 self.stop()
                 raise SystemExit(f"Could not create the metrics TCP listening socket "
                                  f"{address}:{port}: {err.strerror}") from None
             self._servers.append(server)
-        log.info("Prometheus metrics on %s",
+        log.info("Prometheus metrics on %s (probes: /healthz, /readyz)",
                  ", ".join(f"http://{a}:{port}/metrics" for a in bind))
 
     def stop(self) -> None:

@@ -39,12 +39,14 @@ from .clock import FOLLOW_RATE
 from .cluster import ClusterState, NodesFileError
 from .cluster.auth import BusAuth
 from .cluster.bus import BUS_PORT_OFFSET, ClusterBus
+from .cluster.discovery import Discovery, parse_target
 from .commands.acl import load_acl_file
 from .config import Config, ConfigError
 from .connection import ReplyBatch, connection_factory
 from .cyclic_gc import CollectorPolicy
 from .drain import Drain
 from .federation import need_jobs_cron
+from .health import Health, LoadingResponder, bind_sockets
 from .log import set_level, setup_logging
 from .node_events import NodeEvents
 from .state import NO_JOB_TIMER, ServerState
@@ -89,6 +91,8 @@ class DisqueServer:
         self._metrics: Any = None  # metrics.MetricsServer, with metrics-port
         self._tls: TLSListener | None = None  # with tls-port
         self._drain: Drain | None = None  # after a first SIGTERM / SIGINT
+        self._discovery: Discovery | None = None  # with cluster-discovery
+        self.health: Health | None = None
 
     # -- start --------------------------------------------------------------
 
@@ -102,7 +106,8 @@ class DisqueServer:
         _check_writable(config.dir)
         config.on_change("dir", self._change_dir)
         config.on_change("loglevel", set_level)
-        my_ip = next((a for a in config.bind if a not in ("0.0.0.0", "::", "*")), "")
+        my_ip = config.cluster_announce_ip or next(
+            (a for a in config.bind if a not in ("0.0.0.0", "::", "*")), "")
         try:
             cluster = ClusterState.load_or_create(config.cluster_config_file, my_ip, config.port)
         except NodesFileError as err:
@@ -135,7 +140,20 @@ class DisqueServer:
             except TLSError as err:
                 raise SystemExit(f"TLS: {err}") from None
         from .aof import setup_persistence
-        persistence = setup_persistence(state)  # loads the AOF before listening
+        responder = None
+        if config.metrics_port:
+            # The probes are answered during the AOF load too (health.py).
+            metrics_sockets = bind_sockets(config.metrics_bind, config.metrics_port)
+            responder = LoadingResponder(metrics_sockets)
+            responder.start()
+        try:
+            persistence = setup_persistence(state)  # loads the AOF before listening
+        except BaseException:
+            if responder is not None:
+                responder.stop()
+                for sock in responder.sockets:
+                    sock.close()
+            raise
         replies = ReplyBatch(state)
 
         await self._listen(config, state, replies)
@@ -143,7 +161,7 @@ class DisqueServer:
             self._listen_tls(config, state, replies, tls_context)
         if config.port == 0:
             state.tcp_port = self.port
-            cluster.myself.port = self.port
+        _announce(config, cluster, self.port)
         auth = None
         if config.cluster_secret:
             auth = BusAuth(config.cluster_secret.encode("utf-8", "surrogateescape"))
@@ -158,6 +176,9 @@ class DisqueServer:
         persistence.on_durability_lost(replies.drop)
         persistence.on_durability_lost(bus.drop_output)
         register_job_messages(bus, state)
+        self.health = Health(state, lambda: self._stopping or self._drain is not None,
+                             lambda: self._discovery)
+        bus.membership.on_pong = self.health.pong
         await bus.start(config.bind, self.port)
         if bus_tls is not None:
             log.info("TLS on the cluster bus: peers' certificates verified against %s",
@@ -169,11 +190,21 @@ class DisqueServer:
         except OSError as err:
             raise SystemExit(f"Can't write the cluster config file "
                              f"'{config.cluster_config_file}': {err.strerror}") from None
-        if config.metrics_port:
+        if config.cluster_discovery:
+            name, port = parse_target(config.cluster_discovery, config.port or self.port)
+            self._discovery = Discovery(bus.membership, name, port,
+                                        lambda: config.cluster_discovery_interval,
+                                        lambda: config.cluster_discovery_forget_time)
+            self._discovery.start()
+            log.info("cluster-discovery: peers from %s, port %d, every %d s", name, port,
+                     config.cluster_discovery_interval)
+        if responder is not None:
             # Imported here: prometheus-client is only loaded by nodes that serve it.
             from .metrics import MetricsServer
-            self._metrics = MetricsServer(state)
-            await self._metrics.start(config.metrics_bind, config.metrics_port)
+            responder.stop()
+            self._metrics = MetricsServer(state, self.health)
+            await self._metrics.start(config.metrics_bind, config.metrics_port,
+                                      responder.sockets)
         self._cron_deadline = loop.time()
         self._schedule_cron()
         log.info("Disque %s (python, core: %s) started, pid %d, node %s", __version__,
@@ -369,6 +400,8 @@ class DisqueServer:
         self._close_listeners()
         if self._metrics is not None:
             self._metrics.stop()
+        if self._discovery is not None:
+            self._discovery.stop()
         if self._job_timer is not None:
             self._job_timer.cancel()
         if self._cron_handle is not None:
@@ -411,6 +444,18 @@ class DisqueServer:
 
     async def wait_stopped(self) -> None:
         await self._stopped.wait()
+
+
+def _announce(config: Config, cluster: ClusterState, port: int) -> None:
+    """The address peers and clients are told (Redis's cluster-announce-*):
+    the client port announced, else ours; the bus port announced, else ours
+    + 10000 (0 in the table when it is the announced port + 10000, which the
+    original's nodes assume)."""
+    me = cluster.myself
+    cluster.announce_ip = config.cluster_announce_ip
+    me.port = config.cluster_announce_port or port
+    bus_port = config.cluster_announce_bus_port or port + BUS_PORT_OFFSET
+    me.bus_port = 0 if bus_port == me.port + BUS_PORT_OFFSET else bus_port
 
 
 def _watch_clients(state: ServerState, now: float) -> None:

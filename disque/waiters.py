@@ -39,7 +39,7 @@ __all__ = ["Blocked", "BlockDeadlines", "BlockedGet", "ReplicationWait", "Waiter
            "block_for_jobs", "park",
            "unblock", "unblock_all", "entries_reply", "getjob_entry", "plain_entries_reply",
            "NO_REPLY",
-           "WITH_COUNTERS", "WITH_LEASE"]
+           "WITH_COUNTERS", "WITH_HEADERS", "WITH_LEASE"]
 
 #: Timeouts are capped: a wait this long is "forever" for every practical purpose
 #: and larger values would overflow the event loop's timer.
@@ -52,12 +52,15 @@ log: Final = logging.getLogger("disque.waiters")
 _NACKS: Final = b"nacks"
 _DELIVERIES: Final = b"additional-deliveries"
 _REQUEUE_WITHIN: Final = b"next-requeue-within"
+_HEADERS: Final = b"headers"
 
 #: GETJOB's optional entry fields (a bit set): WITHCOUNTERS adds the NACK and
 #: delivery counters, WITHLEASE (an extension) the milliseconds left before
-#: this node queues the job again.
+#: this node queues the job again, WITHHEADERS (an extension) the job's
+#: headers.
 WITH_COUNTERS: Final = 1
 WITH_LEASE: Final = 2
+WITH_HEADERS: Final = 4
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)
@@ -168,13 +171,17 @@ class BlockedGet(Blocked):
 
 def getjob_entry(job: Job, fields: int, now: int = 0) -> list[Any]:
     """One job in GETJOB's reply: ``[queue, id, body]``, then the ``fields``
-    asked for (:data:`WITH_COUNTERS`, :data:`WITH_LEASE` as of ``now``)."""
+    asked for (:data:`WITH_COUNTERS`, :data:`WITH_LEASE` as of ``now``,
+    :data:`WITH_HEADERS`), each a name and its value, in that order."""
     entry: list[Any] = [job.queue, job.id, job.body]
     if fields:
         if fields & WITH_COUNTERS:
             entry.extend((_NACKS, job.nacks, _DELIVERIES, job.additional_deliveries))
         if fields & WITH_LEASE:
             entry.extend((_REQUEUE_WITHIN, requeue_within_ms(job, now)))
+        if fields & WITH_HEADERS:
+            ext = job.ext
+            entry.extend((_HEADERS, list(ext.headers) if ext is not None else []))
     return entry
 
 

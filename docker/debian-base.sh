@@ -1,26 +1,23 @@
 #!/bin/sh
-# debian-base.sh: build the Debian 12 (bookworm) Python base images that
-# docker/Dockerfile and docker/Dockerfile.spark take as build arguments,
-# without a container registry: mmdebstrap makes the root file system from
-# Debian's packages, the container engine imports it.
+# debian-base.sh: build the Debian 12 (bookworm) Python base image that
+# docker/Dockerfile and docker/Dockerfile.spark take as their PYTHON_IMAGE build
+# argument, without a container registry: mmdebstrap makes the root file
+# system from Debian's packages, the container engine imports it.
 #
 #   sh docker/debian-base.sh [podman|docker]
 #
-# Makes two images (names overridable with the variables below):
-#   $BASE_IMAGE   (localhost/disque-base:bookworm): python3 with venv and pip,
-#                 ca-certificates; the PYTHON_IMAGE of both Dockerfiles;
-#   $BUILD_IMAGE  (localhost/disque-build-base:bookworm): the same + python3-dev,
-#                 the BUILD_IMAGE of docker/Dockerfile's build stage (the
-#                 headers stay out of the node image).
+# Makes $BASE_IMAGE (default localhost/disque-base:bookworm): Debian's python3
+# with venv and pip, ca-certificates. (The node image installs the compiler
+# and python3-dev it needs to compile its core, and removes them, in one
+# layer: docker/Dockerfile.)
 # The host's CA bundle ($HOST_CA_BUNDLE, default /etc/ssl/certs/ca-certificates.crt)
-# is added to the images' trusted CAs, so that apt and pip inside the builds
+# is added to the image's trusted CAs, so that apt and pip inside the builds
 # trust what the host trusts (a proxy's CA, for instance).
 # Needs root (or mmdebstrap's unshare mode) and about 90 s.
 set -eu
 
 engine=${1:-podman}
 base=${BASE_IMAGE:-localhost/disque-base:bookworm}
-build=${BUILD_IMAGE:-localhost/disque-build-base:bookworm}
 mirror=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
 security=${DEBIAN_SECURITY_MIRROR:-http://deb.debian.org/debian-security}
 ca=${HOST_CA_BUNDLE:-/etc/ssl/certs/ca-certificates.crt}
@@ -46,7 +43,4 @@ mmdebstrap --quiet --variant=apt --format=tar \
 
 "$engine" import --change 'ENV LANG=C.UTF-8' --change 'CMD ["python3"]' \
     "$tmp/rootfs.tar" "$base" >/dev/null
-printf 'FROM %s\nRUN apt-get update && apt-get install -y --no-install-recommends python3-dev \\\n    && rm -rf /var/lib/apt/lists/*\n' \
-    "$base" > "$tmp/Containerfile"
-"$engine" build --quiet -t "$build" -f "$tmp/Containerfile" "$tmp" >/dev/null
-echo "built $base and $build"
+echo "built $base"

@@ -6,6 +6,8 @@
 #   disque-entrypoint [--directive value ...]   start the node (extra directives win)
 #   disque-entrypoint disque-server [conf] [--directive value ...]   the same
 #   disque-entrypoint healthcheck               exit 0 if the local node answers PING
+#                                               (docker's HEALTHCHECK; Kubernetes
+#                                               probes the node's /healthz instead)
 #   disque-entrypoint ready                     exit 0 if it answers PING and, with
 #                                               DISQUE_JOIN, has a reachable peer
 #   disque-entrypoint print-command [...]       print the server command line, one
@@ -25,18 +27,33 @@
 #   4. arguments given to the entrypoint.
 # daemonize is always "no": the node must stay in the foreground.
 #
-# DISQUE_JOIN=host:port,...: once the node answers PING, a background loop
+# Peers: the node's own cluster-discovery directive (DISQUE_CLUSTER_DISCOVERY=
+# name:port) meets every address a DNS name resolves to, again and again; it
+# is what Kubernetes and compose use. Where that does not fit,
+# DISQUE_JOIN=host:port[@bus-port],...: once the node answers PING, a background loop
 # sends CLUSTER MEET <ip> <port> for each peer (names are resolved first),
 # retrying unreachable ones (DISQUE_JOIN_RETRIES times, every
 # DISQUE_JOIN_INTERVAL seconds). Meeting one member is enough: the node learns
 # the rest of the cluster by gossip. A peer's answer is logged.
+#
+# DISQUE_ANNOUNCE_FILE=path: lines "NAME ADDRESS CLIENT-PORT BUS-PORT" (# starts
+# a comment); the line whose NAME is $DISQUE_NODE_NAME (default: the host name)
+# gives cluster-announce-ip, -port and -bus-port, unless the
+# DISQUE_CLUSTER_ANNOUNCE_* variables are set. No such line: the node does not
+# start. deploy/kubernetes/external/ uses it, one line per pod.
+#
+# DISQUE_REQUIRE_CLUSTER_SECRET=yes: refuse to start without a cluster-secret
+# (from DISQUE_CLUSTER_SECRET, the config file or the arguments; an empty one
+# counts as none), so that a missing secret is a failed start, not a node
+# whose bus takes unsigned messages.
 #
 # Runs outside a container too (that is how it is tested): every path comes
 # from the variables above, and disque-server / disque are looked up in PATH.
 set -eu
 
 # DISQUE_<NAME> variables turn into --<name> for these directives: the names of
-# DIRECTIVES in disque/config.py (tests/docker checks that the lists match).
+# DIRECTIVES in disque/config.py (tests/docker checks that the lists match;
+# their order is the order of the arguments, which does not matter).
 DIRECTIVES="
 port bind dir logfile loglevel daemonize pidfile requirepass hz timeout
 tcp-keepalive tcp-backlog maxclients maxmemory maxmemory-policy
@@ -47,7 +64,9 @@ auto-aof-rewrite-percentage auto-aof-rewrite-min-size shutdown-timeout idmp-max-
 cluster-config-file
 cluster-node-timeout cluster-secret metrics-port metrics-bind tls-port
 tls-cert-file tls-key-file tls-ca-cert-file tls-auth-clients aclfile tls-cluster
-cluster-max-inbound-links
+cluster-max-inbound-links cluster-announce-ip cluster-announce-port
+cluster-announce-bus-port cluster-discovery cluster-discovery-interval
+cluster-discovery-forget-time max-job-headers max-job-headers-size
 "
 
 # DISQUE_* variables that are settings of this script (or of the disque CLI),
@@ -55,6 +74,7 @@ cluster-max-inbound-links
 OWN_VARS="
 DISQUE_CONFIG_FILE DISQUE_DATA_DIR DISQUE_JOIN DISQUE_JOIN_RETRIES
 DISQUE_JOIN_INTERVAL DISQUE_LOCAL_HOST DISQUE_PASSWORD DISQUE_HISTFILE
+DISQUE_ANNOUNCE_FILE DISQUE_NODE_NAME DISQUE_REQUIRE_CLUSTER_SECRET
 "
 
 DEFAULT_CONFIG_FILE=/etc/disque/disque.conf
@@ -146,21 +166,27 @@ resolve() {
 # retrying cannot change), 1 to try again later.
 join_one() {
     peer=$1
+    # host:port, or host:port@bus-port (a bus not at port + 10000: a NodePort's)
+    peer_bus=""
+    case $peer in
+        *@*) peer_bus=${peer##*@}; peer=${peer%@*} ;;
+    esac
     case $peer in
         *:*) peer_host=${peer%:*}; peer_port=${peer##*:} ;;
         *) log "join: ignoring '$peer': expected host:port"; return 0 ;;
     esac
     peer_host=${peer_host#\[}
     peer_host=${peer_host%\]}
-    case $peer_port in
-        "" | *[!0-9]*) log "join: ignoring '$peer': bad port"; return 0 ;;
+    case $peer_port:$peer_bus in
+        :* | *[!0-9:]*) log "join: ignoring '$peer': bad port"; return 0 ;;
     esac
     if ! ip=$(resolve "$peer_host"); then
         log "join: cannot resolve $peer_host yet, will retry"
         return 1
     fi
-    if reply=$(local_cli cluster meet "$ip" "$peer_port" 2>&1); then
-        log "join: CLUSTER MEET $ip $peer_port ($peer): $reply"
+    # shellcheck disable=SC2086  # $peer_bus: the optional third argument
+    if reply=$(local_cli cluster meet "$ip" "$peer_port" $peer_bus 2>&1); then
+        log "join: CLUSTER MEET $ip $peer_port $peer_bus($peer): $reply"
         return 0
     fi
     case $reply in
@@ -220,13 +246,22 @@ healthcheck() {
         return 1
     fi
     # The node answers PING before AUTH, so a check that does not know the
-    # password still gets PONG from a live node.
-    reply=$(local_cli ping 2>&1) || true
-    case $reply in
-        PONG) echo PONG; return 0 ;;
-    esac
-    printf '%s\n' "$reply"
-    return 1
+    # password still gets PONG from a live node. One PING over a socket, by
+    # Python without its site packages (isolated, -I -S): 15 ms of CPU,
+    # where the disque CLI takes 130 ms (docker/README.md, "Health check").
+    # shellcheck disable=SC2016
+    python3 -I -S -c '
+import socket, sys
+host, port = sys.argv[1], int(sys.argv[2])
+try:
+    with socket.create_connection((host, port), timeout=4) as sock:
+        sock.sendall(b"*1\r\n$4\r\nPING\r\n")
+        reply = sock.recv(256)
+except OSError as err:
+    print(f"Could not connect to {host}:{port}: {err.strerror or err}")
+    sys.exit(1)
+print(reply.decode("utf-8", "replace").strip().lstrip("+-") or "no reply")
+sys.exit(0 if reply.startswith(b"+PONG") else 1)' "${DISQUE_LOCAL_HOST:-127.0.0.1}" "$local_port"
 }
 
 # Readiness (Kubernetes): answers PING and, when DISQUE_JOIN names peers,
@@ -293,6 +328,33 @@ if [ -n "${DISQUE_DIR:-}" ] && [ -z "$dry_run$print_config" ]; then
         "chown it (the image's user is uid 10001) or use a named volume"
 fi
 
+# This node's announced address, from its line of DISQUE_ANNOUNCE_FILE.
+if [ -n "${DISQUE_ANNOUNCE_FILE:-}" ]; then
+    [ -f "$DISQUE_ANNOUNCE_FILE" ] || die "DISQUE_ANNOUNCE_FILE=$DISQUE_ANNOUNCE_FILE: no such file"
+    node_name=${DISQUE_NODE_NAME:-$(uname -n)}
+    announced=$(awk -v name="$node_name" '
+        { sub(/\r$/, "") }
+        /^[ \t]*#/ || NF == 0 { next }
+        $1 == name { print $2, $3, $4, NF; exit }' "$DISQUE_ANNOUNCE_FILE")
+    [ -n "$announced" ] || die "no line for $node_name in $DISQUE_ANNOUNCE_FILE:" \
+        "add one (NAME ADDRESS CLIENT-PORT BUS-PORT) for every replica"
+    read -r announce_ip announce_port announce_bus_port fields <<EOF
+$announced
+EOF
+    case "$fields $announce_port $announce_bus_port" in
+        "4 "[0-9]*" "[0-9]*) ;;
+        *) die "$DISQUE_ANNOUNCE_FILE: expected '$node_name ADDRESS CLIENT-PORT BUS-PORT'" ;;
+    esac
+    case "$announce_port$announce_bus_port" in
+        *[!0-9]*) die "$DISQUE_ANNOUNCE_FILE: $node_name's ports are not numbers" ;;
+    esac
+    : "${DISQUE_CLUSTER_ANNOUNCE_IP:=$announce_ip}"
+    : "${DISQUE_CLUSTER_ANNOUNCE_PORT:=$announce_port}"
+    : "${DISQUE_CLUSTER_ANNOUNCE_BUS_PORT:=$announce_bus_port}"
+    log "announcing $DISQUE_CLUSTER_ANNOUNCE_IP:$DISQUE_CLUSTER_ANNOUNCE_PORT" \
+        "(bus $DISQUE_CLUSTER_ANNOUNCE_BUS_PORT) for $node_name"
+fi
+
 # Unknown DISQUE_* variables are most likely typos: say so.
 known=" "
 for name in $OWN_VARS; do
@@ -332,6 +394,32 @@ while [ "$i" -lt "$user_args" ]; do
     i=$((i + 1))
 done
 
+# Port, password and cluster secret the node will have (for the join loop
+# and the check below), and the command as logged (secrets masked).
+local_port=$(conf_value port)
+local_pass=$(conf_value requirepass)
+cluster_secret=$(conf_value cluster-secret)
+shown=""
+previous=""
+for arg in "$@"; do
+    case $previous in
+        --port) local_port=$arg ;;
+        --requirepass) local_pass=$arg; arg="(hidden)" ;;
+        --cluster-secret) cluster_secret=$arg; arg="(hidden)" ;;
+    esac
+    shown="$shown $arg"
+    previous=$arg
+done
+local_port=${local_port:-7711}
+
+case "${DISQUE_REQUIRE_CLUSTER_SECRET:-no}" in
+    yes | true | 1)
+        [ -n "$cluster_secret" ] || die "no cluster-secret, and DISQUE_REQUIRE_CLUSTER_SECRET" \
+            "is set: give it (DISQUE_CLUSTER_SECRET, the config file); refusing to start" ;;
+    no | false | 0) ;;
+    *) die "DISQUE_REQUIRE_CLUSTER_SECRET=$DISQUE_REQUIRE_CLUSTER_SECRET: expected yes or no" ;;
+esac
+
 if [ -n "$dry_run" ]; then
     printf '%s\n' disque-server "$@"
     exit 0
@@ -339,22 +427,6 @@ fi
 if [ -n "$print_config" ]; then
     exec disque-server --print-config "$@"
 fi
-
-# Port and password the node will have (for the join loop), and the command
-# as logged (password masked).
-local_port=$(conf_value port)
-local_pass=$(conf_value requirepass)
-shown=""
-previous=""
-for arg in "$@"; do
-    case $previous in
-        --port) local_port=$arg ;;
-        --requirepass) local_pass=$arg; arg="(hidden)" ;;
-    esac
-    shown="$shown $arg"
-    previous=$arg
-done
-local_port=${local_port:-7711}
 
 if [ -n "${DISQUE_JOIN:-}" ]; then
     if [ "$local_port" = 0 ]; then

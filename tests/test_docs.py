@@ -183,6 +183,11 @@ BLOCKS: dict[tuple[str, str], str] = {
     ("docs/EXTENSIONS.md", "127.0.0.1:7711> GETJOB WITHCOUNTERS WITHLEASE FROM orders"):
         "a CLI session with a placeholder ID; tests/server/test_getjob_lease.py "
         "(test_counters_come_first_in_either_option_order) checks the entry's shape",
+    ("docs/EXTENSIONS.md", "ADDJOB queue body ms-timeout [options] HEADER name value"):
+        "a syntax synopsis",
+    ("docs/EXTENSIONS.md", "127.0.0.1:7711> ADDJOB orders \"...\" 0 HEADER traceparent"):
+        "a CLI session with a placeholder ID; tests/server/test_headers.py "
+        "(test_withheaders_follows_withcounters_and_withlease) checks the entry's shape",
     ("docs/EXTENSIONS.md", "127.0.0.1:7711> WORKINGS"):
         "a CLI session with placeholder IDs; tests/server/test_workings.py checks these "
         "replies",
@@ -233,10 +238,28 @@ BLOCKS: dict[tuple[str, str], str] = {
         "needs Docker; tests/docker/test_console_service.py runs the console service's "
         "command as a process over three nodes, tests/docker/test_docker_files.py checks "
         "the service and docker/Dockerfile.console",
-    ("docs/DEPLOY.md", "kubectl create secret generic disque-cluster-secret"):
+    ("docs/DEPLOY.md", "kubectl create secret generic disque-secrets"):
         "needs a Kubernetes cluster: tests/deploy/test_deploy_doc.py runs the secret command "
         "with --dry-run=client and renders the kustomization; tests/deploy/"
-        "test_kubernetes.py validates it and runs the pods' join by DNS with real nodes",
+        "test_kubernetes.py validates it and runs the pods' discovery with real nodes",
+    ("docs/DEPLOY.md", "podman build -f docker/Dockerfile -t registry.example.com/"):
+        "needs a registry: tests/deploy/test_deploy_doc.py checks the tag is the package's "
+        "version and the kustomization's image; tests/containers/ builds the image",
+    ("docs/DEPLOY.md", "kubectl scale statefulset/disque"):
+        "needs a Kubernetes cluster: tests/deploy/test_deploy_doc.py checks the names and "
+        "figures; tests/deploy/test_kubernetes.py scales real nodes up and down by discovery",
+    ("docs/DEPLOY.md", "mkdir -p overlays/external"):
+        "tests/deploy/test_deploy_doc.py (test_the_external_recipe_renders) runs it and "
+        "renders the overlay",
+    ("docs/DEPLOY.md", "docker compose -f docker/compose.yaml up -d --scale"):
+        "needs Docker: tests/deploy/test_deploy_doc.py checks the service; tests/containers/ "
+        "scales node containers found by one network alias",
+    ("docker/README.md", "docker compose -f docker/compose.yaml up -d --scale"):
+        "needs Docker: tests/containers/ scales node containers found by one network alias",
+    ("docker/README.md", "podman run --ulimit nofile=20000:20000"):
+        "tests/containers/conftest.py runs podman with these limits (containers.conf)",
+    ("docker/README.md", "# /etc/containers/containers.conf"):
+        "tests/containers/conftest.py writes this containers.conf (CONTAINERS_CONF)",
     ("docs/DEPLOY.md", "python3 -m venv /opt/disque"):
         "installs system-wide (a user, a unit); tests/deploy/test_deploy_doc.py "
         "(test_systemd_unit) verifies the unit and runs its ExecStart and stop as written",
@@ -254,6 +277,14 @@ BLOCKS: dict[tuple[str, str], str] = {
     ("docs/CONSOLE.md", "curl -s -u team-a:secret"):
         "needs a console and users; tests/console/test_users.py "
         "(test_scripts_use_basic_auth_on_the_api) calls the API with Basic authentication",
+    ("docs/CONSOLE.md", "disque-console --nodes 10.0.0.1:7712"):
+        "fixed addresses and certificate files; tests/console/test_tls.py "
+        "(test_pages_redrive_and_bulk_move_over_tls) starts the console with the same "
+        "options against TLS nodes that require client certificates",
+    ("docs/EXTENSIONS.md", "SHOW id NOBODY"): "a syntax synopsis",
+    ("docs/EXTENSIONS.md", "127.0.0.1:7711> SHOW D-"):
+        "a CLI session with a placeholder ID; tests/server/test_jobs.py "
+        "(test_show_nobody_gives_the_fields_without_the_body) checks the reply's fields",
     ("docker/README.md", "DISQUE_CONFIG_FILE=none DISQUE_DATA_DIR=/tmp/disque"):
         "tests/docker/test_docker_files.py runs the entrypoint the same way (on free ports)",
 }

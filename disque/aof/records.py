@@ -26,7 +26,7 @@ from typing import Final
 
 from ..idmp import DedupEntry
 from ..job import Job, JobState, is_valid_job_id
-from ..job_options import stored_form
+from ..job_options import JobExt, stored_form
 
 __all__ = ["KIND_LOADJOB", "KIND_DELJOB", "KIND_MARK", "KIND_IDMP", "KIND_QLIMIT", "CRLF",
            "LOADJOB_PREFIX", "CRC_PREFIX", "with_crc", "loadjob_record",
@@ -63,7 +63,11 @@ def dehydrated_ack_record(job: Job) -> bytes:
     copy.gc_retry = job.gc_retry
     copy.nacks = job.nacks
     copy.additional_deliveries = job.additional_deliveries
-    copy.ext = job.ext
+    ext = job.ext
+    if ext is not None and ext.headers:  # payload too: the ACK needs none of it
+        ext = JobExt(ext.backoff, ext.max_deliveries, ext.dead_letter, ext.dead_from,
+                     ext.priority)
+    copy.ext = ext
     return loadjob_record(copy)
 
 

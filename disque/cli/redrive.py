@@ -2,9 +2,11 @@
 
 The same task as the console's redrive (:mod:`disque.console.bulk`, which
 needs nothing of the console's web stack): every node of the cluster
-(found through HELLO from ``-h``/``-p``), each job claimed with DEQUEUE and
-held with WORKING, added again with an idempotent ADDJOB (IDMP keyed on the
-old job's ID), then acknowledged, no faster than ``--rate`` jobs a second.
+(found through HELLO from ``-h``/``-p``, or listed with ``--nodes``: over
+TLS, every node's TLS address, since HELLO lists plain ports), each job
+claimed with DEQUEUE and held with WORKING, added again with an idempotent
+ADDJOB (IDMP keyed on the old job's ID), then acknowledged, no faster than
+``--rate`` jobs a second.
 ``--journal FILE`` keeps the progress: the same command run again after a
 crash or a Ctrl-C finishes the moves it had started (those it can no longer
 verify are listed, to be checked), then goes on.
@@ -47,6 +49,10 @@ def redrive_args(args: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--origin", default="",
                         help="only jobs dead-lettered from a queue matching this glob")
     parser.add_argument("--limit", default="", help="move at most N jobs")
+    parser.add_argument("--nodes", default="",
+                        help="every node's address, host:port[,...] (default: -h/-p, the "
+                             "others found through HELLO); over TLS, every node's TLS "
+                             "address, since HELLO lists plain ports")
     parser.add_argument("--journal", type=Path, default=None,
                         help="keep the progress in FILE; the same command resumes from it")
     parser.add_argument("--quiet", action="store_true", help="no progress lines")
@@ -83,10 +89,16 @@ async def _run(options: argparse.Namespace, opts: argparse.Namespace, out: IO[by
         err.write(f"disque redrive: {exc}\n")
         return 2
     address = format_address((options.host, options.port))
+    seeds = tuple(a.strip() for a in opts.nodes.split(",") if a.strip()) or (address,)
     password = options.password or os.environ.get("DISQUE_PASSWORD") or None
     credentials = Credentials(options.user if password else None, password)
-    settings = Settings(nodes=(address,))
-    pool = Pool((address,), credentials, settings)
+    cacert, cert = getattr(options, "cacert", None), getattr(options, "cert", None)
+    settings = Settings(nodes=seeds, tls=bool(getattr(options, "tls", False) or cacert or cert),
+                        tls_ca_file=cacert, tls_cert_file=cert,
+                        tls_key_file=getattr(options, "key", None),
+                        tls_verify=not getattr(options, "insecure", False))
+    address = seeds[0]
+    pool = Pool(seeds, credentials, settings)
     try:
         await pool.nodes(max_age=0)
         await pool.link(address).run(lambda c: c.ping())
@@ -174,9 +186,4 @@ def redrive(options: argparse.Namespace, args: Sequence[str], out: IO[bytes],
         opts = redrive_args(args)
     except SystemExit as exc:
         return int(exc.code or 0)
-    if getattr(options, "tls", False) or getattr(options, "cacert", None) or getattr(
-            options, "cert", None):
-        err.write("disque redrive: TLS is not supported by redrive yet; run it where the "
-                  "nodes' plain port is reachable\n")
-        return 2
     return asyncio.run(_run(options, opts, out, err))

@@ -15,7 +15,7 @@ queue name (even one that is not valid UTF-8) survives a round trip.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -28,13 +28,17 @@ __all__ = [
     "Arg", "Job", "NodeInfo", "Hello", "Request", "encode_arg", "text",
     "SYNC_PARSER", "ASYNC_PARSER", "connection_options", "raise_if_error",
     "parse_info", "parse_hello", "DEFAULT_PORT", "MAX_BULK_BODIES", "PipelineReplies",
-    "is_unknown_command",
+    "is_unknown_command", "Headers",
 ]
 
 DEFAULT_PORT = 7711
 
 #: What a command argument may be.
 Arg = str | bytes | bytearray | memoryview | int
+
+#: A job's headers as a client gives them (an extension, docs/EXTENSIONS.md):
+#: a mapping of names to values, or (name, value) pairs (a name may repeat).
+Headers = Mapping[str, Arg] | Iterable[tuple[Arg, Arg]]
 
 
 # --------------------------------------------------------------------------
@@ -50,7 +54,10 @@ class Job:
     ``requeue_within_ms`` (``with_lease=True``, an extension of this server)
     is how long the node waits before queueing the job again unless it is
     acknowledged or WORKING postpones it; ``None`` if it never will (RETRY 0)
-    or was not asked for.
+    or was not asked for.  ``headers`` (``with_headers=True``, an extension
+    of this server) maps each header's name to its value (bytes; of a name
+    given twice, the last value); ``{}`` for a job without headers, ``None``
+    when not asked for.
     """
 
     queue: str
@@ -59,6 +66,7 @@ class Job:
     nacks: int | None = None
     additional_deliveries: int | None = None
     requeue_within_ms: int | None = None
+    headers: dict[str, bytes] | None = None
 
     @property
     def node_prefix(self) -> str:
@@ -257,7 +265,34 @@ def _kv(reply: Any, raw_keys: frozenset[str] = frozenset()) -> dict[str, Any] | 
 
 
 def parse_show(reply: Any) -> dict[str, Any] | None:
-    return _kv(reply, frozenset({"body"}))
+    shown = _kv(reply, frozenset({"body", "headers"}))
+    if shown is not None and "headers" in shown:
+        shown["headers"] = parse_headers(shown["headers"])
+    return shown
+
+
+def parse_headers(reply: Any) -> dict[str, bytes]:
+    """A job's headers as the node sends them (name, value, ...): names
+    decoded as text, values kept as bytes."""
+    if not isinstance(reply, list) or len(reply) % 2:
+        raise ProtocolError(f"expected the headers' name/value array, got {reply!r}")
+    return {text(name): value if isinstance(value, bytes) else encode_arg(value)
+            for name, value in zip(reply[::2], reply[1::2], strict=True)}
+
+
+def header_items(headers: Headers) -> list[tuple[bytes, bytes]]:
+    """The (name, value) pairs of ``headers``, encoded."""
+    items: Iterable[tuple[Arg, Arg]] = (headers.items() if isinstance(headers, Mapping)
+                                        else headers)
+    return [(encode_arg(name), encode_arg(value)) for name, value in items]
+
+
+def header_args(headers: Headers) -> list[Arg]:
+    """``HEADER name value`` per header (ADDJOB's extension option)."""
+    out: list[Arg] = []
+    for name, value in header_items(headers):
+        out += [b"HEADER", name, value]
+    return out
 
 
 def parse_job(entry: Any) -> Job:
@@ -268,14 +303,19 @@ def parse_job(entry: Any) -> Job:
         raise ProtocolError(f"expected a job body, got {body!r}")
     if len(entry) == 3:  # without counters: the usual case, and the hot one
         return Job(text(entry[0]), text(entry[1]), body)
-    counters = _kv(entry[3:]) or {}
+    fields = entry[3:]
+    headers = None
+    if len(fields) >= 2 and fields[-2] in (b"headers", "headers"):  # WITHHEADERS: the last
+        headers = parse_headers(fields[-1])
+        fields = fields[:-2]
+    counters = _kv(fields) or {}
     nacks = counters.get("nacks")
     extra = counters.get("additional-deliveries")
     lease = counters.get("next-requeue-within")
     return Job(text(entry[0]), text(entry[1]), body,
                None if nacks is None else integer(nacks),
                None if extra is None else integer(extra),
-               None if lease is None else integer(lease))
+               None if lease is None else integer(lease), headers)
 
 
 def parse_jobs(reply: Any) -> list[Job]:
@@ -418,7 +458,7 @@ def add_job(queue: Arg, body: Arg, timeout_ms: int = 0, replicate: int | None = 
             maxlen: int | None = None, async_: bool = False, backoff: int | None = None,
             max_deliveries: int | None = None, dead_letter: Arg | None = None,
             idmp: Arg | None = None, idmp_window: int | None = None,
-            priority: int | None = None) -> Request:
+            priority: int | None = None, headers: Headers | None = None) -> Request:
     args: list[Arg] = ["ADDJOB", queue, body, int(timeout_ms)]
     if priority is not None and not 0 <= int(priority) <= MAX_PRIORITY:
         raise ValueError(f"priority must be between 0 and {MAX_PRIORITY}, got {priority}")
@@ -437,6 +477,8 @@ def add_job(queue: Arg, body: Arg, timeout_ms: int = 0, replicate: int | None = 
             args += ["IDMP-WINDOW", int(idmp_window)]
     elif idmp_window is not None:
         raise ValueError("idmp_window needs idmp (an IDMP key)")
+    if headers:  # the extension: sent only when used
+        args += header_args(headers)
     # Without ASYNC the node may hold the reply until the job is replicated:
     # up to timeout_ms, forever when it is 0.
     wait = 0.0 if async_ else _seconds(timeout_ms)
@@ -455,6 +497,22 @@ def add_job_builder(queue: Arg, **options: Any) -> Callable[[Arg], Request]:
 
     def build(body: Arg) -> Request:
         return Request((*head, encode_arg(body), *tail), parse, wait)
+
+    return build
+
+
+def add_job_with_headers_builder(queue: Arg,
+                                 **options: Any) -> Callable[[tuple[Arg, Headers | None]],
+                                                             Request]:
+    """ADDJOB requests for (body, headers) pairs with the same queue and options."""
+    template = add_job(queue, b"", **options)
+    head, tail = template.args[:2], template.args[3:]
+    parse, wait = template.parse, template.wait
+
+    def build(job: tuple[Arg, Headers | None]) -> Request:
+        body, headers = job
+        extra = [encode_arg(a) for a in header_args(headers)] if headers else []
+        return Request((*head, encode_arg(body), *tail, *extra), parse, wait)
 
     return build
 
@@ -501,6 +559,31 @@ def add_jobs_builder(queue: Arg, **options: Any) -> Callable[[Sequence[Arg]], Re
     return build
 
 
+def add_jobs_with_headers_builder(
+        queue: Arg, **options: Any) -> Callable[[Sequence[tuple[Arg, Headers | None]]],
+                                                Request] | None:
+    """``ADDJOBS ... JOBS`` requests for chunks of (body, headers) pairs:
+    per job its header count, names and values, then its body."""
+    if options.get("idmp") is not None:
+        return None
+    template = add_job(queue, b"", **options)
+    head = (b"ADDJOBS", template.args[1], *template.args[3:], b"JOBS")
+    wait = template.wait
+
+    def build(jobs: Sequence[tuple[Arg, Headers | None]]) -> Request:
+        args: list[bytes] = list(head)
+        for body, headers in jobs:
+            items = header_items(headers) if headers else []
+            args.append(b"%d" % len(items))
+            for name, value in items:
+                args.append(name)
+                args.append(value)
+            args.append(encode_arg(body))
+        return Request(tuple(args), _bulk_ids, wait)
+
+    return build
+
+
 def _bulk_ids(reply: Any) -> list[Any]:
     """ADDJOBS' array: an ID (str) or the error of that body, in order."""
     if not isinstance(reply, list):
@@ -515,7 +598,7 @@ def is_unknown_command(error: BaseException) -> bool:
 
 def get_jobs(queues: Sequence[Arg], count: int = 1, timeout_ms: int | None = None,
              nohang: bool = False, with_counters: bool = False,
-             with_lease: bool = False) -> Request:
+             with_lease: bool = False, with_headers: bool = False) -> Request:
     if not queues:
         raise ValueError("get_jobs needs at least one queue")
     args: list[Arg] = ["GETJOB"]
@@ -529,6 +612,8 @@ def get_jobs(queues: Sequence[Arg], count: int = 1, timeout_ms: int | None = Non
         args.append("WITHCOUNTERS")
     if with_lease:
         args.append("WITHLEASE")
+    if with_headers:
+        args.append("WITHHEADERS")
     args += ["FROM", *queues]
     wait = 0.0 if nohang else _seconds(timeout_ms)
     return request(*args, parse=parse_jobs, wait=wait)

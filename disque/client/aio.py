@@ -42,7 +42,7 @@ from ._cluster import (
     job_node_prefix,
 )
 from ._io import AsyncLock, aclose_connection, aread_reply, asleep
-from ._wire import NOJOB_UNKNOWN, Arg, Hello, Job, Request
+from ._wire import NOJOB_UNKNOWN, Arg, Headers, Hello, Job, Request
 
 __all__ = ["AsyncClient"]
 
@@ -517,7 +517,8 @@ class AsyncClient(ClientBase):
                       maxlen: int | None = None, async_: bool = False,
                       backoff: int | None = None, max_deliveries: int | None = None,
                       dead_letter: Arg | None = None, idmp: Arg | None = None,
-                      idmp_window: int | None = None, priority: int | None = None) -> str:
+                      idmp_window: int | None = None, priority: int | None = None,
+                      headers: Headers | None = None) -> str:
         """ADDJOB: queue ``body`` and return the job ID.
 
         ``timeout_ms`` is how long the node may wait for replication (0 =
@@ -531,25 +532,34 @@ class AsyncClient(ClientBase):
         returns the first job's ID instead of adding a job, and the same key
         with another body raises ``IdmpConflict``; ``priority`` (0 to 31,
         None: the node's default 0) puts the job ahead of every job of a
-        lower priority in its queue (an original node answers a syntax error).
+        lower priority in its queue (an original node answers a syntax error);
+        ``headers`` (a mapping of names to values, or (name, value) pairs)
+        travel with the job and come back with ``get_jobs(...,
+        with_headers=True)``: names are text, values bytes or text (an
+        original node answers a syntax error).
         """
         return await self._execute(w.add_job(queue, body, timeout_ms, replicate, delay, retry,
                                              ttl, maxlen, async_, backoff, max_deliveries,
-                                             dead_letter, idmp, idmp_window, priority))
+                                             dead_letter, idmp, idmp_window, priority,
+                                             headers))
 
     @overload
     async def add_jobs(self, queue: Arg, bodies: Iterable[Arg], *,
                        return_exceptions: Literal[False] = ..., batch_size: int = ...,
+                       job_headers: Iterable[Headers | None] | None = ...,
                        **options: Any) -> list[str]: ...
 
     @overload
     async def add_jobs(self, queue: Arg, bodies: Iterable[Arg], *,
                        return_exceptions: Literal[True], batch_size: int = ...,
+                       job_headers: Iterable[Headers | None] | None = ...,
                        **options: Any) -> list[str | DisqueError]: ...
 
     async def add_jobs(self, queue: Arg, bodies: Iterable[Arg], *,
                        return_exceptions: bool = False,
-                       batch_size: int = DEFAULTS["batch_size"], **options: Any) -> list[Any]:
+                       batch_size: int = DEFAULTS["batch_size"],
+                       job_headers: Iterable[Headers | None] | None = None,
+                       **options: Any) -> list[Any]:
         """Add many jobs to ``queue``: one ADDJOBS per ``batch_size`` bodies
         (at most 10,000) where the node has this bulk extension, pipelined
         ADDJOBs (``batch_size`` per round trip) on an original node.
@@ -560,12 +570,25 @@ class AsyncClient(ClientBase):
         error is raised once the batch containing it was sent (jobs of that
         batch may have been added; later batches are not sent); with it,
         the error takes that job's place in the list.
+
+        ``options["headers"]`` go to every job; ``job_headers`` gives each
+        job its own, one entry (headers, or None) per body in order, sent as
+        ``ADDJOBS ... JOBS`` (or ADDJOBs with HEADER on a node without it).
         """
         out: list[Any] = []
-        build = w.add_job_builder(queue, **options)
-        bulk = w.add_jobs_builder(queue, **options)
+        items: Iterable[Any]
+        build: Callable[[Any], w.Request]
+        bulk: Callable[[Sequence[Any]], w.Request] | None
+        if job_headers is None:
+            items = bodies
+            build = w.add_job_builder(queue, **options)
+            bulk = w.add_jobs_builder(queue, **options)
+        else:
+            items = zip(bodies, job_headers, strict=True)
+            build = w.add_job_with_headers_builder(queue, **options)
+            bulk = w.add_jobs_with_headers_builder(queue, **options)
         size = min(batch_size, w.MAX_BULK_BODIES) if bulk is not None else batch_size
-        for chunk in chunks(bodies, size):
+        for chunk in chunks(items, size):
             results = await self._add_chunk(chunk, bulk, build)
             out.extend(results)
             if not return_exceptions:
@@ -574,9 +597,9 @@ class AsyncClient(ClientBase):
                         raise result
         return out
 
-    async def _add_chunk(self, chunk: list[Arg],
-                         bulk: Callable[[Sequence[Arg]], w.Request] | None,
-                         build: Callable[[Arg], w.Request]) -> list[Any]:
+    async def _add_chunk(self, chunk: list[Any],
+                         bulk: Callable[[Sequence[Any]], w.Request] | None,
+                         build: Callable[[Any], w.Request]) -> list[Any]:
         """One ADDJOBS for ``chunk`` where the node has it, else pipelined ADDJOBs."""
         if bulk is not None and self._node_id not in self._no_bulk_add:
             try:
@@ -590,27 +613,32 @@ class AsyncClient(ClientBase):
 
     async def get_jobs(self, *queues: Arg, count: int = 1, timeout_ms: int | None = None,
                        nohang: bool = False, with_counters: bool = False,
-                       with_lease: bool = False) -> list[Job]:
+                       with_lease: bool = False, with_headers: bool = False) -> list[Job]:
         """GETJOB: up to ``count`` jobs from the first queues that have some.
 
         Blocks until a job arrives, or ``timeout_ms`` (``None``/0 = forever)
         passes (then ``[]``); ``nohang`` never blocks.  ``with_counters``
         fills :attr:`Job.nacks` and :attr:`Job.additional_deliveries`;
         ``with_lease`` (``WITHLEASE``, this server's extension: an original
-        node answers ``-ERR syntax error``) :attr:`Job.requeue_within_ms`.
+        node answers ``-ERR syntax error``) :attr:`Job.requeue_within_ms`;
+        ``with_headers`` (``WITHHEADERS``, likewise an extension)
+        :attr:`Job.headers`.
         """
         jobs: list[Job] = await self._execute(w.get_jobs(queues, count, timeout_ms, nohang,
-                                                         with_counters, with_lease))
+                                                         with_counters, with_lease,
+                                                         with_headers))
         target = self._affinity_target(jobs)
         if target is not None:
             await self._switch_to(target)
         return jobs
 
     async def get_job(self, *queues: Arg, timeout_ms: int | None = None, nohang: bool = False,
-                      with_counters: bool = False, with_lease: bool = False) -> Job | None:
+                      with_counters: bool = False, with_lease: bool = False,
+                      with_headers: bool = False) -> Job | None:
         """One job (see :meth:`get_jobs`), or None on timeout / NOHANG."""
         jobs = await self.get_jobs(*queues, timeout_ms=timeout_ms, nohang=nohang,
-                                   with_counters=with_counters, with_lease=with_lease)
+                                   with_counters=with_counters, with_lease=with_lease,
+                                   with_headers=with_headers)
         return jobs[0] if jobs else None
 
     async def _switch_to(self, node_id: str) -> None:

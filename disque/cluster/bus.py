@@ -176,7 +176,12 @@ class ClusterBus:
                 raise SystemExit(f"Could not create the cluster bus TCP listening socket "
                                  f"{address}:{port + BUS_PORT_OFFSET}: {err.strerror}") from None
             self._servers.append(server)
-        self._cron_deadline = loop.time()
+        # The first cron runs now, not a period later (as the original's,
+        # whose first serverCron runs clusterCron 1 ms after the start): a
+        # restarted node links to the nodes of its nodes.conf at once, so
+        # it can answer the copies (GOTJOB) they send it as soon as they see
+        # it back.
+        self._cron_deadline = loop.time() - CRON_PERIOD_S
         self._schedule_cron()
 
     def _listen_tls(self, host: str | None, port: int) -> None:
@@ -357,7 +362,7 @@ class ClusterBus:
         """
         loop = asyncio.get_running_loop()
         target = (node.ip, node.port)
-        port = node.port + BUS_PORT_OFFSET
+        port = node.bus_port or node.port + BUS_PORT_OFFSET
         sock: socket.socket | None = None
         handshaking = False
         try:
@@ -473,6 +478,12 @@ class ClusterBus:
                 node = self.membership.process(link, msg)
                 if node is not None and msg.type in messages.GOSSIP_TYPES:
                     node.caps = msg.caps
+                    if node.link is None and link.node is None:
+                        # A known node reached us and we have no link to it
+                        # (it came back): link now, not at the next cron, or
+                        # what we owe it (GOTJOB for the copies it sends
+                        # once our PONG clears its failure flag) is dropped.
+                        self._connect(node)
                 if not link.proven:
                     # A node of the table, maybe since this message (the
                     # PONG that completes our handshake with it).

@@ -78,15 +78,22 @@ class Membership:
         #: Told the ID of a node flagged failing (PFAIL or FAIL) that answers
         #: again: the node's return event (the ACK GC resumes its retries).
         self.on_node_back: Callable[[str], None] | None = None
+        #: Told (node ID, ip, port) when a handshake with ip:port finds a
+        #: node: discovery learns which node an address it found is.
+        self.on_found: Callable[[str, str, int], None] | None = None
+        #: Told the ID of a node when a PONG from it arrives: readiness
+        #: (the node reached the cluster once).
+        self.on_pong: Callable[[str], None] | None = None
 
     # -- handshakes -----------------------------------------------------------
 
-    def meet(self, ip: str, port: int) -> bool:
-        """Start a handshake with ip:port (CLUSTER MEET, gossip); False if one
-        is already under way, or the address is not an IP and a node port."""
-        return self.start_handshake(ip, port, meet=True)
+    def meet(self, ip: str, port: int, bus_port: int = 0) -> bool:
+        """Start a handshake with ip:port (CLUSTER MEET, gossip, discovery);
+        False if one is already under way, or the address is not an IP and a
+        node port.  ``bus_port``: 0 for port + 10000."""
+        return self.start_handshake(ip, port, meet=True, bus_port=bus_port)
 
-    def start_handshake(self, ip: str, port: int, meet: bool) -> bool:
+    def start_handshake(self, ip: str, port: int, meet: bool, bus_port: int = 0) -> bool:
         """A placeholder node for ip:port, which our cron connects to.
 
         One per address, and at most :data:`MAX_HANDSHAKES` at a time: each
@@ -95,7 +102,7 @@ class Membership:
         """
         cluster = self.cluster
         key = (ip, port)
-        if key in cluster.handshakes or not 0 < port <= MAX_NODE_PORT:
+        if key in cluster.handshakes or not 0 < port <= (65535 if bus_port else MAX_NODE_PORT):
             return False
         if len(cluster.handshakes) >= MAX_HANDSHAKES:
             log.warning("Too many handshakes in progress: not meeting %s:%d", ip, port)
@@ -105,7 +112,7 @@ class Membership:
         except ValueError:
             return False
         node = ClusterNode(new_node_id(), ip, port, {FLAG_HANDSHAKE}, ctime=self.now_ms(),
-                           meet=meet)
+                           meet=meet, bus_port=bus_port)
         cluster.nodes[node.id] = node
         cluster.handshakes[key] = node
         return True
@@ -119,9 +126,11 @@ class Membership:
         return self.cluster.wire_flags
 
     def gossip_message(self, msg_type: int) -> bytes:
-        me = self.cluster.myself
+        cluster = self.cluster
+        me = cluster.myself
         return messages.gossip_message(msg_type, me.id, me.port, self.header_flags(),
-                                       self.gossip_entries())
+                                       self.gossip_entries(), cluster.announce_ip,
+                                       me.bus_port)
 
     def gossip_entries(self) -> list[GossipEntry]:
         """A few other nodes, failing ones first (clusterSendPing).
@@ -146,7 +155,7 @@ class Membership:
         random.shuffle(failing)
         random.shuffle(others)
         return [GossipEntry(n.id, n.ping_sent, n.pong_received, n.ip, n.port,
-                            messages.flags_to_wire(n.flags))
+                            messages.flags_to_wire(n.flags), n.bus_port)
                 for n in (failing + others)[:wanted]]
 
     def send_ping(self, node: ClusterNode, msg_type: int = messages.PING) -> None:
@@ -186,23 +195,35 @@ class Membership:
             if msg.type in (messages.PING, messages.MEET):
                 link.send(self.gossip_message(messages.PONG))
             if link.node is not None and FLAG_HANDSHAKE in link.node.flags:
+                self.found_at(cluster.myself.id, link.node.ip, link.node.port)
                 cluster.remove_node(link.node)
             return None
+        # The sender's address: the one it announces (cluster-announce-ip:
+        # behind address translation the link's peer address is not one we
+        # can reach it at), else where its link comes from.
+        announced = _announced_ip(msg.ip)
+        sender_ip = announced or link.peer_ip
         if msg.type in (messages.PING, messages.MEET):
             self._learn_own_ip(link, msg)
             if sender is None and msg.type == messages.MEET:
                 # A new node met us: handshake with it (our cron connects).
                 # Its gossip is not taken: a stranger does not tell us whom
                 # to connect to (as the original).
-                self.start_handshake(link.peer_ip, msg.port, meet=False)
+                self.start_handshake(sender_ip, msg.port, meet=False, bus_port=msg.bus_port)
             link.send(self.gossip_message(messages.PONG))
 
         target = link.node
         if target is not None and target.link is link:
             if FLAG_HANDSHAKE in target.flags:
                 if sender is not None:
-                    # We met a node we already know under another address.
-                    self.update_address(sender, target.ip, target.port)
+                    # We met a node we already know under another address
+                    # (a restart elsewhere; or its announced address, met
+                    # by the address discovery found: see discovery.py).
+                    self.found_at(sender.id, target.ip, target.port)
+                    if announced:
+                        self.update_address(sender, sender_ip, msg.port, msg.bus_port)
+                    else:
+                        self.update_address(sender, target.ip, target.port, target.bus_port)
                     cluster.remove_node(target)
                     return None
                 if msg.sender in cluster.nodes:
@@ -210,8 +231,16 @@ class Membership:
                     return None
                 cluster.remove_node(target, keep_link=True)
                 cluster.forgotten.discard(msg.sender)  # met again after a FORGET
+                self.found_at(msg.sender, target.ip, target.port)
                 target.id = msg.sender
                 target.flags.discard(FLAG_HANDSHAKE)
+                if announced and (sender_ip, msg.port, msg.bus_port) != (
+                        target.ip, target.port, target.bus_port):
+                    # It announces another address: peers reach it there
+                    # (the next cron connects; this link is closed).
+                    target.ip, target.port, target.bus_port = sender_ip, msg.port, msg.bus_port
+                    target.link = None
+                    link.close()
                 cluster.nodes[target.id] = target
                 sender = target
                 log.info("Handshake with node %s (%s:%d) completed", target.id, target.ip,
@@ -229,12 +258,14 @@ class Membership:
                 return None
 
         if sender is not None and msg.type == messages.PING:
-            self.update_address(sender, link.peer_ip, msg.port, via=link)
+            self.update_address(sender, sender_ip, msg.port, msg.bus_port, via=link)
 
         if target is not None and target is sender and msg.type == messages.PONG:
             target.pong_received = now
             target.ping_sent = 0
             self.clear_failure(target)
+            if self.on_pong is not None:
+                self.on_pong(target.id)
 
         if sender is not None:
             leaving = bool(msg.flags & messages.WIRE_FLAGS[FLAG_LEAVING])
@@ -247,6 +278,10 @@ class Membership:
             self.process_gossip(sender, msg.gossip)
         return sender
 
+    def found_at(self, node_id: str, ip: str, port: int) -> None:
+        if self.on_found is not None:
+            self.on_found(node_id, ip, port)
+
     def _learn_own_ip(self, link: BusLinkLike, msg: Message) -> None:
         me = self.cluster.myself
         if msg.type == messages.MEET and not me.ip and link.local_ip:
@@ -254,15 +289,16 @@ class Membership:
             log.info("IP address for this node updated to %s", me.ip)
             self.cluster.save_later()
 
-    def update_address(self, node: ClusterNode, ip: str, port: int,
+    def update_address(self, node: ClusterNode, ip: str, port: int, bus_port: int = 0,
                        via: BusLinkLike | None = None) -> bool:
-        """nodeUpdateAddressIfNeeded: a node seen at a new ip:port is reconnected there."""
+        """nodeUpdateAddressIfNeeded: a node seen at a new ip:port (or
+        announcing a new bus port) is reconnected there."""
         if node is self.cluster.myself or (via is not None and via is node.link):
             return False
-        if not ip or (node.ip == ip and node.port == port):
+        if not ip or (node.ip == ip and node.port == port and node.bus_port == bus_port):
             return False
         log.info("Address updated for node %s, now %s:%d", node.id, ip, port)
-        node.ip, node.port = ip, port
+        node.ip, node.port, node.bus_port = ip, port, bus_port
         if node.link is not None:
             link, node.link = node.link, None
             link.close()
@@ -290,13 +326,14 @@ class Membership:
                 if (node.flags & _FAILING and node.link is None and entry.ip
                         and not entry.flags & messages.WIRE_FLAGS[FLAG_NOADDR]
                         and (entry.ip != node.ip or entry.port != node.port)):
-                    self.meet(entry.ip, entry.port)  # it may live on at a new address
+                    # it may live on at a new address
+                    self.meet(entry.ip, entry.port, entry.bus_port)
                 continue
             if (entry.flags & messages.WIRE_FLAGS[FLAG_NOADDR] or not entry.ip
                     or not messages.is_node_id(entry.node_id)
                     or self.is_banned(entry.node_id, now)):
                 continue
-            self.meet(entry.ip, entry.port)
+            self.meet(entry.ip, entry.port, entry.bus_port)
 
     # -- failure detection ----------------------------------------------------------
 
@@ -416,6 +453,17 @@ class Membership:
                 log.info("*** NODE %s possibly failing", node.id)
                 node.flags.add(FLAG_PFAIL)
         return to_connect
+
+
+def _announced_ip(text: str) -> str:
+    """A sender's announced IP (header ``myip``), or "" if none or not an IP."""
+    if not text:
+        return ""
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        return ""
+    return text
 
 
 _FAILING = frozenset((FLAG_PFAIL, FLAG_FAIL))

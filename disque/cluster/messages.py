@@ -9,7 +9,7 @@ Header, 144 bytes, big-endian::
     0   "DbuZ"            4   totlen u32 (whole message)
     8   ver u16 (1)       10  unused u16
     12  type u16          14  count u16 (gossip entries)
-    16  sender[40]        56  myip[46] (unused: zeros)
+    16  sender[40]        56  myip[46] (the original: zeros; see below)
     102 reserved[34]      136 port u16 (the sender's *client* port)
     138 flags u16         140 state u8 (0)        141 mflags[3]
 
@@ -25,6 +25,19 @@ A cluster under load sends thousands of GOTJOB/QUEUED/REPLJOB a second to
 each peer, and a receiver pays more per message than per entry (framing,
 header, dispatch): :func:`coalesce` merges neighbouring ones when a link
 writes its turn's output.
+
+Announced addresses (``cluster-announce-ip``, ``-port``, ``-bus-port``):
+a PING, PONG or MEET of a node that announces an address carries it in
+bytes the original leaves zeroed and never reads, so no capability is
+needed to send them: the IP as NUL-padded text in the first 44 bytes of
+``myip`` (an IP's compressed text is at most 39 characters), a bus port
+other than port + 10000 as u16 in its last two (offset 100; ``reserved``
+is the cluster secret's, see auth.py), and in each gossip entry the
+node's bus port (0: port + 10000) as u16 in the first two of its six
+unused bytes.  The client port is the header's
+``port`` as always.  A receiver takes a non-empty ``myip`` as the sender's
+address instead of the link's peer address (the announced address is the
+one that crosses the address translation in front of the node).
 
 Bodies, by type (totlen must match exactly, or the message is dropped):
 
@@ -77,6 +90,9 @@ _TOTLEN: Final = struct.Struct(">I")
 #: bytes of myip and reserved made two bytes objects per message for nothing.
 _DECODED_HEADER: Final = struct.Struct(">8xH2xHH40s80xHHxBBx")
 _COUNT: Final = struct.Struct(">H")
+_BUS_PORT: Final = struct.Struct(">H")
+#: Bytes of ``myip`` for the announced IP's text; the bus port follows.
+_MYIP_TEXT: Final = 44
 assert _DECODED_HEADER.size == HEADER_SIZE
 
 # Message types.  Final: compiled, each use (``messages.GOTJOB`` in the
@@ -170,6 +186,8 @@ class GossipEntry(NamedTuple):
     ip: str
     port: int
     flags: int
+    #: The node's announced bus port; 0: port + 10000.
+    bus_port: int = 0
 
 
 class Message:
@@ -179,8 +197,8 @@ class Message:
     received, thousands a second, and compiled it is a C struct.
     """
 
-    __slots__ = ("aux", "caps", "flags", "gossip", "job_id", "mflags", "node_id", "numjobs",
-                 "payload", "period", "port", "queue", "sender", "type")
+    __slots__ = ("aux", "bus_port", "caps", "flags", "gossip", "ip", "job_id", "mflags",
+                 "node_id", "numjobs", "payload", "period", "port", "queue", "sender", "type")
 
     def __init__(self, msg_type: int, sender: str, port: int, flags: int, mflags: int,
                  gossip: tuple[GossipEntry, ...] = (), node_id: str = "",
@@ -200,6 +218,8 @@ class Message:
         self.payload = payload  # job messages: the serialized jobs; batched: the entries
         self.caps = caps        # mflags[1]: what the sender takes (CAP_BATCH)
         self.period = 0         # QLIMIT: the period in ms (aux is the max)
+        self.ip = ""            # PING/PONG/MEET: the sender's announced IP ("": none)
+        self.bus_port = 0       # PING/PONG/MEET: its announced bus port (0: port + 10000)
 
     def __repr__(self) -> str:
         return (f"Message({TYPE_NAMES[self.type]} from {self.sender} port={self.port} "
@@ -215,24 +235,31 @@ class FrameError(Exception):
 # --------------------------------------------------------------------------
 
 def header(msg_type: int, sender_id: str, port: int, flags: int, body_len: int,
-           count: int = 0, mflags: int = 0) -> bytes:
+           count: int = 0, mflags: int = 0, ip: str = "", bus_port: int = 0) -> bytes:
+    """``ip`` and ``bus_port``: the sender's announced address (gossip
+    messages only), in fields the original leaves zeroed."""
+    myip = b""
+    if ip or bus_port:
+        myip = ip.encode("ascii")[:_MYIP_TEXT].ljust(_MYIP_TEXT, b"\0") + _BUS_PORT.pack(bus_port)
     return HEADER.pack(SIGNATURE, HEADER_SIZE + body_len, VERSION, 0, msg_type, count,
-                       sender_id.encode("ascii"), b"", b"", port, flags, 0,
+                       sender_id.encode("ascii"), myip, b"", port, flags, 0,
                        bytes((mflags, CAP_BATCH, 0)))
 
 
 def gossip_entry(entry: GossipEntry) -> bytes:
     return GOSSIP.pack(entry.node_id.encode("ascii"), entry.ping_sent & 0xFFFFFFFF,
                        entry.pong_received & 0xFFFFFFFF, entry.ip.encode("ascii")[:46],
-                       entry.port, entry.flags, 0, 0)
+                       entry.port, entry.flags, entry.bus_port, 0)
 
 
 def gossip_message(msg_type: int, sender_id: str, port: int, flags: int,
-                   entries: Iterable[GossipEntry]) -> bytes:
-    """PING, PONG or MEET with its gossip section."""
+                   entries: Iterable[GossipEntry], ip: str = "", bus_port: int = 0) -> bytes:
+    """PING, PONG or MEET with its gossip section; ``ip`` and ``bus_port``:
+    the sender's announced address, if it has one."""
     body = b"".join(gossip_entry(e) for e in entries)
     count = len(body) // GOSSIP.size
-    return header(msg_type, sender_id, port, flags, len(body), count) + body
+    return header(msg_type, sender_id, port, flags, len(body), count, ip=ip,
+                  bus_port=bus_port) + body
 
 
 def fail_message(sender_id: str, port: int, flags: int, failing_id: str) -> bytes:
@@ -557,12 +584,16 @@ def decode(frame: bytes) -> Message | None:
     if msg_type in GOSSIP_TYPES:
         entries = []
         for i in range(count):
-            (node_id, ping_sent, pong_received, ip, gport, gflags, _u1,
+            (node_id, ping_sent, pong_received, ip, gport, gflags, gbus_port,
              _u2) = GOSSIP.unpack_from(frame, body + i * GOSSIP.size)
             entries.append(GossipEntry(_text(node_id), ping_sent, pong_received, _text(ip),
-                                       gport, gflags))
-        return Message(msg_type, sender_id, port, flags, mflags, gossip=tuple(entries),
-                       caps=caps)
+                                       gport, gflags, gbus_port))
+        msg = Message(msg_type, sender_id, port, flags, mflags, gossip=tuple(entries),
+                      caps=caps)
+        if frame[56]:  # an announced IP (the original sends zeros)
+            msg.ip = _text(frame[56:56 + _MYIP_TEXT])
+        msg.bus_port = _BUS_PORT.unpack_from(frame, 56 + _MYIP_TEXT)[0]
+        return msg
     if msg_type == FAIL:
         return Message(msg_type, sender_id, port, flags, mflags, node_id=_text(frame[body:]))
     aux = _TWO_U32.unpack_from(frame, body)[0]

@@ -63,6 +63,8 @@ class ClusterNode:
     #: What the node's last PING/PONG/MEET said it takes (mflags[1]:
     #: messages.CAP_BATCH); 0 for the original, and until we hear from it.
     caps: int = 0
+    #: The node's announced bus port (cluster-announce-bus-port); 0: port + 10000.
+    bus_port: int = 0
 
     @property
     def priority(self) -> int:

@@ -2,7 +2,10 @@
 
 One line per node, as CLUSTER NODES prints it::
 
-    <id> <ip>:<port> <flags> <ping_sent_ms> <pong_recv_ms> connected|disconnected
+    <id> <ip>:<port>[@<bus port>] <flags> <ping_sent_ms> <pong_recv_ms> connected|disconnected
+
+``@<bus port>`` only for a node that announces one other than port + 10000
+(``cluster-announce-bus-port``), as Redis writes it.
 
 Written to a temporary file, fsynced and renamed, so a crash never leaves a
 half-written file (the original wrote in place).
@@ -27,7 +30,8 @@ class NodesFileError(Exception):
 
 def node_line(node: ClusterNode) -> str:
     link = "connected" if node.link is not None or "myself" in node.flags else "disconnected"
-    return (f"{node.id} {node.ip}:{node.port} {node.flags_string()} "
+    bus = f"@{node.bus_port}" if node.bus_port else ""
+    return (f"{node.id} {node.ip}:{node.port}{bus} {node.flags_string()} "
             f"{node.ping_sent} {node.pong_received} {link}")
 
 
@@ -72,9 +76,10 @@ def load_nodes_file(path: str) -> list[ClusterNode] | None:
             raise NodesFileError(f"Unrecoverable error: corrupted cluster config file "
                                  f"{path} at line {lineno}: {line!r}")
         ip, _, port = fields[1].rpartition(":")
+        port, _, bus_port = port.partition("@")
         flags = set() if fields[2] == "noflags" else set(fields[2].split(","))
         unknown = flags.difference(KNOWN_FLAGS)
-        if unknown or not port.isdigit():
+        if unknown or not port.isdigit() or (bus_port and not bus_port.isdigit()):
             raise NodesFileError(f"Unrecoverable error: corrupted cluster config file "
                                  f"{path} at line {lineno}: {line!r}")
         if not (fields[3].isdigit() and fields[4].isdigit()):
@@ -84,7 +89,8 @@ def load_nodes_file(path: str) -> list[ClusterNode] | None:
         now = time.time_ns() // 1_000_000
         nodes.append(ClusterNode(fields[0], ip, int(port), flags,
                                  ping_sent=now if int(fields[3]) else 0,
-                                 pong_received=now if int(fields[4]) else 0))
+                                 pong_received=now if int(fields[4]) else 0,
+                                 bus_port=int(bus_port) if bus_port else 0))
     if not nodes:
         return None
     myself_count = sum(1 for n in nodes if "myself" in n.flags)

@@ -49,6 +49,8 @@ class ClusterState:
         self.messages_dropped = 0
         # {myself}: the node set of every job made here, shared by all of them.
         self.myself_set: frozenset[str] = frozenset((myself.id,))
+        # cluster-announce-ip: sent in our PING/PONG/MEET headers ("": none).
+        self.announce_ip = ""
         # replication_targets' answer, and the ms it was computed in.
         self._targets: tuple[list[str], frozenset[str]] = ([], self.myself_set)
         self._counts: tuple[int, int] = _LONE_COUNTS

@@ -1,6 +1,12 @@
 """ADDJOBS: many jobs, one queue, shared options, in one command (an extension).
 
 ``ADDJOBS queue ms-timeout [ADDJOB options ...] BODIES body [body ...]``
+``ADDJOBS queue ms-timeout [ADDJOB options ...] JOBS n [name value]*n body [n ...]``
+
+The second form gives each job its own headers (disque/headers.py): per job
+the number of its headers, that many names and values, then its body.  They
+follow the HEADERs among the options, which every job gets; the limits
+count both together.
 
 The original has no bulk form; a producer pipelines ADDJOBs.  One command
 saves the node the per-command work (parsing, dispatch, one reply each) and
@@ -27,6 +33,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from ..acl import User
 from ..eviction import free_memory_if_needed
+from ..headers import limits_refusal, name_refusal
 from ..protocol import Encoded, ReplyError, Status
 from ..waiters import NO_REPLY, Blocked, Waiter, park, unblock
 from .jobs import addjob, parse_addjob
@@ -39,6 +46,7 @@ from .registry import (
     OptionName,
     command,
     is_option,
+    parse_int,
 )
 
 if TYPE_CHECKING:
@@ -51,6 +59,10 @@ __all__ = ["MAX_BODIES", "addjobs"]
 MAX_BODIES: Final = 10_000
 
 _BODIES: Final = OptionName(b"bodies")
+_JOBS: Final = OptionName(b"jobs")
+_HEADER: Final = b"HEADER"
+_NEEDS_BODIES: Final = ("ERR syntax error: ADDJOBS needs BODIES followed by at least one body, "
+                        "or JOBS followed by at least one job")
 #: Errors that depend only on the command and the node, not on which body:
 #: the first body shows them, and they refuse the whole command.
 _WHOLE_COMMAND_ERRORS: Final = ("NOREPL Not enough reachable nodes", "PAUSED", "LEAVING", "ERR")
@@ -123,31 +135,83 @@ def _element(reply: Any) -> Any:
     return reply
 
 
-def _split(argv: list[bytes]) -> tuple[list[bytes], list[bytes]]:
-    """``ADDJOBS queue timeout opts... BODIES b...`` -> (the options, the bodies).
+def _split(argv: list[bytes]) -> tuple[list[bytes], list[bytes], bool]:
+    """``ADDJOBS queue timeout opts... BODIES b...`` -> (the options, the
+    bodies, False); with ``JOBS`` instead of ``BODIES``: (the options, the
+    jobs' arguments, True).
 
-    Every argument after the first BODIES is a body, whatever it says; in
-    ``DELAY bodies x`` DELAY lacks its value, a syntax error.
+    Every argument after the first BODIES (or JOBS) is a body (or a job's
+    part), whatever it says; in ``DELAY bodies x`` DELAY lacks its value, a
+    syntax error.
     """
     for i in range(3, len(argv)):
-        if is_option(argv[i], _BODIES):
-            return argv[3:i], argv[i + 1:]
-    raise CommandError("ERR syntax error: ADDJOBS needs BODIES followed by at least one body")
+        arg = argv[i]
+        if is_option(arg, _BODIES):
+            return argv[3:i], argv[i + 1:], False
+        if is_option(arg, _JOBS):
+            return argv[3:i], argv[i + 1:], True
+    raise CommandError(_NEEDS_BODIES)
+
+
+def _jobs_with_headers(state: ServerState, args: list[bytes],
+                       shared: list[bytes] | None) -> tuple[list[bytes], list[list[bytes]]]:
+    """JOBS' arguments -> the bodies and, per body, the ``HEADER name value``
+    arguments its ADDJOB gets, every job checked (names, limits with the
+    ``shared`` headers of the options) before any is added."""
+    config = state.config
+    max_count: int = config.max_job_headers
+    max_size: int = config.max_job_headers_size
+    shared_items = shared or []
+    bodies: list[bytes] = []
+    extra: list[list[bytes]] = []
+    i, n = 0, len(args)
+    while i < n:
+        count = parse_int(args[i], "ERR JOBS: a job's header count must be a number >= 0", 0,
+                          max_count, f"ERR too many headers: at most {max_count} per job "
+                          "(max-job-headers)")
+        end = i + 1 + 2 * count
+        if end >= n:
+            raise CommandError("ERR syntax error: JOBS needs, per job, its header count, its "
+                               "headers (name value ...) and its body")
+        items = args[i + 1:end]
+        for name in items[::2]:
+            refused = name_refusal(name)
+            if refused is not None:
+                raise CommandError(refused)
+        refused = limits_refusal([*shared_items, *items], max_count, max_size)
+        if refused is not None:
+            raise CommandError(refused)
+        options: list[bytes] = []
+        for k in range(0, len(items), 2):
+            options.append(_HEADER)
+            options.append(items[k])
+            options.append(items[k + 1])
+        extra.append(options)
+        bodies.append(args[end])
+        i = end + 1
+        if len(bodies) > MAX_BODIES:
+            break  # refused by the caller: no need to read the rest
+    return bodies, extra
 
 
 @command("addjobs", -5, "write denyoom", keys=KEYS_QUEUE)
 def addjobs(state: ServerState, client: CommandClient, argv: list[bytes]) -> Any:
-    """ADDJOBS queue ms-timeout [ADDJOB's options] BODIES body [body ...]"""
-    options, bodies = _split(argv)
+    """ADDJOBS queue ms-timeout [ADDJOB's options] BODIES body [body ...]
+    ADDJOBS queue ms-timeout [ADDJOB's options] JOBS n [name value]*n body [n ...]"""
+    options, bodies, with_headers = _split(argv)
     if not bodies:
-        raise CommandError("ERR syntax error: ADDJOBS needs BODIES followed by at least one body")
-    if len(bodies) > MAX_BODIES:
-        raise CommandError(f"ERR too many bodies: ADDJOBS takes at most {MAX_BODIES}")
+        raise CommandError(_NEEDS_BODIES)
     queue, timeout = argv[1], argv[2]
     head = [b"addjob", queue]
     tail = [timeout, *options]
-    if parse_addjob([*head, b"", *tail]).idmp is not None:  # option errors refuse it all
+    shared = parse_addjob([*head, b"", *tail])  # option errors refuse it all
+    if shared.idmp is not None:
         raise CommandError("ERR IDMP names one job: use ADDJOB for idempotent adds")
+    extra: list[list[bytes]] | None = None
+    if with_headers:
+        bodies, extra = _jobs_with_headers(state, bodies, shared.headers)
+    if len(bodies) > MAX_BODIES:
+        raise CommandError(f"ERR too many bodies: ADDJOBS takes at most {MAX_BODIES}")
 
     batch = BlockedBatch(state, client, len(bodies))
     replies = batch.replies
@@ -160,7 +224,7 @@ def addjobs(state: ServerState, client: CommandClient, argv: list[bytes]) -> Any
             continue
         argv[2] = body  # ADDJOB keeps the body, never the argument list
         member.index = index
-        reply = addjob(state, member, argv)
+        reply = addjob(state, member, argv if extra is None else [*argv, *extra[index]])
         if reply is BLOCKED:
             batch.members.append(member)
             batch.remaining += 1

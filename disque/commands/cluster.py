@@ -35,18 +35,27 @@ def cluster(state: ServerState, client: ClientConnection, argv: list[bytes]) -> 
 
 
 def _meet(state: ServerState, client: ClientConnection, args: list[bytes], n: int) -> Any:
-    if len(args) != 2:
+    # CLUSTER MEET ip port [bus-port]: the bus port as Redis's, for a node
+    # that announces one other than port + 10000 (cluster-announce-bus-port).
+    if len(args) not in (2, 3):
         raise CommandError("ERR Wrong number of arguments for CLUSTER MEET")
     ip = args[0].decode("utf-8", "replace")
     raw_port = args[1].decode("utf-8", "replace")
     port = parse_int(args[1], f"ERR Invalid TCP port specified: {raw_port}", 0, 65535)
+    bus_port = 0
+    if len(args) == 3:
+        raw_bus = args[2].decode("utf-8", "replace")
+        bus_port = parse_int(args[2], f"ERR Invalid TCP bus port specified: {raw_bus}", 1,
+                             65535)
+        if bus_port == port + 10000:
+            bus_port = 0
     try:
         ipaddress.ip_address(ip)
     except ValueError:
         raise CommandError(f"ERR Invalid node address specified: {ip}:{port}") from None
-    if port > 55535:
+    if port > 55535 and not bus_port:
         raise CommandError(f"ERR Invalid node address specified: {ip}:{port}")
-    _bus(state).membership.meet(ip, port)  # a handshake already under way: OK too
+    _bus(state).membership.meet(ip, port, bus_port)  # a handshake under way: OK too
     return OK
 
 

@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from .. import ack
 from ..federation import import_rate, need_jobs
+from ..headers import limits_refusal, name_refusal
 from ..idmp import DEFAULT_WINDOW_S, MAX_KEY_BYTES, MAX_WINDOW_S, DedupEntry, body_digest
 from ..job import ACTIVE, FLAG_BCAST_WILLQUEUE, WAIT_REPL, Job, JobState
 from ..job_options import DEAD_SUFFIX, MAX_PRIORITY, JobExt, dead_letter_queue, retry_seconds
@@ -22,7 +23,14 @@ from ..queue import (
 from ..queue_table import PAUSED_IN, PAUSED_OUT
 from ..replication import replicate_job
 from ..schedule import requeue_time, update_awake_time
-from ..waiters import WITH_COUNTERS, WITH_LEASE, block_for_jobs, entries_reply, getjob_entry
+from ..waiters import (
+    WITH_COUNTERS,
+    WITH_HEADERS,
+    WITH_LEASE,
+    block_for_jobs,
+    entries_reply,
+    getjob_entry,
+)
 from ..waitjob import completion_of, wait_for
 from .registry import (
     BLOCKED,
@@ -68,7 +76,7 @@ NACK_DELAY_ERROR: Final = (
 
 
 class AddJobOptions:
-    __slots__ = ("async_", "backoff", "dead_letter", "delay", "idmp", "idmp_window",
+    __slots__ = ("async_", "backoff", "dead_letter", "delay", "headers", "idmp", "idmp_window",
                  "max_deliveries", "maxlen", "priority", "replicate", "retry", "timeout", "ttl")
 
     def __init__(self) -> None:
@@ -86,6 +94,8 @@ class AddJobOptions:
         self.idmp: bytes | None = None
         self.idmp_window = -1
         self.priority = 0
+        #: HEADER name value ..., flat (disque.headers); None: no HEADER.
+        self.headers: list[bytes] | None = None
 
 
 # Built once: an f-string argument is formatted on every call, error or not
@@ -147,6 +157,12 @@ def parse_addjob(argv: list[bytes]) -> AddJobOptions:
         else:
             # The extensions' options, less common: one lower() for them all.
             opt = arg.lower()
+            if opt == b"header":
+                if i + 2 >= n:
+                    raise CommandError(SYNTAX_ERROR)
+                _add_header(opts, argv[i + 1], argv[i + 2])
+                i += 3
+                continue
             if opt in _EXTENSION_OPTIONS:
                 _parse_extension_option(opts, opt, argv[i + 1])
             elif opt == b"idmp":
@@ -164,6 +180,28 @@ def parse_addjob(argv: list[bytes]) -> AddJobOptions:
 
 
 _EXTENSION_OPTIONS: Final = frozenset((b"backoff", b"maxdeliveries", b"deadletter", b"priority"))
+
+
+def _add_header(opts: AddJobOptions, name: bytes, value: bytes) -> None:
+    """HEADER name value (disque/headers.py): the name is text, the value any bytes."""
+    refused = name_refusal(name)
+    if refused is not None:
+        raise CommandError(refused)
+    headers = opts.headers
+    if headers is None:
+        headers = opts.headers = []
+    headers.append(name)
+    headers.append(value)
+
+
+def headers_refusal(state: ServerState, opts: AddJobOptions) -> ReplyError | None:
+    """The error for HEADERs beyond max-job-headers or max-job-headers-size."""
+    headers = opts.headers
+    if headers is None:
+        return None
+    config = state.config
+    refused = limits_refusal(headers, config.max_job_headers, config.max_job_headers_size)
+    return ReplyError(refused) if refused is not None else None
 
 
 def _parse_extension_option(opts: AddJobOptions, opt: bytes, value: bytes) -> None:
@@ -185,8 +223,11 @@ def _parse_extension_option(opts: AddJobOptions, opt: bytes, value: bytes) -> No
 def job_ext_for(opts: AddJobOptions, queue: bytes, retry: int) -> JobExt | None:
     """The extension options of a new job (None without any), checked
     against the rest of the job once RETRY is known."""
+    headers = tuple(opts.headers) if opts.headers is not None else ()
     if not (opts.backoff or opts.max_deliveries or opts.dead_letter is not None):
-        return JobExt(priority=opts.priority) if opts.priority else None
+        if opts.priority or headers:
+            return JobExt(priority=opts.priority, headers=headers)
+        return None
     if retry == 0:
         raise CommandError("ERR BACKOFF and MAXDELIVERIES need RETRY > 0 (an at-most-once "
                            "job is never queued again)")
@@ -199,7 +240,7 @@ def job_ext_for(opts: AddJobOptions, queue: bytes, retry: int) -> JobExt | None:
         if opts.dead_letter == queue:
             raise CommandError("ERR DEADLETTER queue must not be the job's own queue")
     return JobExt(opts.backoff, opts.max_deliveries, opts.dead_letter or b"",
-                  priority=opts.priority)
+                  priority=opts.priority, headers=headers)
 
 
 # --------------------------------------------------------------------------
@@ -242,8 +283,13 @@ def idmp_record(state: ServerState, opts: AddJobOptions, queue: bytes, body: byt
 @command("addjob", -4, "write denyoom", keys=KEYS_QUEUE)
 def addjob(state: ServerState, client: CommandClient, argv: list[bytes]) -> Any:
     """ADDJOB queue body ms-timeout [REPLICATE n] [DELAY s] [RETRY s] [TTL s] [MAXLEN n] [ASYNC]
-    [BACKOFF s] [MAXDELIVERIES n] [DEADLETTER queue] [PRIORITY p] [IDMP key [IDMP-WINDOW s]]"""
+    [BACKOFF s] [MAXDELIVERIES n] [DEADLETTER queue] [PRIORITY p] [IDMP key [IDMP-WINDOW s]]
+    [HEADER name value ...]"""
     opts = parse_addjob(argv)
+    if opts.headers is not None:
+        refused = headers_refusal(state, opts)
+        if refused is not None:
+            return refused
     if opts.dead_letter is not None and len(opts.dead_letter) > state.max_queue_name_len:
         return queue_name_refusal(state, opts.dead_letter)
     if opts.max_deliveries:
@@ -377,14 +423,17 @@ _TIMEOUT: Final = OptionName(b"timeout")
 _NOHANG: Final = OptionName(b"nohang")
 _WITHCOUNTERS: Final = OptionName(b"withcounters")
 _WITHLEASE: Final = OptionName(b"withlease")
+_WITHHEADERS: Final = OptionName(b"withheaders")
 
 
 @command("getjob", -3, "write", keys=KEYS_FROM, categories="blocking")
 def getjob(state: ServerState, client: CommandClient, argv: list[bytes]) -> Any:
-    """GETJOB [NOHANG] [TIMEOUT ms] [COUNT n] [WITHCOUNTERS] [WITHLEASE] FROM q1 q2 ...
+    """GETJOB [NOHANG] [TIMEOUT ms] [COUNT n] [WITHCOUNTERS] [WITHLEASE] [WITHHEADERS]
+    FROM q1 q2 ...
 
-    WITHLEASE is an extension: each entry ends with ``next-requeue-within``
-    (milliseconds, nil for RETRY 0), as SHOW has it.
+    WITHLEASE and WITHHEADERS are extensions: each entry ends with
+    ``next-requeue-within`` (milliseconds, nil for RETRY 0), as SHOW has it,
+    then with ``headers`` and the job's headers (a flat array, name, value ...).
     """
     nohang = False
     fields = 0
@@ -410,6 +459,8 @@ def getjob(state: ServerState, client: CommandClient, argv: list[bytes]) -> Any:
             fields |= WITH_COUNTERS
         elif is_option(arg, _WITHLEASE):
             fields |= WITH_LEASE
+        elif is_option(arg, _WITHHEADERS):
+            fields |= WITH_HEADERS
         else:
             raise CommandError(SYNTAX_ERROR)
         i += 1
@@ -632,8 +683,9 @@ def waitjob(state: ServerState, client: CommandClient, argv: list[bytes]) -> Any
 # SHOW
 # --------------------------------------------------------------------------
 
-def show_reply(job: Job, now: int) -> Map:
-    """The SHOW key/value reply (also JSCAN REPLY all)."""
+def show_reply(job: Job, now: int, with_body: bool = True) -> Map:
+    """The SHOW key/value reply (also JSCAN REPLY all); without the body
+    (SHOW id NOBODY, an extension), ``body-size`` in its place."""
     qtime = job.qtime if job.state in (JobState.ACTIVE, JobState.QUEUED) and job.qtime else 0
     reply = Map([
         b"id", job.id,
@@ -650,8 +702,11 @@ def show_reply(job: Job, now: int) -> Map:
         b"nodes-confirmed", sorted(job.confirmed),
         b"next-requeue-within", (qtime - now) if qtime else None,
         b"next-awake-within", (job.awakeme - now) if job.awakeme else None,
-        b"body", job.body,
     ])
+    if with_body:
+        reply += [b"body", job.body]
+    else:
+        reply += [b"body-size", len(job.body)]
     ext = job.ext
     if ext is None:
         return reply
@@ -666,15 +721,26 @@ def show_reply(job: Job, now: int) -> Map:
         ]
     if ext.priority:
         reply += [b"priority", ext.priority]
+    if ext.headers:
+        reply += [b"headers", list(ext.headers)]
     return reply
 
 
-@command("show", 2, "fast", keys=KEYS_JOBS)
+#: SHOW's one option (an extension): the job's fields without its body.
+NOBODY = b"nobody"
+
+
+@command("show", -2, "fast", keys=KEYS_JOBS)
 def show(state: ServerState, client: CommandClient, argv: list[bytes]) -> Any:
-    """SHOW id: everything about a job, or NULL."""
-    (job_id,) = parse_job_ids(argv[1:])
+    """SHOW id [NOBODY]: everything about a job, or NULL.  NOBODY (an
+    extension) puts ``body-size`` where ``body`` was; anything else after
+    the ID is refused as the original refuses it (its arity is 2)."""
+    with_body = len(argv) == 2
+    if not with_body and (len(argv) != 3 or argv[2].lower() != NOBODY):
+        raise CommandError("ERR wrong number of arguments for 'show' command")
+    (job_id,) = parse_job_ids(argv[1:2])
     job = state.jobs.get(job_id)
     if job is None:
         return None
-    return show_reply(job, state.clock.now_ms())
+    return show_reply(job, state.clock.now_ms(), with_body)
 

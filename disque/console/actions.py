@@ -10,6 +10,7 @@ with SHOW), the job's creator first.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,6 +20,7 @@ from disque.client import AsyncClient
 from .audit import audit_log
 from .nodes import Answer, Node, Pool
 from .queries import JOB_ID, LookupProblem
+from .shows import show_one
 
 __all__ = ["Outcome", "Actions", "JOB_ACTIONS", "PAUSE_STATES", "DESTRUCTIVE", "audit_log"]
 
@@ -123,7 +125,8 @@ class Actions:
         if not JOB_ID.fullmatch(job_id):
             raise LookupProblem(f"{job_id[:80]!r} is not a job ID")
         nodes = await self.pool.nodes()
-        answers = await self.pool.each(lambda c: c.execute_command("SHOW", job_id), nodes)
+        answers = await asyncio.gather(*(self.pool.on(n, show_one(self.pool, n, job_id))
+                                         for n in nodes))
         holders = [a.node for a in answers if a.problem is None and a.value is not None]
         creator = job_id[2:10]
         holders.sort(key=lambda n: not (n.id or "").startswith(creator))

@@ -102,6 +102,7 @@ from .audit import audit_log
 from .nodes import Credentials, Node, Pool, Problem
 from .replies import encode, number, pairs, text
 from .settings import Settings
+from .shows import show_one, show_pipeline
 
 __all__ = ["KINDS", "MOVES", "TaskSpec", "SpecError", "Counts", "Claim", "Journal", "Task",
            "TaskManager", "idmp_key", "DEFAULT_RATE", "MAX_RATE", "IDMP_WINDOW"]
@@ -892,7 +893,8 @@ class Task:
         if not others or not ids:
             return set()
         queued: set[str] = set()
-        for answer in await self.pool.each(_pipeline([["SHOW", i] for i in ids]), others):
+        for answer in await asyncio.gather(*(self.pool.on(n, show_pipeline(self.pool, n, ids))
+                                             for n in others)):
             if answer.value is None:
                 self._problem(f"{answer.node.address}: {answer.problem}")
                 continue
@@ -984,6 +986,7 @@ class Task:
         priority = number(fields.get("priority"))
         if priority > 0:
             command += ["PRIORITY", priority]
+        command += _header_args(fields.get("headers"))
         command += ["IDMP", idmp_key(old_id), "IDMP-WINDOW", IDMP_WINDOW]
         return command
 
@@ -1384,8 +1387,10 @@ class Task:
     async def _rebuild(self, claim: Claim) -> None:
         """A claim not held: where its old job is now (SHOW on every node),
         and its ADDJOB from SHOW."""
-        answers = await self.pool.each(lambda c: c.execute_command("SHOW", claim.old),
-                                       self._nodes)
+        # With the body: the ADDJOB of the move is built from these fields.
+        answers = await asyncio.gather(*(self.pool.on(n, show_one(self.pool, n, claim.old,
+                                                                  body=True))
+                                         for n in self._nodes))
         copies = [(a.node, pairs(a.value)) for a in answers if a.value is not None]
         copies = [(n, f) for n, f in copies if f is not None]
         if not copies:
@@ -1557,3 +1562,15 @@ class TaskManager:
         for task in self.tasks.values():
             with contextlib.suppress(Exception):
                 await task.pool.close()
+
+
+def _header_args(headers: Any) -> list[str | bytes | int]:
+    """``HEADER name value`` for each of a job's headers (SHOW's flat
+    ``headers`` array), so that a moved job keeps its trace context and tags."""
+    if not isinstance(headers, list) or len(headers) % 2:
+        return []
+    args: list[str | bytes | int] = []
+    for name, value in zip(headers[::2], headers[1::2], strict=True):
+        if isinstance(name, bytes) and isinstance(value, bytes):
+            args += ["HEADER", name, value]
+    return args

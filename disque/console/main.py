@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from .. import __version__
+from .prometheus import check_url
 from .settings import Settings, is_loopback
 
 __all__ = ["main", "parse_args"]
@@ -47,6 +48,25 @@ def _parser() -> argparse.ArgumentParser:
                         help="seconds a session may stay unused (28800)")
     parser.add_argument("--session-lifetime", type=int, default=24 * 3600,
                         help="seconds a session lasts at most, however busy (86400)")
+    parser.add_argument("--prometheus-url", default=None, metavar="URL",
+                        help="Prometheus scraping the nodes' metrics-port "
+                             "(http://host:9090): each chart links to its series there")
+    parser.add_argument("--nice", type=int, default=10,
+                        help="lower the console's CPU priority by this much at start, so "
+                             "that nodes on the same machine come first (10; 0: keep it)")
+    parser.add_argument("--browse-budget", type=float, default=50.0, metavar="MS",
+                        help="milliseconds a page of a queue's job browser may keep "
+                             "scanning to fill itself (50)")
+    tls = parser.add_argument_group("TLS to the nodes' tls-port (--nodes then lists every "
+                                    "node's TLS address)")
+    tls.add_argument("--tls", action="store_true", help="connect to the nodes with TLS")
+    tls.add_argument("--cacert", default=None,
+                     help="CA certificate file to verify the nodes (implies --tls)")
+    tls.add_argument("--cert", default=None,
+                     help="client certificate file, for tls-auth-clients (implies --tls)")
+    tls.add_argument("--key", default=None, help="private key file of --cert")
+    tls.add_argument("--insecure", action="store_true",
+                     help="accept any certificate from the nodes (tests only)")
     parser.add_argument("--log-level", default="info",
                         choices=["debug", "info", "warning", "error"])
     parser.add_argument("--version", action="version", version=f"disque-console {__version__}")
@@ -65,6 +85,18 @@ def parse_args(argv: Sequence[str]) -> tuple[Settings, str]:
         parser.error("--sample-interval is at least 0.1 s and --history at least 60 s")
     if not 1 <= options.session_idle <= options.session_lifetime:
         parser.error("--session-idle is at least 1 s and at most --session-lifetime")
+    if (options.cert is None) != (options.key is None):
+        parser.error("--cert and --key go together (a client certificate and its key)")
+    prometheus_url = None
+    if options.prometheus_url:
+        try:
+            prometheus_url = check_url(options.prometheus_url)
+        except ValueError as exc:
+            parser.error(f"--prometheus-url: {exc}")
+    if not 0 <= options.nice <= 19:
+        parser.error("--nice is between 0 and 19")
+    if not 1 <= options.browse_budget <= 10_000:
+        parser.error("--browse-budget is between 1 and 10000 ms")
     if options.data_dir is not None:
         private_dir(options.data_dir)
     return Settings(nodes=nodes, bind=options.bind, port=options.port,
@@ -76,7 +108,13 @@ def parse_args(argv: Sequence[str]) -> tuple[Settings, str]:
                     sample_interval=options.sample_interval,
                     history_seconds=options.history,
                     session_idle_seconds=options.session_idle,
-                    session_lifetime_seconds=options.session_lifetime), options.log_level
+                    session_lifetime_seconds=options.session_lifetime,
+                    browse_budget=options.browse_budget / 1000, nice=options.nice,
+                    prometheus_url=prometheus_url,
+                    tls=bool(options.tls or options.cacert or options.cert),
+                    tls_ca_file=options.cacert, tls_cert_file=options.cert,
+                    tls_key_file=options.key, tls_verify=not options.insecure
+                    ), options.log_level
 
 
 def private_dir(path: Path) -> None:
@@ -160,6 +198,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     os.umask(0o077)
     settings, level = parse_args(sys.argv[1:] if argv is None else argv)
     _logging(level, settings.data_dir)
+    if settings.nice:
+        # The console's work (a queue table's rebuild parses thousands of
+        # replies) is never urgent; a node's pickups on the same cores are.
+        try:
+            os.nice(settings.nice)
+        except OSError as exc:  # not allowed here: said, not fatal
+            log.warning("cannot lower the console's priority (--nice %d): %s", settings.nice,
+                        exc)
     try:
         return asyncio.run(_serve(settings, level))
     except KeyboardInterrupt:

@@ -134,7 +134,9 @@ class NodeLink:
             else None, password=self.credentials.password,
             socket_timeout=self.settings.node_timeout, connect_timeout=2.0, max_retries=0,
             reconnect_timeout=0, randomize=False, route_by_job_id=False,
-            client_name="disque-console")
+            client_name="disque-console", tls=self.settings.tls,
+            tls_ca_file=self.settings.tls_ca_file, tls_cert_file=self.settings.tls_cert_file,
+            tls_key_file=self.settings.tls_key_file, tls_verify=self.settings.tls_verify)
 
     async def run(self, call: Callable[[AsyncClient], Awaitable[T]]) -> T:
         """``call(client)`` on this node; raises what the client raises."""
@@ -191,6 +193,9 @@ class Pool:
     _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     #: address -> whether the node has this server's extensions (None: unknown yet).
     extensions: dict[str, bool] = field(default_factory=dict)
+    #: address -> whether the node answers ``SHOW id NOBODY`` (None: unknown
+    #: yet; see :mod:`disque.console.shows`).
+    show_nobody: dict[str, bool] = field(default_factory=dict)
 
     def link(self, address: str) -> NodeLink:
         link = self.links.get(address)
@@ -208,6 +213,8 @@ class Pool:
             return self._nodes
 
     async def _discover(self) -> list[Node]:
+        if self.settings.tls:
+            return await self._seeds_only()
         known = [n.address for n in self._nodes]
         tried: list[str] = []
         for address in [*self.seeds, *known]:
@@ -239,6 +246,25 @@ class Pool:
             return sorted(found.values(), key=lambda n: n.address)
         previous = {n.address: n for n in self._nodes}
         return [previous.get(a, Node(a)) for a in tried]
+
+    async def _seeds_only(self) -> list[Node]:
+        """Over TLS, the seeds, each named by its own HELLO: HELLO lists
+        the nodes' plain ports, which a TLS connection cannot use, so the
+        seeds must be every node's TLS address."""
+        previous = {n.address: n for n in self._nodes}
+        found: dict[str, Node] = {}
+        for seed in self.seeds:
+            link = self.link(seed)
+            try:
+                hello = await link.run(lambda c: c.hello())
+            except (DisqueError, OSError) as exc:
+                if isinstance(exc, NoAuth):
+                    raise
+                found[link.address] = previous.get(link.address, Node(link.address))
+                continue
+            priority = next((i.priority for i in hello.nodes if i.id == hello.node_id), 1)
+            found[link.address] = Node(link.address, hello.node_id, priority)
+        return sorted(found.values(), key=lambda n: n.address)
 
     async def _own_entry(self, address: str) -> Node | None:
         try:

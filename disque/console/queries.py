@@ -11,16 +11,17 @@ from __future__ import annotations
 import asyncio
 import re
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any
 
 from disque.client import AsyncClient
 
-from .bodies import view_body
+from .bodies import BodyView, view_body
 from .history import History
 from .nodes import Answer, Node, Pool, Problem
 from .queue_index import QueueFilter, QueueIndex, QueueStat, peeker, shower
-from .replies import encode, number, pairs, text
+from .replies import number, pairs, text
+from .shows import body_size, show_one, show_pipeline
 
 __all__ = ["overview", "queues", "queue", "browse_jobs", "job", "dead_letters", "nodes",
            "JOB_ID", "JOB_STATES", "LookupProblem", "parse_size"]
@@ -210,8 +211,8 @@ async def _heads(pool: Pool, index: QueueIndex, nodes: list[Node], names_on: Cal
         for job_id in (answer.value or {}).values():
             if job_id is not None and job_id not in index.job_facts:
                 unknown.setdefault(answer.node.address, []).append(job_id)
-    shown = await asyncio.gather(*(pool.on(n, shower(unknown[n.address])) for n in nodes
-                                   if n.address in unknown))
+    shown = await asyncio.gather(*(pool.on(n, shower(pool, n, unknown[n.address]))
+                                   for n in nodes if n.address in unknown))
     for answer in shown:
         index.learn(answer.value or {})
     heads: dict[str, dict[str, dict[str, Any]]] = {}
@@ -301,31 +302,38 @@ def _token(value: str, node_count: int) -> tuple[int, int, int]:
     return int(parts[0]), int(parts[1]), int(parts[2])
 
 
-def _job_summary(fields: dict[str, Any], address: str, preview: int) -> dict[str, Any]:
-    body = fields.get("body") or b""
-    if not isinstance(body, bytes):
-        body = text(body).encode()
-    snippet = view_body(body, min(preview, 120))
+def _job_summary(fields: dict[str, Any], address: str) -> dict[str, Any]:
     return {"id": text(fields.get("id")), "node": address, "state": text(fields.get("state")),
             "queue": text(fields.get("queue")), "age": _age(fields.get("ctime")),
             "ttl": number(fields.get("ttl")), "retry": number(fields.get("retry")),
             "nacks": number(fields.get("nacks")),
             "deliveries": number(fields.get("additional-deliveries")),
-            "priority": number(fields.get("priority")),
-            "size": len(body), "preview": snippet.text[:120]}
+            "priority": number(fields.get("priority")), "size": body_size(fields)}
+
+
+#: Seconds a page of the job browser keeps calling JSCAN to fill itself.
+BROWSE_BUDGET = 0.05
+#: The COUNT of each of those calls: about how many jobs the node looks at
+#: (whole slices of its job table) before it answers.  ~1,000 jobs hold a
+#: node well under a millisecond, and a page can look at tens of
+#: thousands within its budget.
+BROWSE_COUNT = 1000
 
 
 async def browse_jobs(pool: Pool, name: str, state: str = "", token: str = "",
-                      per_page: int = 25, preview: int = 120) -> dict[str, Any]:
+                      per_page: int = 25, budget: float = BROWSE_BUDGET) -> dict[str, Any]:
     """One page of the queue's jobs, node after node: their IDs with JSCAN
-    (``REPLY id``), then SHOW of the jobs the page shows, pipelined per node.
+    (``REPLY id``), then their fields with SHOW (``SHOW id NOBODY`` where
+    the node has it: no body is read), pipelined per node.
 
     JSCAN reads; it never changes a job's state (RabbitMQ's "Get messages"
-    browses by consuming and requeueing).  Each page costs at most a bounded
-    number of JSCAN calls (so a state with few jobs among many cannot hold
-    a request): the next token resumes where it stopped.  Only the jobs
-    shown are read whole (SHOW has no form without the body); a JSCAN call
-    may find more than the page holds, and those are not read.
+    browses by consuming and requeueing).  ``JSCAN ... QUEUE q`` walks the
+    node's whole job table, whatever the queue, so a queue of 100 jobs
+    among a million needs many calls: the page goes on with the cursor
+    until it is full or ``budget`` seconds have passed, each call a round
+    trip the event loop waits on (other requests go on meanwhile).  When
+    the budget runs out first, ``more`` is set and ``next`` resumes exactly
+    where the page stopped.
     """
     if state and state not in JOB_STATES:
         raise LookupProblem(f"state must be one of {', '.join(JOB_STATES)}")
@@ -334,9 +342,14 @@ async def browse_jobs(pool: Pool, name: str, state: str = "", token: str = "",
     found: list[tuple[Node, str]] = []
     problems: list[dict[str, Any]] = []
     calls = 0
-    while index < len(nodes) and len(found) < per_page and calls < 20:
+    more = False
+    deadline = time.monotonic() + budget
+    while index < len(nodes) and len(found) < per_page:
+        if calls and time.monotonic() >= deadline:
+            more = True
+            break
         node = nodes[index]
-        args: list[str | int] = ["JSCAN", cursor, "COUNT", max(per_page, 10), "QUEUE", name]
+        args: list[str | int] = ["JSCAN", cursor, "COUNT", BROWSE_COUNT, "QUEUE", name]
         if state:
             args += ["STATE", state]
         args += ["REPLY", "id"]
@@ -349,7 +362,7 @@ async def browse_jobs(pool: Pool, name: str, state: str = "", token: str = "",
         if answer.value is None or not isinstance(answer.value, list) or len(answer.value) != 2:
             problems.append({"address": node.address,
                              "problem": _problem(answer.problem or Problem("error", "odd reply"))})
-            index, cursor = index + 1, 0
+            index, cursor, skip = index + 1, 0, 0
             continue
         entries = [text(e) for e in (answer.value[1] or [])][skip:]
         room = per_page - len(found)
@@ -365,15 +378,9 @@ async def browse_jobs(pool: Pool, name: str, state: str = "", token: str = "",
     by_node: dict[str, list[str]] = {}
     for node, job_id in found:
         by_node.setdefault(node.address, []).append(job_id)
-
-    def shows(ids: list[str]) -> Callable[[AsyncClient], Awaitable[Any]]:
-        async def call(client: AsyncClient) -> Any:
-            payload = encode(("SHOW", i) for i in ids)
-            return await client.send_pipeline(lambda _node: (payload, len(ids)))
-        return call
-
     targets = [n for n in nodes if n.address in by_node]
-    answers = await asyncio.gather(*(pool.on(n, shows(by_node[n.address])) for n in targets))
+    answers = await asyncio.gather(*(pool.on(n, show_pipeline(pool, n, by_node[n.address]))
+                                     for n in targets))
     fields_of: dict[tuple[str, str], dict[str, Any]] = {}
     for answer in answers:
         if answer.value is None:
@@ -384,10 +391,11 @@ async def browse_jobs(pool: Pool, name: str, state: str = "", token: str = "",
                                  strict=False):
             if (fields := pairs(reply)) is not None:
                 fields_of[(answer.node.address, job_id)] = fields
-    jobs = [_job_summary(fields_of[(node.address, job_id)], node.address, preview)
+    jobs = [_job_summary(fields_of[(node.address, job_id)], node.address)
             for node, job_id in found if (node.address, job_id) in fields_of]
     return {"queue": name, "state": state, "jobs": jobs, "next": next_token,
-            "problems": problems}
+            "more": more and bool(next_token), "calls": calls,
+            "budget_ms": round(budget * 1000), "problems": problems}
 
 
 # --------------------------------------------------------------------------
@@ -408,15 +416,33 @@ def _clean(fields: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-async def job(pool: Pool, job_id: str, limit: int) -> dict[str, Any]:
-    """Every copy's SHOW, the body from one of them, cut at ``limit`` bytes."""
+async def _body_view(pool: Pool, nodes: list[Node], job_id: str, copies: list[dict[str, Any]],
+                     raw_bodies: dict[str, bytes], limit: int) -> BodyView | None:
+    """The body of the first copy (in ``copies``' order) that gives it: one
+    a node without NOBODY sent already, else plain SHOW of one copy."""
+    for copy in copies:
+        if copy["node"] in raw_bodies:
+            return view_body(raw_bodies[copy["node"]], limit)
+    for copy in copies:
+        node = next(n for n in nodes if n.address == copy["node"])
+        read = await pool.on(node, show_one(pool, node, job_id, body=True))
+        fields = pairs(read.value) if read.problem is None else None
+        if fields is not None and isinstance(fields.get("body"), bytes):
+            return view_body(fields["body"], limit)
+    return None  # gone meanwhile from every node
+
+
+async def job(pool: Pool, job_id: str, limit: int, body: bool = True) -> dict[str, Any]:
+    """Every copy's fields (``SHOW id NOBODY`` where the node has it), and
+    with ``body`` the body from one copy (the creator's first), cut at
+    ``limit`` bytes: a page's live updates read no body."""
     if not JOB_ID.fullmatch(job_id):
         raise LookupProblem(f"{job_id[:80]!r} is not a job ID (D-<8 hex>-<24 chars>-<4 hex>)")
     nodes = await pool.nodes()
-    answers = await pool.each(lambda c: c.execute_command("SHOW", job_id), nodes)
+    answers = await asyncio.gather(*(pool.on(n, show_one(pool, n, job_id)) for n in nodes))
     copies: list[dict[str, Any]] = []
     problems: list[dict[str, Any]] = []
-    body: bytes | None = None
+    raw_bodies: dict[str, bytes] = {}
     for answer in answers:
         if answer.problem is not None:
             problems.append({"address": answer.node.address,
@@ -426,9 +452,11 @@ async def job(pool: Pool, job_id: str, limit: int) -> dict[str, Any]:
         if fields is None:
             continue  # this node has no copy (null reply)
         raw = fields.get("body")
-        if body is None and isinstance(raw, bytes):
-            body = raw
+        if isinstance(raw, bytes):  # a node without NOBODY sent it anyway
+            raw_bodies[answer.node.address] = raw
         copy = _clean(fields)
+        copy.pop("body-size", None)
+        copy["size"] = body_size(fields)
         copy["node"] = answer.node.address
         copy["node_id"] = answer.node.id
         copy["age"] = _age(fields.get("ctime"))
@@ -437,10 +465,13 @@ async def job(pool: Pool, job_id: str, limit: int) -> dict[str, Any]:
         copies.append(copy)
     creator = job_id[2:10]
     copies.sort(key=lambda c: (not (c["node_id"] or "").startswith(creator), c["node"]))
-    view = view_body(body, limit) if body is not None else None
+    view = None
+    if body and copies:
+        view = await _body_view(pool, nodes, job_id, copies, raw_bodies, limit)
     first = copies[0] if copies else {}
     return {"id": job_id, "found": bool(copies), "copies": copies, "problems": problems,
             "queue": first.get("queue"), "state": first.get("state"),
+            "size": first.get("size"),
             "body": view.as_json() if view else None,
             "nack_delay": any(c.get("extensions") for c in copies),
             "noperm": any(p["problem"]["kind"] == "noperm" for p in problems)}

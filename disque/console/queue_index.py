@@ -3,7 +3,7 @@
 Why a table in memory: a page of 50 queues out of 10,000 must not cost
 10,000 QSTATs per request (RabbitMQ's management UI lists 6,000 queues in
 8-9 s by asking for all of them each time).  The table is rebuilt in the
-background (QSCAN, then pipelined QSTATs, a thousand per round trip) while
+background (QSCAN, then pipelined QSTATs, 250 per round trip) while
 requests read the last complete one: filtering, sorting and paging 10,000
 rows takes milliseconds.  A rebuild starts when a page asks for a table older
 than a couple of seconds and none is running, and never sooner than twenty
@@ -25,25 +25,48 @@ import time
 from collections import OrderedDict, deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from disque.client import AsyncClient
 
 from .nodes import Answer, Node, Pool, Problem
 from .replies import encode, number, pairs, text
+from .shows import show_pipeline
 
 __all__ = ["QueueStat", "QueueRow", "Snapshot", "QueueFilter", "FilterError", "QueueIndex",
            "SORT_COLUMNS", "peeker", "shower"]
 
-#: QSTATs per round trip.
-BATCH = 1000
-#: A rebuild starts no sooner than this many times the last one's duration.
+#: QSTATs per round trip.  A node runs the commands of a pipeline it has
+#: read in one turn, so this bounds how long a rebuild holds it at a time
+#: (~2 ms of an interpreted node; a thousand held it ~9 ms, and a consumer's
+#: GETJOB that came meanwhile waited that long).
+BATCH = 250
+#: A rebuild starts no sooner than this many times the last one's duration
+#: (the nodes' share), nor this many times the CPU time the console spent
+#: meanwhile (its own share, on cores it may share with a node).
 REBUILD_SPACING = 20
+REBUILD_CPU_SPACING = 50
 
 
-@dataclass(frozen=True)
-class QueueStat:
-    """One node's QSTAT of one queue."""
+#: Pause states as the nodes spell them, decoded once.
+_PAUSES: dict[Any, str] = {b"none": "none", b"in": "in", b"out": "out", b"all": "all"}
+_NO_PRIORITIES: tuple[tuple[int, int], ...] = ()
+
+
+def _int(value: Any) -> int:
+    if type(value) is int:
+        return value
+    return 0 if value is None else number(value)
+
+
+class QueueStat(NamedTuple):
+    """One node's QSTAT of one queue.
+
+    A named tuple, parsed straight from the reply's bytes keys: the queue
+    table parses one per queue and node at each rebuild (10,000 and more),
+    where a frozen dataclass built from a dict of decoded keys cost three
+    times as much (``benchmarks/console.py``, docs/BENCHMARKS.md).
+    """
 
     length: int
     age: int
@@ -59,22 +82,26 @@ class QueueStat:
 
     @classmethod
     def from_reply(cls, reply: Any) -> QueueStat | None:
-        fields = pairs(reply)
-        if fields is None:
+        """From QSTAT's flat key/value reply; None for anything else (a
+        queue that went away answers nil; an odd reply never raises)."""
+        if not isinstance(reply, list) or len(reply) % 2:
             return None
-        limit = fields.get("rate-limit")
-        prios = fields.get("priorities") or []
+        fields = dict(zip(reply[::2], reply[1::2], strict=True))
+        if fields and type(next(iter(fields))) is not bytes:
+            fields = {text(k).encode(): v for k, v in fields.items()}
+        get = fields.get
+        limit = get(b"rate-limit")
+        prios = get(b"priorities")
+        pause = get(b"pause")
         return cls(
-            length=number(fields.get("len")), age=number(fields.get("age")),
-            idle=number(fields.get("idle")), blocked=number(fields.get("blocked")),
-            jobs_in=number(fields.get("jobs-in")), jobs_out=number(fields.get("jobs-out")),
-            pause=text(fields.get("pause")) or "none",
-            limit=((number(limit[0]), number(limit[1]))
-                   if isinstance(limit, list) and len(limit) == 2 else None),
-            priorities=tuple((number(p), number(c)) for p, c in zip(prios[::2], prios[1::2],
-                                                                     strict=False)),
-            dead_lettered=number(fields.get("dead-lettered")),
-            rate_limited=number(fields.get("rate-limited")))
+            _int(get(b"len")), _int(get(b"age")), _int(get(b"idle")), _int(get(b"blocked")),
+            _int(get(b"jobs-in")), _int(get(b"jobs-out")),
+            _PAUSES.get(pause) or text(pause) or "none",
+            ((_int(limit[0]), _int(limit[1]))
+             if isinstance(limit, list) and len(limit) == 2 else None),
+            tuple((_int(p), _int(c)) for p, c in zip(prios[::2], prios[1::2], strict=False))
+            if isinstance(prios, list) and prios else _NO_PRIORITIES,
+            _int(get(b"dead-lettered")), _int(get(b"rate-limited")))
 
 
 @dataclass
@@ -261,6 +288,15 @@ class Snapshot:
         return rows[start:start + flt.per_page], len(rows)
 
 
+def _qstats(names: list[str]) -> bytes:
+    """``QSTAT name`` for each of ``names``, RESP-encoded back to back."""
+    out = []
+    for name in names:
+        raw = name.encode("utf-8", "surrogateescape")
+        out.append(b"*2\r\n$5\r\nQSTAT\r\n$%d\r\n%b\r\n" % (len(raw), raw))
+    return b"".join(out)
+
+
 async def _node_stats(client: AsyncClient) -> dict[str, QueueStat]:
     """QSCAN then pipelined QSTATs on one node."""
     names = [name async for name in client.qscan(count=1000)]
@@ -268,7 +304,7 @@ async def _node_stats(client: AsyncClient) -> dict[str, QueueStat]:
     stats: dict[str, QueueStat] = {}
     for start in range(0, len(names), BATCH):
         chunk = names[start:start + BATCH]
-        payload = encode(("QSTAT", n) for n in chunk)
+        payload = _qstats(chunk)
         count = len(chunk)
 
         def build(_node: str | None, p: bytes = payload, k: int = count) -> tuple[bytes, int]:
@@ -299,12 +335,14 @@ def peeker(names: list[str]) -> Any:
     return call
 
 
-def shower(ids: list[str]) -> Any:
-    """SHOW of each of ``ids``, pipelined: {id: (ctime in ns, dead-lettered-from)}
-    of those still there."""
+def shower(pool: Pool, node: Node, ids: list[str]) -> Any:
+    """SHOW of each of ``ids`` on ``node``, pipelined and without the bodies
+    where the node can (``SHOW id NOBODY``): {id: (ctime in ns,
+    dead-lettered-from)} of those still there."""
+    show = show_pipeline(pool, node, ids)
+
     async def call(client: AsyncClient) -> dict[str, tuple[int, str | None]]:
-        payload = encode(("SHOW", i) for i in ids)
-        result = await client.send_pipeline(lambda _node: (payload, len(ids)))
+        result = await show(client)
         if result.error is not None:
             raise result.error
         facts: dict[str, tuple[int, str | None]] = {}
@@ -393,12 +431,12 @@ class QueueIndex:
         """The age (seconds) of the next job out of each of ``rows`` (the
         page shown), the oldest of its nodes', None when none is queued.
 
-        No command gives a job's creation time without its body: QPEEK 1
-        names the next job (its body included) and SHOW gives its ctime
-        (and body again).  So only the queues on the page are asked, once
-        per table (a new table, every few seconds at most, asks again), one
-        pipelined QPEEK per node for those holding queued jobs, and SHOW
-        only for jobs not seen before: a job's ctime never changes.
+        Only QPEEK 1 names the next job, and it returns its body; ``SHOW
+        id NOBODY`` (plain SHOW on an original node) gives its ctime.  So
+        only the queues on the page are asked, once per table (a new table,
+        every few seconds at most, asks again), one pipelined QPEEK per
+        node for those holding queued jobs, and SHOW only for jobs not seen
+        before: a job's ctime never changes.
         """
         wanted: dict[str, list[str]] = {}
         for row in rows:
@@ -418,7 +456,8 @@ class QueueIndex:
                     self._heads[(answer.node.address, name)] = (snapshot.taken_at, job_id)
                     if job_id is not None and job_id not in self.job_facts:
                         unknown.setdefault(answer.node.address, []).append(job_id)
-            for answer in await asyncio.gather(*(self.pool.on(n, shower(unknown[n.address]))
+            pool = self.pool
+            for answer in await asyncio.gather(*(pool.on(n, shower(pool, n, unknown[n.address]))
                                                  for n in nodes if n.address in unknown)):
                 self.learn(answer.value or {})
             while len(self._heads) > 20_000:
@@ -445,16 +484,19 @@ class QueueIndex:
 
     async def _rebuild(self) -> Snapshot:
         try:
-            started = time.monotonic()
+            started, cpu = time.monotonic(), time.process_time()
             nodes = await self.pool.nodes()
             answers = await self.pool.each(_node_stats, nodes)
             snapshot = self._merge(answers, started)
             self.snapshot = snapshot
-            # A twentieth of the time at most: with 10,000 queues (0.35 s a
-            # rebuild here) the table is 7 s old at worst, and the node
-            # spends under 1.5% of a core on it while /queues is open.
-            self._next_allowed = time.monotonic() + max(self.max_age,
-                                                        REBUILD_SPACING * snapshot.duration)
+            # A twentieth of the time at most for the nodes, and 2% of a
+            # core for the console (its CPU time meanwhile, other requests'
+            # included: erring on the side of fewer rebuilds).  With 10,000
+            # queues a rebuild takes ~0.2 s and ~0.1 s of the console's CPU
+            # here: the table is ~5 s old at worst.
+            self._next_allowed = time.monotonic() + max(
+                self.max_age, REBUILD_SPACING * snapshot.duration,
+                REBUILD_CPU_SPACING * (time.process_time() - cpu))
             return snapshot
         finally:
             self._task = None

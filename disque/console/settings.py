@@ -42,6 +42,23 @@ class Settings:
     max_anonymous_sessions: int = 1_000
     #: Seconds between two checks of whether the nodes take a password.
     probe_seconds: float = 30.0
+    #: Prometheus's address (``http://prometheus:9090``): the charts link to
+    #: the same series there.  None: no links.
+    prometheus_url: str | None = None
+    #: TLS to the nodes' ``tls-port`` (the seeds are then every node's TLS
+    #: address: HELLO lists plain ports), the CA that signs their
+    #: certificates (None: the system's), the console's own certificate
+    #: and key (for ``tls-auth-clients``), and whether to check the nodes'
+    #: certificates at all.
+    tls: bool = False
+    tls_ca_file: str | None = None
+    tls_cert_file: str | None = None
+    tls_key_file: str | None = None
+    tls_verify: bool = True
+    #: How much the console lowers its own CPU priority at start (``nice``).
+    nice: int = 10
+    #: Seconds a page of the job browser may keep calling JSCAN to fill itself.
+    browse_budget: float = 0.05
     #: How many bytes of a job's body a page shows.
     body_preview_bytes: int = 64 * 1024
     #: Seconds a node that failed to answer is left alone before the next try.

@@ -38,7 +38,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from disque.client import AsyncClient, AuthError, DisqueError
 
-from . import queries
+from . import prometheus, queries
 from .actions import DESTRUCTIVE, Actions, Outcome
 from .audit import audit_log
 from .bulk import KINDS, SpecError, Task, TaskManager, TaskSpec
@@ -427,7 +427,10 @@ def create_app(settings: Settings) -> Starlette:
             raise FilterError(f"window must be a number of seconds, not {raw[:40]!r}") from None
         if not 1 <= window <= 7 * 86400:  # NaN fails too
             raise FilterError("window must be between 1 and 604800 seconds")
-        return await queries.overview(pool_of(session).pool, console.history, window)
+        data = await queries.overview(pool_of(session).pool, console.history, window)
+        if settings.prometheus_url:
+            data["prometheus"] = prometheus.overview_links(settings.prometheus_url)
+        return data
 
     async def q_queues(request: Request, session: Session) -> dict[str, Any]:
         flt = QueueFilter.parse(request.query_params)
@@ -443,14 +446,17 @@ def create_app(settings: Settings) -> Starlette:
         if not per_page.isdigit() or not 1 <= int(per_page) <= 200:
             raise FilterError("per_page must be between 1 and 200")
         data["browser"] = await queries.browse_jobs(
-            entry.pool, name, params.get("state", ""), params.get("token", ""), int(per_page))
+            entry.pool, name, params.get("state", ""), params.get("token", ""), int(per_page),
+            settings.browse_budget)
         data["tasks"] = tasks_of(session, name)
+        if settings.prometheus_url:
+            data["prometheus"] = prometheus.queue_links(settings.prometheus_url, name)
         return data
 
     async def q_queue_live(request: Request, session: Session) -> dict[str, Any]:
         """The queue's figures only: what its live part shows.  Not the job
-        browser, whose JSCAN ... REPLY all reads whole bodies (up to 512 MB
-        each) and whose table the updates do not redraw."""
+        browser, whose JSCANs walk the nodes' job tables (up to its time
+        budget) and whose table the updates do not redraw."""
         name = request.path_params.get("name") or request.query_params.get("name", "")
         entry = pool_of(session)
         return await queries.queue(entry.pool, entry.index, name)
@@ -458,6 +464,12 @@ def create_app(settings: Settings) -> Starlette:
     async def q_job(request: Request, session: Session) -> dict[str, Any]:
         return await queries.job(pool_of(session).pool, request.path_params["id"],
                                  settings.body_preview_bytes)
+
+    async def q_job_live(request: Request, session: Session) -> dict[str, Any]:
+        """The job's copies only (``SHOW id NOBODY`` where the nodes have
+        it): its live part shows no body, so the updates read none."""
+        return await queries.job(pool_of(session).pool, request.path_params["id"],
+                                 settings.body_preview_bytes, body=False)
 
     async def q_dead(request: Request, session: Session) -> dict[str, Any]:
         entry = pool_of(session)
@@ -512,7 +524,7 @@ def create_app(settings: Settings) -> Starlette:
     # --------------------------------------------------------------- SSE
 
     #: Pages whose live updates need less than the page itself.
-    live_queries: dict[str, Query] = {"queue": q_queue_live}
+    live_queries: dict[str, Query] = {"queue": q_queue_live, "job": q_job_live}
 
     def events(name: str) -> Callable[[Request], Awaitable[Response]]:
         _, _, partials, interval = pages[name]

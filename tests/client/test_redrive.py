@@ -68,6 +68,24 @@ def test_redrive_sends_each_job_back_to_the_queue_it_died_in(server: DisqueProce
     assert invoice["dead-letter-queue"] == "orders:dead"
 
 
+def test_a_redriven_job_keeps_its_headers(server: DisqueProcess) -> None:
+    """A trace context or a tenant tag must survive the trip through the
+    dead-letter queue and back: the move's ADDJOB carries SHOW's headers."""
+    headers = [("traceparent", b"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"),
+               ("tenant", b"\x00acme\xff")]
+    make_dead_letters(server, "traced", [b"job"], headers=headers)
+    make_dead_letters(server, "plain", [b"other"], dead_letter="traced:dead")
+    result = redrive(server.port, "traced:dead", "--rate", "1000")
+    assert result.returncode == 0, result.stderr
+    assert "finished: moved 2" in result.stdout
+    with node_client(server) as c:
+        traced = c.get_jobs("traced", nohang=True, with_headers=True)
+        plain = c.get_jobs("plain", nohang=True, with_headers=True)
+    assert [j.body for j in traced] == [b"job"]
+    assert traced[0].headers == dict(headers)
+    assert [j.body for j in plain] == [b"other"] and plain[0].headers == {}
+
+
 def test_to_origin_contains_and_limit_choose_the_jobs(server: DisqueProcess) -> None:
     make_dead_letters(server, "a", [b"keep-1", b"move-1", b"move-2", b"move-3"])
     result = redrive(server.port, "a:dead", "--to", "elsewhere", "--contains", "move",
@@ -307,3 +325,35 @@ def test_a_moves_added_record_is_on_disk_before_its_acknowledgement(
     steps = [(kind, sync) for kind, sync in written if kind in ("claim", "added", "done")]
     assert steps.count(("added", True)) == 3 and ("added", False) not in steps, steps
     assert steps.index(("added", True)) < steps.index(("done", True)), steps
+
+
+def test_redrive_over_tls_reaches_every_node_listed(server_factory, tmp_path: Path) -> None:
+    """Two nodes with a tls-port (client certificates required): the CLI
+    given --cacert/--cert/--key and both TLS addresses in --nodes moves the
+    dead letters of both, each once (a TLS client cannot use the plain
+    ports HELLO lists, so it dials only those)."""
+    from tests.support.tls import make_certificates, tls_cluster
+
+    certs = make_certificates(tmp_path / "certs")
+    nodes, tls_ports = tls_cluster(server_factory, certs)
+    bodies = {i: [f"tls-{i}-{n}".encode() for n in range(15)] for i in range(2)}
+    for i, node in enumerate(nodes):
+        make_dead_letters(node, "secure", bodies[i], replicate=1)
+    seeds = ",".join(f"127.0.0.1:{p}" for p in tls_ports)
+    tls = ["--cacert", str(certs.ca), "--cert", str(certs.client.cert),
+           "--key", str(certs.client.key)]
+    result = subprocess.run([sys.executable, "-m", "disque.cli", "-p", str(tls_ports[0]), *tls,
+                             "redrive", "secure:dead", "--nodes", seeds, "--rate", "1000"],
+                            capture_output=True, text=True, timeout=120,
+                            env={**os.environ, "DISQUE_INTERPRETED": "1"})
+    assert result.returncode == 0, result.stderr
+    assert "finished: moved 30" in result.stdout, result.stdout
+    assert queue_length(nodes, "secure:dead") == 0
+    moved = {j["id"]: j["body"] for node in nodes for j in jobs_of(node, "secure")}
+    assert sorted(moved.values()) == sorted(bodies[0] + bodies[1])  # copies: one ID each
+    # Without the certificate the node refuses the handshake: a clear error.
+    refused = subprocess.run([sys.executable, "-m", "disque.cli", "-p", str(tls_ports[0]),
+                              "--cacert", str(certs.ca), "redrive", "secure:dead"],
+                             capture_output=True, text=True, timeout=60,
+                             env={**os.environ, "DISQUE_INTERPRETED": "1"})
+    assert refused.returncode == 1 and "Could not connect" in refused.stderr, refused.stderr

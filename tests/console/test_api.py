@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import re
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from urllib.parse import quote
 
 import httpx
@@ -509,3 +511,11 @@ def test_the_job_browser_reads_whole_only_the_jobs_it_shows(cluster, web) -> Non
     assert all(j["size"] == len(body) for j in data["browser"]["jobs"])
     # Two bodies, the page's QPEEK of the next job and its SHOW: five at most.
     assert after - before < 5.5 * len(body), after - before
+
+
+def test_the_console_runs_at_a_lower_cpu_priority(open_console) -> None:
+    """--nice 10 by default: the console's work never comes before a node's."""
+    assert open_console.proc is not None
+    stat = Path(f"/proc/{open_console.proc.pid}/stat").read_text()
+    nice = int(stat[stat.rindex(")") + 2:].split()[16])
+    assert nice == min(19, os.nice(0) + 10), stat

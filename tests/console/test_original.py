@@ -12,7 +12,7 @@ from urllib.parse import quote
 import httpx
 import pytest
 
-from disque import Client
+from disque import Client, DisqueError
 from tests.console.conftest import api, csrf_of
 from tests.support.cluster import reference_server, with_original
 
@@ -41,6 +41,15 @@ def test_a_mixed_cluster_shows_every_node_and_hides_what_the_original_lacks(
             assert "n/a (original)" in web.get("/queues/mixed").text
             job = api(web, f"/api/jobs/{quote(job_id, safe='')}")
             assert job["found"] and job["nack_delay"] is False
+            # The original has no SHOW ... NOBODY (its arity error): the
+            # console reads its jobs with plain SHOW, the body view included.
+            with (Client(f"127.0.0.1:{original.port}", randomize=False) as c,
+                  pytest.raises(DisqueError, match="wrong number of arguments for 'show'")):
+                c.execute_command("SHOW", job_id, "NOBODY")
+            assert job["body"]["text"] == "from the original"
+            assert job["copies"][0]["size"] == len(b"from the original")
+            listed = queue["browser"]["jobs"]
+            assert [(j["id"], j["size"]) for j in listed] == [(job_id, 17)]
             assert 'id="nack-delay"' not in web.get(f"/jobs/{quote(job_id, safe='')}").text
             token = csrf_of(web)
             limit = web.post("/api/actions/qlimit", json={"queue": "mixed", "max": 3,

@@ -1,10 +1,15 @@
 """docs/DEPLOY.md, walked through where this machine can run it.
 
 The Kubernetes commands need a cluster: the secret is made with
-``--dry-run=client`` and checked against what the StatefulSet reads. The
-systemd unit is verified with ``systemd-analyze`` and its ExecStart runs as
-a real process, stopped with the unit's KillSignal within its TimeoutStopSec.
-The check between two restarts of a rolling upgrade runs on a real cluster.
+``--dry-run=client`` and checked against what the StatefulSet reads; the
+image's tag, the scaling command, the probes' and the forget time's
+figures, the sizing arithmetic, the NetworkPolicy's labels and the compose
+commands are checked against the files they describe; the recipe for
+clients outside Kubernetes is run as written (the overlay made by its
+commands, rendered with the component). The systemd unit is verified with
+``systemd-analyze`` and its ExecStart runs as a real process, stopped with
+the unit's KillSignal within its TimeoutStopSec. The check between two
+restarts of a rolling upgrade runs on a real cluster.
 """
 
 from __future__ import annotations
@@ -22,12 +27,16 @@ from pathlib import Path
 import pytest
 import yaml
 
+from disque import __version__
+from disque.config import Config
 from tests.support.cluster import TEST_NODE_TIMEOUT_MS, join, wait_joined
 from tests.support.process import DisqueProcess
 from tests.test_docs import block
 
 ROOT = Path(__file__).resolve().parents[2]
 UNIT = ROOT / "deploy" / "systemd" / "disque.service"
+KUBE = ROOT / "deploy" / "kubernetes"
+DOC = (ROOT / "docs" / "DEPLOY.md").read_text()
 BIN = Path(sys.executable).parent
 
 
@@ -40,15 +49,136 @@ def test_the_secret_command_makes_what_the_statefulset_reads() -> None:
     result = subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     secret = yaml.safe_load(result.stdout)
-    sts = yaml.safe_load((ROOT / "deploy" / "kubernetes" / "statefulset.yaml").read_text())
-    (container,) = sts["spec"]["template"]["spec"]["containers"]
-    ref = next(e["valueFrom"]["secretKeyRef"] for e in container["env"]
-               if e["name"] == "DISQUE_CLUSTER_SECRET")
-    assert secret["metadata"]["name"] == ref["name"]
-    value = base64.b64decode(secret["data"][ref["key"]]).decode()
-    assert re.fullmatch(r"[0-9a-f]{64}", value)  # long enough for cluster-secret
+    _, container = _statefulset()
+    refs = {e["name"]: e["valueFrom"]["secretKeyRef"] for e in container["env"]
+            if "valueFrom" in e and "secretKeyRef" in e["valueFrom"]}
+    assert {ref["name"] for ref in refs.values()} == {secret["metadata"]["name"]}
+    assert {ref["key"] for ref in refs.values()} == set(secret["data"])  # nothing missing
+    values = {key: base64.b64decode(v).decode() for key, v in secret["data"].items()}
+    assert re.fullmatch(r"[0-9a-f]{64}", values["cluster-secret"])  # long enough
+    assert re.fullmatch(r"[0-9a-f]{48}", values["requirepass"])
     listed = block("docs/DEPLOY.md", "kubectl create secret").text
     assert "kubectl apply -k deploy/kubernetes/" in listed
+
+
+def _statefulset() -> tuple[dict, dict]:
+    sts = yaml.safe_load((KUBE / "statefulset.yaml").read_text())
+    (container,) = sts["spec"]["template"]["spec"]["containers"]
+    return sts, container
+
+
+def _configmap() -> Config:
+    configmap = yaml.safe_load((KUBE / "configmap.yaml").read_text())
+    config = Config()
+    config.load_text(configmap["data"]["disque.conf"], "configmap")
+    return config
+
+
+def test_the_image_commands_tag_the_package_version() -> None:
+    commands = block("docs/DEPLOY.md", "podman build -f docker/Dockerfile").text
+    build, push, edit = [line for line in commands.splitlines() if line.strip()]
+    image = f"registry.example.com/disque-py:{__version__}"
+    assert build.split()[-2:] == [image, "."] and "-f docker/Dockerfile" in build
+    assert push == f"podman push {image}"
+    assert edit == (f"cd deploy/kubernetes && kustomize edit set image disque-py={image}")
+    kustomization = yaml.safe_load((KUBE / "kustomization.yaml").read_text())
+    assert kustomization["images"] == [{"name": "disque-py", "newTag": __version__}]
+    assert f"`disque-py:{__version__}`" in DOC
+
+
+def test_scaling_is_one_command_on_the_statefulset() -> None:
+    sts, _ = _statefulset()
+    config = _configmap()
+    (command,) = block("docs/DEPLOY.md", "kubectl scale").text.strip().splitlines()
+    assert command == f"kubectl scale statefulset/{sts['metadata']['name']} --replicas 5"
+    # The figures the walk-through gives are the ConfigMap's.
+    assert f"`cluster-discovery {config.cluster_discovery}`" in DOC
+    assert f"every\n`cluster-discovery-interval` seconds ({config.cluster_discovery_interval})" \
+        in DOC
+    assert f"`cluster-discovery-forget-time` seconds ({config.cluster_discovery_forget_time} " \
+           "here)" in DOC
+    assert config.cluster_discovery_forget_time == 300 and "five minutes" in DOC
+    # The PVC a scaled-down pod leaves: <claim template>-<pod>.
+    (template,) = sts["spec"]["volumeClaimTemplates"]
+    assert f"kubectl delete pvc {template['metadata']['name']}-disque-4" in DOC
+
+
+def test_the_probe_figures_are_the_manifests() -> None:
+    _, container = _statefulset()
+    config = _configmap()
+    startup = container["startupProbe"]
+    allowed = startup["periodSeconds"] * startup["failureThreshold"]
+    assert (f"`GET /readyz` every {startup['periodSeconds']} s, "
+            f"{startup['failureThreshold']} failures allowed: **{allowed // 60} minutes**") \
+        in " ".join(DOC.split())
+    live = container["livenessProbe"]
+    assert f"Every {live['periodSeconds']} s, {live['failureThreshold']} failures" in \
+        " ".join(DOC.split())
+    assert f"on its metrics port ({config.metrics_port})" in DOC
+
+
+def test_the_network_policy_table_is_the_policy() -> None:
+    policy = yaml.safe_load((KUBE / "networkpolicy.yaml").read_text())
+    peers = [peer for rule in policy["spec"]["ingress"] for peer in rule["from"]]
+    labels = {f"`{k}: \"{v}\"`" if v == "true" else f"`{k}: {v}`"
+              for peer in peers for k, v in peer.get("podSelector", {})
+              .get("matchLabels", {}).items()}
+    table = DOC[DOC.index("### NetworkPolicy"):DOC.index("### Clients outside")]
+    for label in labels - {"`app.kubernetes.io/name: disque`"}:
+        assert label in table, label
+    (namespace,) = [peer["namespaceSelector"]["matchLabels"] for peer in peers
+                    if "namespaceSelector" in peer]
+    assert namespace == {"kubernetes.io/metadata.name": "monitoring"}
+    assert "the namespace named `monitoring`" in table
+
+
+def test_the_sizing_arithmetic_is_the_manifests() -> None:
+    _, container = _statefulset()
+    maxmemory = _configmap().maxmemory // 1024 ** 2
+    raw = maxmemory * 5 // 4 + 100
+    request = container["resources"]["requests"]["memory"]
+    assert f"`maxmemory {maxmemory}mb`: {maxmemory * 5 // 4} Mi + 100 Mi = {raw} Mi, a " \
+           f"{request.removesuffix('Mi')} Mi\n  request; a " in DOC
+    assert container["resources"]["limits"]["memory"] == "1Gi" and "a 1 Gi limit" in DOC
+
+
+def test_the_external_recipe_renders(tmp_path: Path) -> None:
+    """The overlay as the recipe's commands make it, next to a checkout
+    (../../deploy/kubernetes), rendered with the component."""
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        pytest.skip("rendering needs kubectl (Debian package kubernetes-client)")
+    shutil.copytree(ROOT / "deploy", tmp_path / "deploy")
+    recipe = block("docs/DEPLOY.md", "mkdir -p overlays/external").text
+    result = subprocess.run(["bash", "-ec", recipe], cwd=tmp_path, capture_output=True,
+                            text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    rendered = subprocess.run([kubectl, "kustomize", str(tmp_path / "overlays" / "external")],
+                              capture_output=True, text=True, timeout=60)
+    assert rendered.returncode == 0, rendered.stderr
+    resources = {f"{d['kind']}/{d['metadata']['name']}": d
+                 for d in yaml.safe_load_all(rendered.stdout) if d}
+    services = {name: r for name, r in resources.items() if name.endswith("-external")
+                and name.startswith("Service/")}
+    node_ports = sorted(p["nodePort"] for s in services.values() for p in s["spec"]["ports"])
+    assert node_ports == [30711, 30712, 30713, 31711, 31712, 31713]
+    assert "client 30711-30713, bus\n31711-31713" in DOC
+    announce = (KUBE / "external" / "announce").read_text()
+    (example,) = re.findall(r"`(disque-0 \S+ \d+ \d+)`", DOC)
+    assert example.split() in [line.split() for line in announce.splitlines()]
+    address = example.split()[1]
+    assert f"disque -h {address} -p 30711 -a PASSWORD hello" in DOC
+
+
+def test_the_compose_scaling_command() -> None:
+    compose = yaml.safe_load((ROOT / "docker" / "compose.yaml").read_text())
+    (command,) = block("docs/DEPLOY.md", "docker compose -f docker/compose.yaml up -d --scale")\
+        .text.strip().splitlines()
+    service = command.split("--scale ")[1].split("=")[0]
+    node = compose["services"][service]
+    assert node["environment"]["DISQUE_CLUSTER_DISCOVERY"] == f"{service}:7711"
+    assert f"`cluster-discovery {service}:7711`" in DOC
+    assert "name" not in compose  # the project's name is the user's
 
 
 def _unit() -> configparser.ConfigParser:

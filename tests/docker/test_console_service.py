@@ -1,9 +1,11 @@
 """docker/compose.yaml's console service run as a process, where no container engine exists.
 
 The console's command comes from the compose file as written, with what a
-container gives it replaced by this machine's equivalents: the nodes' host
-names become loopback ports, ``--bind 0.0.0.0`` the loopback, the fixed
-port an ephemeral one and ``/data`` a temporary directory.  Then the image's
+container gives it replaced by this machine's equivalents: the nodes'
+service name becomes one node's loopback port (the console finds the others
+through HELLO, as it does the compose service's replicas), ``--bind
+0.0.0.0`` the loopback, the fixed port an ephemeral one and ``/data`` a
+temporary directory.  Then the image's
 health check (its own command line, from docker/Dockerfile.console) is run
 against it.
 """
@@ -19,7 +21,7 @@ import pytest
 from tests.docker.test_docker_files import (
     CONSOLE,
     DOCKER,
-    NODES,
+    NODE,
     load_compose,
     stages,
     words,
@@ -33,23 +35,23 @@ httpx = pytest.importorskip("httpx", reason="the console's API is called with ht
 def test_the_console_service_runs_over_the_three_nodes(server_factory, tmp_path: Path) -> None:
     from tests.support.console import ConsoleProcess
 
+    services = load_compose()["services"]
     nodes = [server_factory("--cluster-node-timeout", str(TEST_NODE_TIMEOUT_MS))
-             for _ in NODES]
+             for _ in range(services[NODE]["scale"])]
     join(nodes)
     wait_joined(nodes)
-    ports = {name: node.port for name, node in zip(NODES, nodes, strict=True)}
-    command = [str(arg) for arg in load_compose()["services"][CONSOLE]["command"]]
+    ports = {node.port for node in nodes}
+    command = [str(arg) for arg in services[CONSOLE]["command"]]
     seeds = command[command.index("--nodes") + 1]
-    for name, port in ports.items():
-        seeds = seeds.replace(f"{name}:7711", f"127.0.0.1:{port}")
-    command[command.index("--nodes") + 1] = seeds
+    assert seeds == f"{NODE}:7711"
+    command[command.index("--nodes") + 1] = f"127.0.0.1:{nodes[0].port}"
     command[command.index("--bind") + 1] = "127.0.0.1"
     command[command.index("--data-dir") + 1] = str(tmp_path / "data")
     console = ConsoleProcess(tmp_path / "console", *command).start()
     try:
         overview = httpx.get(f"{console.url}/api/overview", timeout=30).json()
         assert sorted(n["address"] for n in overview["nodes"]) == sorted(
-            f"127.0.0.1:{p}" for p in ports.values())
+            f"127.0.0.1:{p}" for p in ports)
         assert overview["totals"]["up"] == 3
         assert "Open console" in httpx.get(console.url + "/", timeout=30).text
         assert (tmp_path / "data" / "cookie.key").exists()

@@ -21,7 +21,7 @@ import signal
 import subprocess
 import sys
 import tomllib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Any
@@ -29,6 +29,7 @@ from typing import Any
 import pytest
 import redis
 
+from disque import __version__
 from disque.config import DIRECTIVES, Config
 from tests.support.cluster import bus_free_port
 from tests.support.process import READY, raw_command, wait_for
@@ -38,7 +39,8 @@ DOCKER = ROOT / "docker"
 ENTRYPOINT = DOCKER / "entrypoint.sh"
 COMPOSE = DOCKER / "compose.yaml"
 DOCKERFILES = ["Dockerfile", "Dockerfile.spark", "Dockerfile.console"]
-NODES = ["disque1", "disque2", "disque3"]
+#: The nodes' service: scaled (``scale:``, ``--scale disque=N``), one name for all.
+NODE = "disque"
 #: Services from upstream images: Prometheus scrapes the nodes, Grafana shows them.
 MONITORING = ["prometheus", "grafana"]
 #: The web console, an optional service of its own image.
@@ -168,9 +170,11 @@ def find_tool(name: str) -> str | None:
 # compose.yaml
 # --------------------------------------------------------------------------
 
-def test_compose_has_three_nodes_spark_and_monitoring() -> None:
+def test_compose_has_the_nodes_spark_and_monitoring() -> None:
     compose = load_compose()
-    assert set(compose["services"]) == {*NODES, "spark", *MONITORING, CONSOLE}
+    assert set(compose["services"]) == {NODE, "spark", *MONITORING, CONSOLE}
+    assert compose["services"][NODE]["scale"] == 3
+    assert "name" not in compose  # the project's name is the user's (-p, or the directory)
 
 
 def test_compose_build_contexts_and_dockerfiles_exist() -> None:
@@ -185,68 +189,67 @@ def test_compose_build_contexts_and_dockerfiles_exist() -> None:
         assert context == ROOT, f"{name}: the images build from the repository root"
         dockerfile = context / build["dockerfile"]
         assert dockerfile.is_file(), f"{name}: {dockerfile} does not exist"
-    for node in NODES:
-        assert compose["services"][node]["build"]["dockerfile"] == "docker/Dockerfile"
+    assert compose["services"][NODE]["build"]["dockerfile"] == "docker/Dockerfile"
     assert compose["services"]["spark"]["build"]["dockerfile"] == "docker/Dockerfile.spark"
     assert compose["services"][CONSOLE]["build"]["dockerfile"] == "docker/Dockerfile.console"
 
 
-def test_compose_volumes_are_declared_and_one_per_node() -> None:
+def test_compose_images_are_tagged_with_the_version_and_built_from_any_base() -> None:
+    """The package's version as the tag (never latest); the base image a
+    build argument (a registry's by default, debian-base.sh's without one)."""
+    services = load_compose()["services"]
+    images = {NODE: "disque-py", "spark": "disque-py-spark", CONSOLE: "disque-py-console"}
+    for name, image in images.items():
+        service = services[name]
+        assert service["image"] == f"{image}:${{DISQUE_IMAGE_TAG:-{__version__}}}", name
+        dockerfile = (DOCKER / Path(service["build"]["dockerfile"]).name).read_text()
+        default = re.search(r"^ARG PYTHON_IMAGE=(\S+)$", dockerfile, re.M).group(1)
+        assert service["build"]["args"] == {"PYTHON_IMAGE": f"${{PYTHON_IMAGE:-{default}}}"}
+
+
+def test_compose_nodes_keep_their_data_per_replica() -> None:
+    """No named volume on the nodes' /data (one volume for every replica
+    would be one identity): each replica gets the image's own VOLUME."""
     compose = load_compose()
     declared = set(compose.get("volumes") or {})
-    data_volumes = []
     for name, service in compose["services"].items():
         for volume in service.get("volumes", []):
-            source, target = volume.split(":")[:2]
+            source = volume.split(":")[0]
             if source.startswith((".", "/", "~")):
                 assert (COMPOSE.parent / source).exists(), f"{name}: {source} does not exist"
             else:
                 assert source in declared, f"{name}: volume {source} is not declared"
-            if name in NODES:
-                assert target == "/data"
-                data_volumes.append(source)
-    assert len(data_volumes) == len(set(data_volumes)) == len(NODES)
+    assert not compose["services"][NODE].get("volumes")
+    assert words(dict(stages(DOCKER / "Dockerfile")[-1])["VOLUME"]) == ["/data"]
 
 
-def test_compose_nodes_have_healthchecks_and_join_existing_nodes() -> None:
-    compose = load_compose()
-    services = compose["services"]
+def test_compose_nodes_have_healthchecks_and_discover_each_other() -> None:
+    service = load_compose()["services"][NODE]
     known = {var_name(d) for d in DIRECTIVES} | set(entrypoint_list("OWN_VARS"))
-    joining = 0
-    for node in NODES:
-        service = services[node]
-        assert service["healthcheck"]["test"] == ["CMD", "disque-entrypoint", "healthcheck"]
-        assert service.get("init") is True
-        environment = service.get("environment") or {}
-        for key, value in environment.items():
-            # YAML 1.1 reads a bare yes as true; compose would pass "true".
-            assert isinstance(value, str), f"{node}: {key} must be a quoted string"
-            if key.startswith("DISQUE_"):
-                assert key in known, f"{node}: {key} is not a directive nor an entrypoint setting"
-        join = environment.get("DISQUE_JOIN")
-        if not join:
-            continue
-        joining += 1
-        depends = service.get("depends_on") or {}
-        for peer in join.split(","):
-            host, port = peer.rsplit(":", 1)
-            assert host in NODES and host != node, f"{node}: joins unknown node {host}"
-            assert port == "7711"
-            assert depends.get(host) == {"condition": "service_healthy"}
-    assert joining == len(NODES) - 1
+    assert service["healthcheck"]["test"] == ["CMD", "disque-entrypoint", "healthcheck"]
+    assert service.get("init") is True
+    environment = service["environment"]
+    for key, value in environment.items():
+        # YAML 1.1 reads a bare yes as true; compose would pass "true".
+        assert isinstance(value, str), f"{key} must be a quoted string"
+        if key.startswith("DISQUE_"):
+            assert key in known, f"{key} is not a directive nor an entrypoint setting"
+    # The service's own name: every replica's address, whatever the scale.
+    assert environment["DISQUE_CLUSTER_DISCOVERY"] == f"{NODE}:7711"
+    assert "DISQUE_JOIN" not in environment
+    assert service["ports"] == ["127.0.0.1::7711"]  # an ephemeral port per replica
+    assert "depends_on" not in service
 
 
 def test_prometheus_scrapes_every_node_on_its_metrics_port() -> None:
     yaml = pytest.importorskip("yaml", reason="reading the YAML files needs PyYAML (dev extra)")
-    services = load_compose()["services"]
-    ports = {services[n]["environment"]["DISQUE_METRICS_PORT"] for n in NODES}
-    assert len(ports) == 1, "the nodes serve metrics on one port"
-    (port,) = ports
-    assert all(services[n]["environment"]["DISQUE_METRICS_BIND"] == "0.0.0.0" for n in NODES)
+    environment = load_compose()["services"][NODE]["environment"]
+    assert environment["DISQUE_METRICS_BIND"] == "0.0.0.0"
     config = yaml.safe_load(PROMETHEUS.read_text(encoding="utf-8"))
     (job,) = config["scrape_configs"]
-    (static,) = job["static_configs"]
-    assert sorted(static["targets"]) == [f"{n}:{port}" for n in NODES]
+    (dns,) = job["dns_sd_configs"]  # every replica, by the service's name
+    assert dns["names"] == [NODE] and dns["type"] == "A"
+    assert str(dns["port"]) == environment["DISQUE_METRICS_PORT"]
     assert job.get("metrics_path", "/metrics") == "/metrics"
 
 
@@ -292,7 +295,7 @@ def test_compose_starts_the_cluster_without_the_monitoring_images() -> None:
     services = load_compose()["services"]
     for name in MONITORING:
         assert services[name]["profiles"] == ["monitoring"]
-    for name in [*NODES, "spark"]:
+    for name in [NODE, "spark"]:
         assert "profiles" not in services[name]
         assert not set(services[name].get("depends_on") or {}) & set(MONITORING)
 
@@ -306,10 +309,10 @@ def test_compose_publishes_on_the_loopback_only() -> None:
 def test_compose_spark_runs_the_example_jobs() -> None:
     compose = load_compose()
     spark = compose["services"]["spark"]
-    assert set(spark["depends_on"]) == set(NODES)
+    assert spark["depends_on"] == {NODE: {"condition": "service_healthy"}}
     environment = spark["environment"]
     assert all(isinstance(value, str) for value in environment.values())
-    assert environment["NODES"] == ",".join(f"{node}:7711" for node in NODES)
+    assert environment["NODES"] == f"{NODE}:7711"  # the others through HELLO
     command = spark["command"]
     assert command[:2] == ["sh", "-ec"]
     script = command[2]
@@ -410,18 +413,18 @@ def test_node_dockerfile() -> None:
                                                                "healthcheck"]
     assert "DISQUE_DATA_DIR=/data" in final["ENV"]
     assert (["docker/entrypoint.sh"], "/usr/local/bin/disque-entrypoint") in copies(dockerfile)
-    # COPY --from names an earlier stage.
-    aliases: list[str] = []
-    for stage in stages(dockerfile):
-        for name, rest in stage:
-            for source in re.findall(r"--from=(\S+)", rest) if name == "COPY" else []:
-                assert source in aliases, f"COPY --from={source}: no such earlier stage"
-        head = words(stage[0][1])
-        if len(head) == 3 and head[1].upper() == "AS":
-            aliases.append(head[2])
-    assert aliases == ["build"]
-    assert any(name == "RUN" and "pip install --no-cache-dir ." in rest
-               for stage in stages(dockerfile) for name, rest in stage)
+    # One stage: no build stage left behind as a dangling image; the
+    # compiler is installed, used and removed in one RUN (one layer).
+    assert len(stages(dockerfile)) == 1
+    (build,) = [rest for name, rest in image if name == "RUN" and "pip install" in rest]
+    steps = [step.strip() for step in build.split("&&")]
+    install = next(i for i, x in enumerate(steps) if x.startswith("apt-get install"))
+    pip = next(i for i, x in enumerate(steps) if "pip install --no-cache-dir ." in x)
+    purge = next(i for i, x in enumerate(steps) if x.startswith("apt-get purge"))
+    assert install < pip < purge and "$build_deps" in steps[install] and \
+        "$build_deps" in steps[purge]
+    assert '"core: compiled"' in build  # the build fails if the core did not compile
+    assert any(x.startswith("rm -rf /var/lib/apt/lists/*") for x in steps[purge:])
 
 
 def test_spark_dockerfile() -> None:
@@ -467,16 +470,16 @@ def test_compose_console_is_optional_and_points_at_the_nodes(tmp_path: Path) -> 
     services = load_compose()["services"]
     console = services[CONSOLE]
     assert console["profiles"] == ["console"]
-    for name in [*NODES, "spark"]:
+    for name in [NODE, "spark"]:
         assert CONSOLE not in (services[name].get("depends_on") or {})
-    assert console["depends_on"] == {n: {"condition": "service_healthy"} for n in NODES}
+    assert console["depends_on"] == {NODE: {"condition": "service_healthy"}}
     assert console.get("init") is True
     command = [str(arg) for arg in console["command"]]
     at = command.index("--data-dir") + 1
     assert command[at] == "/data"
     # Parsed as the console parses it (the data directory made here, not at /data).
     settings, _ = parse_args([*command[:at], str(tmp_path / "data"), *command[at + 1:]])
-    assert settings.nodes == tuple(f"{n}:7711" for n in NODES)
+    assert settings.nodes == (f"{NODE}:7711",)
     assert console["volumes"] == ["console-data:/data"]
     (port,) = console["ports"]
     assert port.startswith("127.0.0.1:") and port.endswith(":7780")
@@ -498,7 +501,11 @@ def test_dockerignore_keeps_the_context_small() -> None:
 # --------------------------------------------------------------------------
 
 def test_entrypoint_directives_match_the_server() -> None:
-    assert entrypoint_list("DIRECTIVES") == list(DIRECTIVES)
+    """Every directive of disque/config.py has its DISQUE_* variable (the
+    order does not matter: it is only the order of the arguments)."""
+    listed = entrypoint_list("DIRECTIVES")
+    assert len(listed) == len(set(listed))
+    assert sorted(listed) == sorted(DIRECTIVES)
 
 
 def test_entrypoint_is_posix_sh() -> None:
@@ -636,10 +643,12 @@ def test_other_commands_run_as_they_are() -> None:
 class Node:
     """``sh docker/entrypoint.sh`` in its own process group, output to a file."""
 
-    def __init__(self, log_path: Path, args: tuple[str, ...], env: dict[str, str]) -> None:
+    def __init__(self, log_path: Path, args: tuple[str, ...], env: dict[str, str],
+                 wrap: Callable[[list[str]], list[str]] | None = None) -> None:
         self.log_path = log_path
+        command = ["sh", str(ENTRYPOINT), *args]
         with log_path.open("ab") as log:
-            self.proc = subprocess.Popen(["sh", str(ENTRYPOINT), *args], env=env,
+            self.proc = subprocess.Popen(wrap(command) if wrap else command, env=env,
                                          stdout=log, stderr=subprocess.STDOUT,
                                          start_new_session=True)
         self.port = 0
@@ -796,4 +805,52 @@ def test_join_meets_the_peers_and_the_node_joins(start_node, server_factory) -> 
              message=lambda: f"the join loop to exit: {node.group()}")
     assert node.command("PING", password="s3cr3t") is True
     assert peer.client().ping()
+    assert node.terminate() == 0
+
+
+def test_announce_file_and_required_cluster_secret(tmp_path: Path) -> None:
+    """DISQUE_ANNOUNCE_FILE: the node's line gives the announced address
+    (explicit variables win); a malformed line or none stops the start.
+    DISQUE_REQUIRE_CLUSTER_SECRET: a secret from the file counts, an empty
+    one does not; the secret is masked where the command is logged."""
+    announce = tmp_path / "announce"
+    announce.write_text("# name address port bus\nnode-a 192.0.2.1 30711 31711\r\n"
+                        "node-b 192.0.2.2 x 31712\nnode-c 192.0.2.3 30713\n")
+    argv = printed_command(DISQUE_CONFIG_FILE="none", DISQUE_ANNOUNCE_FILE=str(announce),
+                           DISQUE_NODE_NAME="node-a", DISQUE_CLUSTER_ANNOUNCE_PORT="7000")
+    config = Config.from_args(argv)
+    assert (config.cluster_announce_ip, config.cluster_announce_port,
+            config.cluster_announce_bus_port) == ("192.0.2.1", 7000, 31711)
+    for name, error in (("node-b", "expected 'node-b ADDRESS"),
+                        ("node-c", "expected 'node-c ADDRESS"), ("node-d", "no line for node-d")):
+        result = run_entrypoint("print-command", DISQUE_CONFIG_FILE="none",
+                                DISQUE_ANNOUNCE_FILE=str(announce), DISQUE_NODE_NAME=name)
+        assert result.returncode == 1 and error in result.stderr, (name, result.stderr)
+    conf = tmp_path / "disque.conf"
+    conf.write_text('cluster-secret "from the file"\n')
+    assert printed_command(DISQUE_CONFIG_FILE=str(conf), DISQUE_REQUIRE_CLUSTER_SECRET="yes")
+    for variables in ({"DISQUE_CLUSTER_SECRET": ""}, {"DISQUE_CLUSTER_SECRET": "x",
+                                                       "DISQUE_REQUIRE_CLUSTER_SECRET": "maybe"}):
+        result = run_entrypoint("print-command", **{"DISQUE_CONFIG_FILE": "none",
+                                                    "DISQUE_REQUIRE_CLUSTER_SECRET": "yes",
+                                                    **variables})
+        assert result.returncode == 1, result.stderr
+
+
+def test_the_cluster_secret_is_masked_in_the_log(start_node) -> None:
+    node = start_node(DISQUE_CLUSTER_SECRET="t0p-s3cret-value", DISQUE_REQUIRE_CLUSTER_SECRET="yes")
+    assert "--cluster-secret (hidden)" in node.log() and "t0p-s3cret-value" not in node.log()
+    assert node.terminate() == 0
+
+
+def test_join_takes_a_bus_port(start_node, server_factory) -> None:
+    """DISQUE_JOIN=host:port@bus-port: CLUSTER MEET with the bus port (a
+    peer behind a NodePort, whose bus is not at port + 10000)."""
+    peer = server_factory()
+    node = start_node(DISQUE_PORT=str(bus_free_port()),
+                      DISQUE_JOIN=f"127.0.0.1:{peer.port}@{peer.port + 10000},127.0.0.1:1@x",
+                      DISQUE_JOIN_INTERVAL="0.2")
+    wait_for(lambda: f"CLUSTER MEET 127.0.0.1 {peer.port} {peer.port + 10000}" in node.log(),
+             30, message=lambda: node.log())
+    assert "ignoring '127.0.0.1:1': bad port" in node.log()
     assert node.terminate() == 0

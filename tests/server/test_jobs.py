@@ -50,6 +50,35 @@ def test_show_fields(r: redis.Redis) -> None:
     assert r.execute_command("SHOW", "D-00000000-AAAAAAAAAAAAAAAAAAAAAAAA-0001") is None
 
 
+def test_show_nobody_gives_the_fields_without_the_body(r: redis.Redis) -> None:
+    """SHOW id NOBODY (an extension): SHOW's fields in SHOW's order, with
+    ``body-size`` where ``body`` was; the extension fields after it."""
+    body = b"\x00body\xff" * 1000
+    job_id = r.execute_command("ADDJOB", "q-nobody", body, 0, "RETRY", 7, "TTL", 70,
+                               "MAXDELIVERIES", 3, "PRIORITY", 2)
+    full = show(r, job_id)
+    reply = r.execute_command("SHOW", job_id, "NOBODY")
+    bare = dict(zip(reply[::2], reply[1::2], strict=True))
+    assert full is not None
+    assert list(bare) == [b"body-size" if k == b"body" else k for k in full]
+    assert bare[b"body-size"] == len(body)
+    for key in ("id", "queue", "state", "repl", "ctime", "retry", "nacks", "max-deliveries",
+                "dead-letter-queue", "priority"):
+        assert bare[key.encode()] == full[key.encode()], key
+    assert r.execute_command("SHOW", job_id, "nobody")[::2] == reply[::2]  # in any case
+    assert r.execute_command("SHOW", "D-00000000-AAAAAAAAAAAAAAAAAAAAAAAA-0001",
+                             "NOBODY") is None
+
+
+@pytest.mark.parametrize("extra", [("BODY",), ("NOBODY", "NOBODY"), ("0",)])
+def test_show_refuses_other_arguments_as_the_original(r: redis.Redis, extra: tuple) -> None:
+    """Anything but one NOBODY after the ID gets the original's arity error."""
+    job_id = r.execute_command("ADDJOB", "q-nobody", "x", 0)
+    with pytest.raises(redis.ResponseError,
+                       match=r"^wrong number of arguments for 'show' command$"):
+        r.execute_command("SHOW", job_id, *extra)
+
+
 def test_delay_then_queued(r: redis.Redis) -> None:
     started = time.monotonic()
     r.execute_command("ADDJOB", "q", "later", 0, "DELAY", 1)

@@ -52,6 +52,26 @@ def free_port() -> int:
     return free_ports(1)[0]
 
 
+def port_free_on(addresses: list[str]) -> int:
+    """A port free for a node (client and bus) on every one of ``addresses``
+    (nodes on several loopback addresses that must share one port, as pods do)."""
+    while True:
+        port = free_port()
+        socks = []
+        try:
+            for address in addresses:
+                for p in (port, port + 10000):
+                    sock = socket.socket()
+                    socks.append(sock)
+                    sock.bind((address, p))
+            return port
+        except OSError:
+            continue
+        finally:
+            for sock in socks:
+                sock.close()
+
+
 def free_ports(count: int) -> list[int]:
     """``count`` distinct loopback ports nobody listens on now, each usable
     as a node's client port (at most MAX_NODE_PORT: the bus is at + 10000).

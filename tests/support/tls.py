@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import datetime
 import ipaddress
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+from tests.support.process import DisqueProcess, free_ports
 
 x509 = pytest.importorskip("cryptography.x509", reason="making test certificates needs "
                            "the cryptography package (dev extra)")
@@ -100,3 +103,17 @@ def tls_args(certs: Certificates, port: int, auth_clients: str = "yes") -> list[
     return ["--tls-port", str(port), "--tls-cert-file", str(certs.server.cert),
             "--tls-key-file", str(certs.server.key), "--tls-ca-cert-file", str(certs.ca),
             "--tls-auth-clients", auth_clients]
+
+
+def tls_cluster(server_factory: Callable[..., DisqueProcess], certs: Certificates,
+                count: int = 2) -> tuple[list[DisqueProcess], list[int]]:
+    """``count`` joined nodes, each with a TLS port that requires client
+    certificates; the nodes and their TLS ports."""
+    from tests.support.cluster import TEST_NODE_TIMEOUT_MS, join, wait_joined
+
+    tls_ports = free_ports(count)
+    nodes = [server_factory("--cluster-node-timeout", str(TEST_NODE_TIMEOUT_MS),
+                            *tls_args(certs, port)) for port in tls_ports]
+    join(nodes)
+    wait_joined(nodes)
+    return nodes, tls_ports
