@@ -19,7 +19,9 @@ side by side.  Each round starts a fresh lone node of each implementation
 Ours also runs the same ``redis-benchmark`` loads through the extensions
 of the second round, each divided by the original's *plain* figure of the
 same round (the original has none of them): ``ADDJOB q body 0 PRIORITY 5``
-and ``GETJOB NOHANG`` from a queue of such jobs; and plain ADDJOB and
+and ``GETJOB NOHANG`` from a queue of such jobs; ADDJOB with 3 and 10 small
+headers (``HEADER name value``: a ``traceparent``, then short tags) and
+``GETJOB NOHANG WITHHEADERS`` from queues of jobs with 0, 3 and 10; and plain ADDJOB and
 GETJOB sent by a user limited to some commands and queues (``aclfile``:
 ``user bench on >bench ~q* +@read +@write``; ``redis-benchmark --user``),
 which pays the permission check on every command.
@@ -55,6 +57,21 @@ ADDJOB = ["ADDJOB", "q", "body", "0"]
 GETJOB = ["GETJOB", "NOHANG", "FROM", "q"]
 PRIORITY_ADDJOB = ["ADDJOB", "pq", "body", "0", "PRIORITY", "5"]
 PRIORITY_GETJOB = ["GETJOB", "NOHANG", "FROM", "pq"]
+#: Small headers as a traced producer sends them: a W3C trace context, then tags.
+SMALL_HEADERS = [("traceparent", "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"),
+                 ("tenant", "acme"), ("schema", "v3"), *((f"tag{i}", f"value{i}")
+                                                         for i in range(4, 11))]
+
+
+def header_loads(count: int) -> tuple[list[str], list[str]]:
+    """ADDJOB with ``count`` of :data:`SMALL_HEADERS`, and its GETJOB NOHANG WITHHEADERS."""
+    queue = f"h{count}q"
+    add = ["ADDJOB", queue, "body", "0"]
+    for name, value in SMALL_HEADERS[:count]:
+        add += ["HEADER", name, value]
+    return add, ["GETJOB", "NOHANG", "WITHHEADERS", "FROM", queue]
+
+
 #: 100 bytes; redis-benchmark -r replaces __rand_int__ with a 12-digit number.
 MEMORY_BODY = "__rand_int__" + "x" * 88
 #: Redis's counterparts of ADDJOB and GETJOB NOHANG (RPOP from a pre-filled list).
@@ -94,6 +111,9 @@ def _redis_benchmarks(port: int, requests: dict[int, int]) -> dict[str, float]:
                   ["QLEN", "q"])
 
 
+#: The header counts of the header loads (0: WITHHEADERS on plain jobs).
+HEADER_COUNTS = (0, 3, 10)
+
 #: The user the ACL runs authenticate as, and its rules.
 BENCH_USER = "user bench on >bench ~q* +@read +@write\n"
 
@@ -104,6 +124,12 @@ def _extension_benchmarks(port: int, root: Path, tag: str,
     out = _rates(port, requests, PRIORITY_ADDJOB,
                  (("ADDJOB PRIORITY", PRIORITY_ADDJOB),
                   ("GETJOB NOHANG, priorities", PRIORITY_GETJOB)), ["QLEN", "pq"])
+    for count in HEADER_COUNTS:
+        add, get = header_loads(count)
+        out.update(_rates(port, requests, add,
+                          ((f"ADDJOB {count} headers", add),
+                           (f"GETJOB NOHANG WITHHEADERS, {count} headers", get)),
+                          ["QLEN", add[1]]))
     aclfile = root / f"{tag}-users.acl"
     aclfile.write_text(BENCH_USER)
     node = DisqueProcess(root / f"{tag}-acl", *NODE_ARGS, "--aclfile", str(aclfile)).start()
@@ -181,6 +207,9 @@ EXTENSION_FIGURES = {
     "ADDJOB PRIORITY P1": "ADDJOB P1", "ADDJOB PRIORITY P16": "ADDJOB P16",
     "GETJOB NOHANG, priorities P1": "GETJOB NOHANG P1",
     "GETJOB NOHANG, priorities P16": "GETJOB NOHANG P16",
+    **{f"ADDJOB {n} headers P{p}": f"ADDJOB P{p}" for n in HEADER_COUNTS if n for p in (1, 16)},
+    **{f"GETJOB NOHANG WITHHEADERS, {n} headers P{p}": f"GETJOB NOHANG P{p}"
+       for n in HEADER_COUNTS for p in (1, 16)},
     "ADDJOB as a user P1": "ADDJOB P1", "ADDJOB as a user P16": "ADDJOB P16",
     "GETJOB NOHANG as a user P1": "GETJOB NOHANG P1",
     "GETJOB NOHANG as a user P16": "GETJOB NOHANG P16",

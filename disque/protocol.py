@@ -48,6 +48,7 @@ from .compiled import i64, mypyc_attr
 from .replies import Map, Status
 
 __all__ = [
+    "integer_reply",
     "split_inline",
     "CommandParser",
     "Map",
@@ -583,6 +584,11 @@ _ARRAY_REPLY_HEADERS: Final = [b"*%d\r\n" % n for n in range(_REPLY_HEADERS_MAX)
 def bulk_header(size: int) -> bytes:
     """``$<size>\r\n``: the header of a bulk string of ``size`` bytes."""
     return _BULK_REPLY_HEADERS[size] if size < _REPLY_HEADERS_MAX else b"$%d\r\n" % size
+
+
+def integer_reply(value: int) -> bytes:
+    """``:<value>\r\n``: an integer reply (the same in RESP2 and RESP3)."""
+    return _SMALL_INTS[value] if 0 <= value < 1024 else b":%d\r\n" % value
 
 
 def array_header(size: int) -> bytes:

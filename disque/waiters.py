@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from .compiled import mypyc_attr
 from .job import JOB_ID_LEN, Job
-from .protocol import CRLF, NULL_ARRAY, Encoded, array_header, bulk_header
+from .protocol import CRLF, NULL_ARRAY, Encoded, array_header, bulk_header, integer_reply
 from .queue_table import Queue
 from .time_buckets import TimeBuckets
 
@@ -237,13 +237,67 @@ def plain_entries_reply(q: Queue, jobs: list[Job]) -> Encoded:
     return Encoded(b"".join(out))
 
 
+_NACKS_FIELD: Final = bulk_header(len(_NACKS)) + _NACKS + CRLF
+_DELIVERIES_FIELD: Final = bulk_header(len(_DELIVERIES)) + _DELIVERIES + CRLF
+_HEADERS_FIELD: Final = bulk_header(len(_HEADERS)) + _HEADERS + CRLF
+_NO_HEADERS: Final = array_header(0)
+
+
+def fielded_entries_reply(q: Queue, jobs: list[Job], fields: int) -> Encoded:
+    """GETJOB's reply for ``jobs`` taken from ``q`` with WITHCOUNTERS and/or
+    WITHHEADERS (not WITHLEASE: its nil differs between RESP2 and RESP3),
+    already encoded, as :func:`plain_entries_reply`: the entries of
+    :func:`getjob_entry` without building their lists (a traced consumer
+    asks WITHHEADERS on every GETJOB)."""
+    width = 3
+    if fields & WITH_COUNTERS:
+        width += 4
+    if fields & WITH_HEADERS:
+        width += 2
+    name_and_id = _entry_prefix(q)[len(_ENTRY_HEADER):]
+    prefix = array_header(width) + name_and_id
+    out = [array_header(len(jobs))]
+    for job in jobs:
+        job_id = job.id
+        body = job.body
+        if len(job_id) == JOB_ID_LEN:
+            out.append(prefix)
+        else:  # not an ID this node makes or accepts: its own length's header
+            out.append(prefix[:-len(_ID_HEADER)])
+            out.append(bulk_header(len(job_id)))
+        out.append(job_id)
+        out.append(_body_header(len(body)))
+        out.append(body)
+        out.append(CRLF)
+        if fields & WITH_COUNTERS:
+            out.append(_NACKS_FIELD)
+            out.append(integer_reply(job.nacks))
+            out.append(_DELIVERIES_FIELD)
+            out.append(integer_reply(job.additional_deliveries))
+        if fields & WITH_HEADERS:
+            out.append(_HEADERS_FIELD)
+            ext = job.ext
+            headers = ext.headers if ext is not None else ()
+            if not headers:
+                out.append(_NO_HEADERS)
+            else:
+                out.append(array_header(len(headers)))
+                for item in headers:
+                    out.append(bulk_header(len(item)))
+                    out.append(item)
+                    out.append(CRLF)
+    return Encoded(b"".join(out))
+
+
 def entries_reply(state: ServerState, q: Queue, jobs: list[Job],
                   fields: int) -> list[list[Any]] | Encoded:
     """GETJOB's reply for ``jobs`` taken from ``q``, with the ``fields``
-    asked for (encoded at once when there are none)."""
+    asked for (encoded at once but with WITHLEASE)."""
     if not fields:
         return plain_entries_reply(q, jobs)
-    now = state.clock.now_ms() if fields & WITH_LEASE else 0
+    if not fields & WITH_LEASE:
+        return fielded_entries_reply(q, jobs, fields)
+    now = state.clock.now_ms()
     return [getjob_entry(job, fields, now) for job in jobs]
 
 

@@ -123,6 +123,9 @@ BLOCKS: dict[tuple[str, str], str] = {
     ("docs/CLUSTER.md", "$ mkdir -p /tmp/n1 /tmp/n2 /tmp/n3"): HERE,
     ("docs/CLIENT.md", "from disque import Client"): HERE,
     ("docs/CLIENT.md", "from disque import AsyncClient"): HERE,
+    ("docs/TRACING.md", "from opentelemetry import metrics, trace"):
+        "tests/client/test_tracing.py (test_the_docs_set_up_runs) runs it as written against "
+        "a node on a free port and checks the spans and metrics it prints",
     ("docs/CLIENT.md", "DisqueError"): "a diagram of the exception tree",
     ("docs/CLIENT.md", "disque [-h HOST]"): "a usage synopsis; tests/client/test_cli.py",
     ("docs/BENCHMARKS.md", "DISQUE_INTERPRETED=1 python3 -m benchmarks.console"):
@@ -210,6 +213,12 @@ BLOCKS: dict[tuple[str, str], str] = {
         "staging.endpoint_override option against moto_server",
     ("docs/SPARK.md", '{"batch": 12, "jobsFetched"'):
         "sample progress; tests/spark/test_cluster.py checks the per-node fields",
+    ("docs/SPARK.md", '"""Enrich the jobs of queue'):
+        "tests/spark/test_tracing_spark.py (test_a_pipeline_keeps_the_producers_trace_across_"
+        "processes) runs it as its own process between a producer and a worker",
+    ("docs/SPARK.md", "# myapp/telemetry.py"):
+        "needs an OTLP exporter; tests/spark/test_tracing_spark.py (test_the_docs_set_up_"
+        "function_runs) runs it with an in-memory exporter in its place",
     ("docs/SPARK.md", "python -m spark_connector.pyspark_zips"):
         "changes a PySpark install; tests/spark/test_pyspark_zips.py runs both commands on "
         "a copy of the layout, tests/containers/test_images.py the image that ran --remove",

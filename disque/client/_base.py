@@ -131,6 +131,9 @@ class ClientBase:
         self._no_bulk_add: set[str | None] = set()
         #: The same for WORKINGS (working_many sends one WORKING per ID there).
         self._no_bulk_working: set[str | None] = set()
+        #: Nodes that refused job headers (an original node, or one whose
+        #: max-job-headers is 0): tracing sends and asks for none there.
+        self._no_headers: set[str | None] = set()
         self._init_connection_state()
 
     def _init_connection_state(self) -> None:
@@ -192,6 +195,14 @@ class ClientBase:
     def _route_one(self, job_id: Any) -> str | None:
         """The node to send a command about one job to (``None``: connected node)."""
         return None if self._router is None else self._router.target(job_id, self._node_id)
+
+    def _address_of(self, node_id: str | None) -> str | None:
+        """``host:port`` of ``node_id`` (None: the connected node)."""
+        if node_id is not None:
+            address = self._table.address_of(node_id)
+            if address is not None:
+                return format_address(address)
+        return self.address
 
     def _describe_errors(self, errors: dict[str, BaseException]) -> str:
         return "; ".join(f"{addr}: {err}" for addr, err in errors.items()) or "no address"

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 import redis.asyncio.connection as _async_connection
@@ -57,7 +57,10 @@ class Job:
     or was not asked for.  ``headers`` (``with_headers=True``, an extension
     of this server) maps each header's name to its value (bytes; of a name
     given twice, the last value); ``{}`` for a job without headers, ``None``
-    when not asked for.
+    when not asked for.  ``trace_context`` is the job's creation context
+    (``traceparent``, ``tracestate``: the propagator's headers, as text)
+    when the client traces (docs/TRACING.md) and the user did not ask for
+    the headers; :meth:`Client.process` reads it.
     """
 
     queue: str
@@ -67,6 +70,7 @@ class Job:
     additional_deliveries: int | None = None
     requeue_within_ms: int | None = None
     headers: dict[str, bytes] | None = None
+    trace_context: dict[str, str] | None = field(default=None, repr=False, compare=False)
 
     @property
     def node_prefix(self) -> str:
@@ -594,6 +598,14 @@ def _bulk_ids(reply: Any) -> list[Any]:
 def is_unknown_command(error: BaseException) -> bool:
     """The node does not have the command (an original node, for ADDJOBS)."""
     return isinstance(error, DisqueError) and str(error).startswith("ERR unknown command")
+
+
+def headers_refused(error: BaseException) -> bool:
+    """The node refused a job's headers or WITHHEADERS: an original node (a
+    syntax error), or ours with ``max-job-headers`` too low."""
+    message = str(error)
+    return (message.startswith("ERR syntax error") or message.startswith("ERR too many headers")
+            or message.startswith("ERR headers too large"))
 
 
 def get_jobs(queues: Sequence[Arg], count: int = 1, timeout_ms: int | None = None,

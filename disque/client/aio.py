@@ -5,9 +5,13 @@
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import functools
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from contextlib import AbstractContextManager
 from typing import Any, Literal, overload
 
 import redis.asyncio
@@ -21,8 +25,10 @@ from ..exceptions import (
     NoAuth,
     NoJob,
     ProtocolError,
+    ResponseError,
 )
 from . import _wire as w
+from . import tracing
 from ._base import (
     CONNECT_ERRORS,
     DEFAULTS,
@@ -47,6 +53,9 @@ from ._wire import NOJOB_UNKNOWN, Arg, Headers, Hello, Job, Request
 __all__ = ["AsyncClient"]
 
 log = logging.getLogger("disque.client")
+
+#: The settle spans' ``messaging.operation.name`` of each command.
+SETTLE_NAMES = {"ACKJOB": "ack", "FASTACK": "fastack", "NACK": "nack"}
 
 
 class AsyncClient(ClientBase):
@@ -536,12 +545,40 @@ class AsyncClient(ClientBase):
         ``headers`` (a mapping of names to values, or (name, value) pairs)
         travel with the job and come back with ``get_jobs(...,
         with_headers=True)``: names are text, values bytes or text (an
-        original node answers a syntax error).
+        original node answers a syntax error).  When OpenTelemetry is set up,
+        the job's creation context goes in its headers (docs/TRACING.md).
         """
-        return await self._execute(w.add_job(queue, body, timeout_ms, replicate, delay, retry,
-                                             ttl, maxlen, async_, backoff, max_deliveries,
-                                             dead_letter, idmp, idmp_window, priority,
-                                             headers))
+        otel = tracing.telemetry()
+        if otel is None:
+            return await self._execute(w.add_job(queue, body, timeout_ms, replicate, delay,
+                                                 retry, ttl, maxlen, async_, backoff,
+                                                 max_deliveries, dead_letter, idmp,
+                                                 idmp_window, priority, headers))
+        # Only here, not above: a closure would cost every untraced call.
+        make = functools.partial(w.add_job, queue, body, timeout_ms, replicate, delay, retry,
+                                 ttl, maxlen, async_, backoff, max_deliveries, dead_letter,
+                                 idmp, idmp_window, priority)
+        return await self._add_job_traced(otel, queue, headers, make)
+
+    async def _add_job_traced(self, otel: tracing.Telemetry, queue: Arg,
+                              headers: Headers | None,
+                              make: Callable[[Headers | None], Request]) -> str:
+        """:meth:`add_job` under a ``send`` span, its creation context in the headers."""
+        with otel.send(queue, headers, self.address) as send:
+            if send.headers is headers or self._node_id in self._no_headers:
+                job_id: str = await self._execute(make(headers))
+            else:
+                try:
+                    job_id = await self._execute(make(send.headers))
+                except ResponseError as err:
+                    if not w.headers_refused(err):
+                        raise
+                    # A node without headers (an original) or refusing them:
+                    # the job goes without its context, as without tracing.
+                    self._no_headers.add(self._node_id)
+                    job_id = await self._execute(make(headers))
+            send.sent(job_id, self.address)
+        return job_id
 
     @overload
     async def add_jobs(self, queue: Arg, bodies: Iterable[Arg], *,
@@ -574,7 +611,59 @@ class AsyncClient(ClientBase):
         ``options["headers"]`` go to every job; ``job_headers`` gives each
         job its own, one entry (headers, or None) per body in order, sent as
         ``ADDJOBS ... JOBS`` (or ADDJOBs with HEADER on a node without it).
+        When OpenTelemetry is set up, each job gets its own creation context
+        in its headers (docs/TRACING.md).
         """
+        otel = tracing.telemetry()
+        if otel is None:
+            return await self._add_jobs(queue, bodies, return_exceptions, batch_size,
+                                        job_headers, options)
+        bodies = list(bodies)
+        if job_headers is not None:
+            job_headers = list(job_headers)
+            if len(job_headers) != len(bodies):
+                raise ValueError("job_headers needs one entry per body")
+        with otel.send_batch(queue, len(bodies), options.get("headers"), job_headers,
+                             self.address) as send:
+            ids: list[Any] = []
+            try:
+                for start in range(0, len(bodies), max(batch_size, 1)):
+                    end = start + batch_size
+                    results = await self._add_traced_batch(
+                        queue, bodies[start:end], batch_size,
+                        None if send.job_headers is None else send.job_headers[start:end],
+                        None if job_headers is None else job_headers[start:end], options)
+                    ids.extend(results)
+                    if not return_exceptions:
+                        for result in results:
+                            if isinstance(result, DisqueError):
+                                raise result
+            finally:
+                send.sent(ids, self.address)
+        return ids
+
+    async def _add_traced_batch(self, queue: Arg, bodies: list[Arg], batch_size: int,
+                                traced: list[Any] | None, own: list[Any] | None,
+                                options: dict[str, Any]) -> list[Any]:
+        """One batch of a traced :meth:`add_jobs`: with each job's creation
+        context, or the jobs a node refused for their headers again without it."""
+        if traced is None or self._node_id in self._no_headers:
+            return await self._add_jobs(queue, bodies, True, batch_size, own, options)
+        results = await self._add_jobs(queue, bodies, True, batch_size, traced, options)
+        refused = [i for i, result in enumerate(results)
+                   if isinstance(result, ResponseError) and w.headers_refused(result)]
+        if refused:
+            self._no_headers.add(self._node_id)  # an original node, or a low limit
+            again = await self._add_jobs(queue, [bodies[i] for i in refused], True, batch_size,
+                                         None if own is None else [own[i] for i in refused],
+                                         options)
+            for i, result in zip(refused, again, strict=True):
+                results[i] = result
+        return results
+
+    async def _add_jobs(self, queue: Arg, bodies: Iterable[Arg], return_exceptions: bool,
+                        batch_size: int, job_headers: Iterable[Headers | None] | None,
+                        options: dict[str, Any]) -> list[Any]:
         out: list[Any] = []
         items: Iterable[Any]
         build: Callable[[Any], w.Request]
@@ -622,24 +711,82 @@ class AsyncClient(ClientBase):
         ``with_lease`` (``WITHLEASE``, this server's extension: an original
         node answers ``-ERR syntax error``) :attr:`Job.requeue_within_ms`;
         ``with_headers`` (``WITHHEADERS``, likewise an extension)
-        :attr:`Job.headers`.
+        :attr:`Job.headers`.  When OpenTelemetry traces, the client asks for
+        the headers anyway (to link the receive span to each job's creation
+        context) and keeps the context in :attr:`Job.trace_context`;
+        :attr:`Job.headers` stays None unless asked for.
         """
-        jobs: list[Job] = await self._execute(w.get_jobs(queues, count, timeout_ms, nohang,
-                                                         with_counters, with_lease,
-                                                         with_headers))
+        return await self._get_jobs(queues, count, timeout_ms, nohang, with_counters,
+                                    with_lease, with_headers, True)
+
+    async def _get_jobs(self, queues: Sequence[Arg], count: int, timeout_ms: int | None,
+                        nohang: bool, with_counters: bool, with_lease: bool,
+                        with_headers: bool, batch: bool) -> list[Job]:
+        otel = tracing.telemetry()
+        jobs: list[Job]
+        if otel is None:
+            jobs = await self._execute(w.get_jobs(queues, count, timeout_ms, nohang,
+                                                  with_counters, with_lease, with_headers))
+        else:
+            make = functools.partial(w.get_jobs, queues, count, timeout_ms, nohang,
+                                     with_counters, with_lease)
+            jobs = await self._get_jobs_traced(otel, queues, with_headers, batch, make)
         target = self._affinity_target(jobs)
         if target is not None:
             await self._switch_to(target)
+        return jobs
+
+    async def _get_jobs_traced(self, otel: tracing.Telemetry, queues: Sequence[Arg],
+                               with_headers: bool, batch: bool,
+                               make: Callable[[bool], Request]) -> list[Job]:
+        """GETJOB under a ``receive`` span, linked to the jobs' creation contexts."""
+        with otel.receive(queues, batch) as receive:
+            extra = (not with_headers and otel.tracing
+                     and self._node_id not in self._no_headers)
+            jobs: list[Job]
+            if not extra:
+                jobs = await self._execute(make(with_headers))
+            else:
+                try:
+                    jobs = await self._execute(make(True))
+                except ResponseError as err:
+                    if not w.headers_refused(err):
+                        raise
+                    self._no_headers.add(self._node_id)  # an original node
+                    jobs = await self._execute(make(False))
+                jobs = [dataclasses.replace(job, headers=None,
+                                            trace_context=otel.keep_context(job))
+                        if job.headers is not None else job for job in jobs]
+            receive.received(jobs, self.address)
         return jobs
 
     async def get_job(self, *queues: Arg, timeout_ms: int | None = None, nohang: bool = False,
                       with_counters: bool = False, with_lease: bool = False,
                       with_headers: bool = False) -> Job | None:
         """One job (see :meth:`get_jobs`), or None on timeout / NOHANG."""
-        jobs = await self.get_jobs(*queues, timeout_ms=timeout_ms, nohang=nohang,
-                                   with_counters=with_counters, with_lease=with_lease,
-                                   with_headers=with_headers)
+        jobs = await self._get_jobs(queues, 1, timeout_ms, nohang, with_counters, with_lease,
+                                    with_headers, False)
         return jobs[0] if jobs else None
+
+    def process(self, *jobs: Job,
+                parent_from_job: bool = False) -> AbstractContextManager[Any]:
+        """A context manager around the application's handling of ``jobs``:
+        the ``process {queue}`` span (CONSUMER) of the messaging conventions
+        when OpenTelemetry traces, a no-op otherwise (docs/TRACING.md).
+
+        ``with client.process(job): handle(job)``.  The span's parent is the
+        ambient context; it links to each job's creation context.  With
+        ``parent_from_job=True`` and one job, the job's creation context is
+        the parent instead (the producer's trace goes on), and the ambient
+        context, if any, a link.  It yields the span (None without tracing);
+        an exception leaving the block marks the span as failed.
+        """
+        if not jobs:
+            raise ValueError("process needs at least one job")
+        otel = tracing.telemetry()
+        if otel is None:
+            return contextlib.nullcontext()
+        return otel.process(jobs, parent_from_job, self.address)
 
     async def _switch_to(self, node_id: str) -> None:
         """Affinity: move to ``node_id`` if it answers; stay put otherwise."""
@@ -663,9 +810,16 @@ class AsyncClient(ClientBase):
             return await self._execute(w.job_ids_command(name, job_ids, tail))
         await self._learn_cluster()
         total = 0
+        otel = tracing.telemetry()
         for node, at in self._route(job_ids).items():
-            total += await self._execute_routed(
-                node, w.job_ids_command(name, [job_ids[i] for i in at], tail))
+            req = w.job_ids_command(name, [job_ids[i] for i in at], tail)
+            if otel is None:
+                total += await self._execute_routed(node, req)
+                continue
+            with otel.settle(SETTLE_NAMES[name], [job_ids[i] for i in at],
+                             self._address_of(node)) as settle:
+                total += await self._execute_routed(node, req)
+                settle.at(self._address_of(node))
         return total
 
     async def ack(self, *job_ids: Arg) -> int:
@@ -697,14 +851,18 @@ class AsyncClient(ClientBase):
     async def _ids_many(self, name: str, job_ids: Iterable[Arg], batch_size: int) -> int:
         await self._learn_cluster()
         total = 0
+        otel = tracing.telemetry()
         for batch in chunks(job_ids, batch_size * PIPELINE_COMMANDS):
             for node, at in self._route(batch).items():
                 ids = [batch[i] for i in at]
                 reqs = [w.job_ids_command(name, group) for group in chunks(ids, batch_size)]
-                for result in await self._execute_many_routed(node, reqs):
-                    if isinstance(result, DisqueError):
-                        raise result
-                    total += result
+                settle = (contextlib.nullcontext() if otel is None else
+                          otel.settle(SETTLE_NAMES[name], ids, self._address_of(node)))
+                with settle:
+                    for result in await self._execute_many_routed(node, reqs):
+                        if isinstance(result, DisqueError):
+                            raise result
+                        total += result
         return total
 
     async def ack_many(self, job_ids: Iterable[Arg], *,

@@ -581,3 +581,39 @@ def test_creation_times_are_milliseconds_times_a_million_and_increase() -> None:
         assert ctime == max(ms * 1_000_000, last + 1)
         last = ctime
     assert [state.next_ctime(samples[-1]) for _ in range(3)] == [last + 1, last + 2, last + 3]
+
+
+# --------------------------------------------------------------------------
+# GETJOB replies encoded ahead
+# --------------------------------------------------------------------------
+
+@pytest.mark.parametrize("resp3", [False, True])
+def test_fielded_getjob_entries_encode_as_the_generic_encoder_does(resp3: bool) -> None:
+    """WITHCOUNTERS and WITHHEADERS replies are encoded ahead, bypassing the
+    generic encoder: byte for byte what it makes of getjob_entry's lists,
+    for plain jobs, headers (empty values, large ones), counters past the
+    small-integer table, and IDs of another length than this node's."""
+    from disque.job_options import JobExt
+    from disque.protocol import encode
+    from disque.queue_table import Queue
+    from disque.waiters import (
+        WITH_COUNTERS,
+        WITH_HEADERS,
+        fielded_entries_reply,
+        getjob_entry,
+    )
+
+    ids = JobIdGenerator(NODE)
+    q = Queue(b"orders", 0)
+    plain = Job(ids.next_id(3600, 60), b"orders", b"x" * 2000)
+    with_headers = Job(ids.next_id(3600, 60), b"orders", b"")
+    with_headers.ext = JobExt(headers=(b"traceparent", b"00-abc-01", b"empty", b"",
+                                       b"big", b"v" * 5000))
+    counted = Job(ids.next_id(3600, 60), b"orders", b"body")
+    counted.nacks, counted.additional_deliveries = 5000, 3
+    odd_id = Job(b"D-not-an-id-of-this-node", b"orders", b"y")
+    jobs = [plain, with_headers, counted, odd_id]
+    for fields in (WITH_COUNTERS, WITH_HEADERS, WITH_COUNTERS | WITH_HEADERS):
+        for chosen in (jobs, jobs[1:2]):
+            expected = encode([getjob_entry(job, fields) for job in chosen], resp3)
+            assert fielded_entries_reply(q, chosen, fields).raw == expected, (fields, chosen)
