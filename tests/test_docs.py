@@ -123,6 +123,10 @@ BLOCKS: dict[tuple[str, str], str] = {
     ("docs/CLUSTER.md", "$ mkdir -p /tmp/n1 /tmp/n2 /tmp/n3"): HERE,
     ("docs/CLIENT.md", "from disque import Client"): HERE,
     ("docs/CLIENT.md", "from disque import AsyncClient"): HERE,
+    ("docs/TRACING.md", "at  process        trace     span"):
+        "output: tests/spark/test_tracing_spark.py "
+        "(test_a_pipeline_keeps_the_producers_trace_across_processes) draws it and checks its "
+        "rows",
     ("docs/TRACING.md", "from opentelemetry import metrics, trace"):
         "tests/client/test_tracing.py (test_the_docs_set_up_runs) runs it as written against "
         "a node on a free port and checks the spans and metrics it prints",

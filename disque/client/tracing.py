@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from ._wire import Headers, Job
 
-__all__ = ["telemetry", "Telemetry", "SYSTEM", "DELIVERY_COUNT"]
+__all__ = ["telemetry", "Telemetry", "SYSTEM", "DELIVERY_COUNT", "as_text", "split_address"]
 
 #: ``messaging.system``.
 SYSTEM = "disque"
@@ -103,7 +103,8 @@ def _configured(trace: Any) -> Telemetry | None:
     return found
 
 
-def _text(value: Any) -> str:
+def as_text(value: Any) -> str:
+    """A header name or value as text (bytes decoded as UTF-8, bad bytes replaced)."""
     if isinstance(value, bytes | bytearray | memoryview):
         return bytes(value).decode("utf-8", "replace")
     return str(value)
@@ -144,7 +145,7 @@ class _Carrier:
     @staticmethod
     def get(carrier: Mapping[str, Any], key: str) -> list[str] | None:
         value = carrier.get(key)
-        return None if value is None else [_text(value)]
+        return None if value is None else [as_text(value)]
 
     @staticmethod
     def keys(carrier: Mapping[str, Any]) -> list[str]:
@@ -260,7 +261,7 @@ class Telemetry:
             return False
         fields = self._fields()
         names = headers.keys() if isinstance(headers, Mapping) else (n for n, _ in headers)
-        return any(_text(name) in fields for name in names)
+        return any(as_text(name) in fields for name in names)
 
     def _extract(self, carrier: Mapping[str, Any] | None) -> Any:
         """The span context a job's headers carry, or None."""
@@ -281,7 +282,7 @@ class Telemetry:
         if not job.headers:
             return None
         fields = self._fields()
-        kept = {name: _text(value) for name, value in job.headers.items() if name in fields}
+        kept = {name: as_text(value) for name, value in job.headers.items() if name in fields}
         return kept or None
 
     # ----------------------------------------------------------- producers
@@ -290,7 +291,7 @@ class Telemetry:
     def send(self, queue: Any, headers: Headers | None,
              address: str | None) -> Iterator[SendOne]:
         """``send {queue}`` for one job: yields the headers to send."""
-        op = Operation(self, "send", "send", _text(queue), address)
+        op = Operation(self, "send", "send", as_text(queue), address)
         own = self.has_context(headers)
         merged = headers
         if self.tracer is not None:
@@ -298,7 +299,7 @@ class Telemetry:
             links = []
             if own:
                 carrier = dict(headers.items()) if isinstance(headers, Mapping) else {
-                    _text(n): v for n, v in headers}  # type: ignore[union-attr]
+                    as_text(n): v for n, v in headers}  # type: ignore[union-attr]
                 user = self._extract(carrier)
                 if user is not None:
                     links.append(self.trace.Link(user))
@@ -323,7 +324,7 @@ class Telemetry:
                    job_headers: list[Any] | None,
                    address: str | None) -> Iterator[SendBatch]:
         """``send {queue}`` for many jobs, each with its own ``create`` span."""
-        op = Operation(self, "send", "send", _text(queue), address)
+        op = Operation(self, "send", "send", as_text(queue), address)
         per_job: list[Any] = list(job_headers) if job_headers is not None else [None] * count
         creates: list[Any] = []
         links = []
@@ -379,7 +380,7 @@ class Telemetry:
     def receive(self, queues: Sequence[Any], batch: bool) -> Iterator[Receive]:
         """``receive {queue}``: the span starts once the jobs are known (its
         links are given at its start, for samplers), dated from the call."""
-        queue = _text(queues[0]) if len(queues) == 1 else None
+        queue = as_text(queues[0]) if len(queues) == 1 else None
         op = Operation(self, "receive", "receive", queue, None)
         start_ns = time.time_ns()
         result = Receive(op)
@@ -476,7 +477,7 @@ class Telemetry:
         if self.tracer is not None:
             attributes = dict(op.attributes)
             if len(ids) == 1:
-                attributes["messaging.message.id"] = _text(ids[0])
+                attributes["messaging.message.id"] = as_text(ids[0])
             else:
                 attributes["messaging.batch.message_count"] = len(ids)
             op.span = self.tracer.start_span(op.span_name(), kind=self.trace.SpanKind.CLIENT,
@@ -543,7 +544,7 @@ def _as_text_dict(headers: Any) -> dict[str, Any]:
     if not headers:
         return {}
     items = headers.items() if isinstance(headers, Mapping) else headers
-    return {_text(name): value for name, value in items}
+    return {as_text(name): value for name, value in items}
 
 
 def _merge(headers: Any, context: dict[str, str]) -> Any:
