@@ -519,7 +519,7 @@ class Client(ClientBase):
                 backoff: int | None = None, max_deliveries: int | None = None,
                 dead_letter: Arg | None = None, idmp: Arg | None = None,
                 idmp_window: int | None = None, priority: int | None = None,
-                headers: Headers | None = None) -> str:
+                headers: Headers | None = None, group: Arg | None = None) -> str:
         """ADDJOB: queue ``body`` and return the job ID.
 
         ``timeout_ms`` is how long the node may wait for replication (0 =
@@ -537,29 +537,35 @@ class Client(ClientBase):
         ``headers`` (a mapping of names to values, or (name, value) pairs)
         travel with the job and come back with ``get_jobs(...,
         with_headers=True)``: names are text, values bytes or text (an
-        original node answers a syntax error).
+        original node answers a syntax error); ``group`` (a non-empty key)
+        puts the job in an ordered group of its queue: the group's jobs are
+        handed out in the order they were added, one consumer at a time
+        (docs/EXTENSIONS.md, "Ordered groups"; not with ``delay``).
         """
         return self._execute(w.add_job(queue, body, timeout_ms, replicate, delay, retry,
                                        ttl, maxlen, async_, backoff, max_deliveries,
                                        dead_letter, idmp, idmp_window, priority,
-                                       headers))
+                                       headers, group))
 
     @overload
     def add_jobs(self, queue: Arg, bodies: Iterable[Arg], *,
                  return_exceptions: Literal[False] = ..., batch_size: int = ...,
                  job_headers: Iterable[Headers | None] | None = ...,
+                 job_groups: Iterable[Arg | None] | None = ...,
                  **options: Any) -> list[str]: ...
 
     @overload
     def add_jobs(self, queue: Arg, bodies: Iterable[Arg], *,
                  return_exceptions: Literal[True], batch_size: int = ...,
                  job_headers: Iterable[Headers | None] | None = ...,
+                 job_groups: Iterable[Arg | None] | None = ...,
                  **options: Any) -> list[str | DisqueError]: ...
 
     def add_jobs(self, queue: Arg, bodies: Iterable[Arg], *,
                  return_exceptions: bool = False,
                  batch_size: int = DEFAULTS["batch_size"],
                  job_headers: Iterable[Headers | None] | None = None,
+                 job_groups: Iterable[Arg | None] | None = None,
                  **options: Any) -> list[Any]:
         """Add many jobs to ``queue``: one ADDJOBS per ``batch_size`` bodies
         (at most 10,000) where the node has this bulk extension, pipelined
@@ -575,12 +581,24 @@ class Client(ClientBase):
         ``options["headers"]`` go to every job; ``job_headers`` gives each
         job its own, one entry (headers, or None) per body in order, sent as
         ``ADDJOBS ... JOBS`` (or ADDJOBs with HEADER on a node without it).
+        ``options["group"]`` puts every job in that ordered group, in body
+        order; ``job_groups`` gives each job its own (a key, or None for no
+        group), sent as ``ADDJOBS ... GROUPS`` (a batch with a job without
+        a group, or with ``job_headers`` too, as pipelined ADDJOBs).
         """
         out: list[Any] = []
         items: Iterable[Any]
         build: Callable[[Any], w.Request]
-        bulk: Callable[[Sequence[Any]], w.Request] | None
-        if job_headers is None:
+        bulk: Callable[[Sequence[Any]], w.Request | None] | None
+        if job_groups is not None:
+            if job_headers is not None:
+                items = zip(bodies, job_headers, job_groups, strict=True)
+            else:
+                items = ((body, None, group)
+                         for body, group in zip(bodies, job_groups, strict=True))
+            build = w.add_job_with_group_builder(queue, **options)
+            bulk = w.add_jobs_with_groups_builder(queue, **options)
+        elif job_headers is None:
             items = bodies
             build = w.add_job_builder(queue, **options)
             bulk = w.add_jobs_builder(queue, **options)
@@ -599,12 +617,14 @@ class Client(ClientBase):
         return out
 
     def _add_chunk(self, chunk: list[Any],
-                   bulk: Callable[[Sequence[Any]], w.Request] | None,
+                   bulk: Callable[[Sequence[Any]], w.Request | None] | None,
                    build: Callable[[Any], w.Request]) -> list[Any]:
-        """One ADDJOBS for ``chunk`` where the node has it, else pipelined ADDJOBs."""
-        if bulk is not None and self._node_id not in self._no_bulk_add:
+        """One ADDJOBS for ``chunk`` where the node has it (and the chunk
+        fits one), else pipelined ADDJOBs."""
+        request = bulk(chunk) if bulk is not None else None
+        if request is not None and self._node_id not in self._no_bulk_add:
             try:
-                results: list[Any] = self._execute(bulk(chunk))
+                results: list[Any] = self._execute(request)
                 return results
             except DisqueError as err:
                 if not w.is_unknown_command(err):
@@ -614,7 +634,8 @@ class Client(ClientBase):
 
     def get_jobs(self, *queues: Arg, count: int = 1, timeout_ms: int | None = None,
                  nohang: bool = False, with_counters: bool = False,
-                 with_lease: bool = False, with_headers: bool = False) -> list[Job]:
+                 with_lease: bool = False, with_headers: bool = False,
+                 with_group: bool = False) -> list[Job]:
         """GETJOB: up to ``count`` jobs from the first queues that have some.
 
         Blocks until a job arrives, or ``timeout_ms`` (``None``/0 = forever)
@@ -623,11 +644,12 @@ class Client(ClientBase):
         ``with_lease`` (``WITHLEASE``, this server's extension: an original
         node answers ``-ERR syntax error``) :attr:`Job.requeue_within_ms`;
         ``with_headers`` (``WITHHEADERS``, likewise an extension)
-        :attr:`Job.headers`.
+        :attr:`Job.headers`; ``with_group`` (``WITHGROUP``, likewise)
+        :attr:`Job.group`.  Without them the reply is the original's.
         """
         jobs: list[Job] = self._execute(w.get_jobs(queues, count, timeout_ms, nohang,
                                                    with_counters, with_lease,
-                                                   with_headers))
+                                                   with_headers, with_group))
         target = self._affinity_target(jobs)
         if target is not None:
             self._switch_to(target)
@@ -635,11 +657,11 @@ class Client(ClientBase):
 
     def get_job(self, *queues: Arg, timeout_ms: int | None = None, nohang: bool = False,
                 with_counters: bool = False, with_lease: bool = False,
-                with_headers: bool = False) -> Job | None:
+                with_headers: bool = False, with_group: bool = False) -> Job | None:
         """One job (see :meth:`get_jobs`), or None on timeout / NOHANG."""
         jobs = self.get_jobs(*queues, timeout_ms=timeout_ms, nohang=nohang,
                              with_counters=with_counters, with_lease=with_lease,
-                             with_headers=with_headers)
+                             with_headers=with_headers, with_group=with_group)
         return jobs[0] if jobs else None
 
     def _switch_to(self, node_id: str) -> None:
@@ -949,24 +971,27 @@ class Client(ClientBase):
     @overload
     def jscan(self, *, count: int | None = ..., busyloop: bool = ..., queue: Arg | None = ...,
               states: Iterable[str] = ..., reply: Literal["id"] = ...,
-              min_priority: int | None = ...) -> Iterator[str]: ...
+              min_priority: int | None = ..., group: Arg | None = ...) -> Iterator[str]: ...
 
     @overload
     def jscan(self, *, count: int | None = ..., busyloop: bool = ..., queue: Arg | None = ...,
               states: Iterable[str] = ..., reply: Literal["all"],
-              min_priority: int | None = ...) -> Iterator[dict[str, Any]]: ...
+              min_priority: int | None = ...,
+              group: Arg | None = ...) -> Iterator[dict[str, Any]]: ...
 
     def jscan(self, *, count: int | None = None, busyloop: bool = False,
               queue: Arg | None = None, states: Iterable[str] = (),
-              reply: str = "id", min_priority: int | None = None) -> Iterator[Any]:
+              reply: str = "id", min_priority: int | None = None,
+              group: Arg | None = None) -> Iterator[Any]:
         """Iterate jobs with JSCAN: IDs, or SHOW-like dicts with ``reply="all"``.
 
         ``states`` filters by job state (``queued``, ``active``, ...; OR-ed);
-        ``min_priority`` (an extension) keeps jobs of that priority or higher.
+        ``min_priority`` (an extension) keeps jobs of that priority or higher,
+        ``group`` (an extension) the jobs of that ordered group.
         """
         states = tuple(states)
         return self._scan(lambda c: w.jscan_page(c, count, busyloop, queue, states, reply,
-                                                 min_priority))
+                                                 min_priority, group))
 
     # -------------------------------------------------------------- server
 
