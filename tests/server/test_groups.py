@@ -82,6 +82,19 @@ def test_getjob_count_takes_a_group_in_order_and_holds_it(c: Resp) -> None:
     assert c.call("QSTAT", "q")[c.call("QSTAT", "q").index(b"len") + 1] == 0
 
 
+def test_the_extensions_doc_session(c: Resp) -> None:
+    """docs/EXTENSIONS.md's session, "Ordered groups"."""
+    created = add(c, "orders", "order 42: created", "order-42")
+    paid = add(c, "orders", "order 42: paid", "order-42")
+    other = add(c, "orders", "order 43: created", "order-43")
+    assert c.call("GETJOB", "FROM", "orders") == [[b"orders", created, b"order 42: created"]]
+    assert c.call("GETJOB", "NOHANG", "COUNT", 10, "FROM", "orders") == [
+        [b"orders", other, b"order 43: created"]]
+    assert c.call("ACKJOB", created) == 1
+    assert c.call("GETJOB", "NOHANG", "COUNT", 10, "FROM", "orders") == [
+        [b"orders", paid, b"order 42: paid"]]
+
+
 def test_getjob_from_several_queues_continues_a_group(c: Resp) -> None:
     for i in range(3):
         add(c, "q1", f"a{i}", "A")
