@@ -177,18 +177,15 @@ def release(state: ServerState, job: Job) -> Queue | None:
     """``job`` (FLAG_GROUP_OUT) stops holding its group: acknowledged,
     deleted, expired, or moved to another queue.  Returns its queue if a
     job of the group joined the queue's order (its clients to be served)."""
-    job.flags &= ~FLAG_GROUP_OUT
     ext = job.ext
     q = state.queues.lookup(job.queue) if job.queue is not None else None
     table = q.groups if q is not None else None
-    if ext is None or ext.group is None or q is None or table is None:
+    group = (table.by_key.get(ext.group) if table is not None and ext is not None
+             and ext.group is not None else None)
+    if q is None or table is None or group is None:
+        job.flags &= ~FLAG_GROUP_OUT  # nothing left to hold
         return None
-    group = table.by_key.get(ext.group)
-    if group is None:
-        return None
-    group.out -= 1
-    if not group.out:
-        table.held -= 1
+    _back(table, group, job)
     return q if _settle(state, q, table, group) else None
 
 

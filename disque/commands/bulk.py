@@ -147,16 +147,27 @@ def _element(reply: Any) -> Any:
     return reply
 
 
+#: ADDJOB's options and how many values each takes (the others take none):
+#: an option's value is never taken for BODIES, JOBS or GROUPS (a
+#: DEADLETTER queue or a GROUP key may be named so).
+_OPTION_VALUES: Final = {
+    b"replicate": 1, b"delay": 1, b"retry": 1, b"ttl": 1, b"maxlen": 1, b"backoff": 1,
+    b"maxdeliveries": 1, b"deadletter": 1, b"priority": 1, b"idmp": 1, b"idmp-window": 1,
+    b"group": 1, b"header": 2,
+}
+
+
 def _split(argv: list[bytes]) -> tuple[list[bytes], list[bytes], int]:
     """``ADDJOBS queue timeout opts... BODIES b...`` -> (the options, the
     bodies, _FORM_BODIES); with ``JOBS`` or ``GROUPS`` instead of
     ``BODIES``: (the options, the jobs' arguments, _FORM_JOBS or _FORM_GROUPS).
 
-    Every argument after the first BODIES (JOBS, GROUPS) is a body (or a
-    job's part), whatever it says; in ``DELAY bodies x`` DELAY lacks its
-    value, a syntax error.
+    Every argument after the first BODIES (JOBS, GROUPS) where an option's
+    name would be is a body (or a job's part), whatever it says; in ``DELAY
+    bodies x`` "bodies" is DELAY's value, and no BODIES follows.
     """
-    for i in range(3, len(argv)):
+    i, n = 3, len(argv)
+    while i < n:
         arg = argv[i]
         if is_option(arg, _BODIES):
             return argv[3:i], argv[i + 1:], _FORM_BODIES
@@ -164,6 +175,7 @@ def _split(argv: list[bytes]) -> tuple[list[bytes], list[bytes], int]:
             return argv[3:i], argv[i + 1:], _FORM_JOBS
         if is_option(arg, _GROUPS):
             return argv[3:i], argv[i + 1:], _FORM_GROUPS
+        i += 1 + _OPTION_VALUES.get(arg.lower(), 0)
     raise CommandError(_NEEDS_BODIES)
 
 

@@ -145,3 +145,16 @@ def test_the_cli_shows_them(server: DisqueProcess) -> None:
     stat = disque(p, "--no-raw", "qstat", "q").stdout
     assert '"groups-held"' in stat
     assert "[GROUP key]" in HELP and "[WITHGROUP]" in HELP and "GROUPS group job" in HELP
+
+
+def test_a_redriven_job_keeps_its_group(server: DisqueProcess) -> None:
+    from tests.client.test_redrive import redrive
+    from tests.console.workload import make_dead_letters
+
+    make_dead_letters(server, "grouped", [b"g0", b"g1"], group="G")
+    result = redrive(server.port, "grouped:dead", "--rate", "1000")
+    assert result.returncode == 0, result.stderr
+    assert "finished: moved 2" in result.stdout
+    with Client(address(server)) as c:
+        jobs = c.get_jobs("grouped", count=5, nohang=True, with_group=True)
+    assert sorted(j.body for j in jobs) == [b"g0", b"g1"] and {j.group for j in jobs} == {"G"}

@@ -103,23 +103,27 @@ def test_getjob_from_several_queues_continues_a_group(c: Resp) -> None:
     assert bodies(get(c, "q1", "q2", count=4)) == [b"a0", b"x", b"a1", b"a2"]
 
 
+def blocked(c: Resp, queue: str) -> int:
+    """QSTAT's ``blocked`` (0 before a consumer's GETJOB made the queue)."""
+    stat = c.call("QSTAT", queue)
+    return pairs(stat)[b"blocked"] if stat is not None else 0
+
+
 def test_a_blocked_consumer_gets_nothing_of_a_held_group(node: DisqueProcess, c: Resp) -> None:
     with Resp(node.port) as first, Resp(node.port) as second, Resp(node.port) as third:
-        for consumer in (first, second):
+        for waiting, consumer in enumerate((first, second), 1):  # served in this order
             consumer.send(pack("GETJOB", "TIMEOUT", 10_000, "FROM", "q"))
-        wait_for(lambda: pairs(c.call("QSTAT", "q"))[b"blocked"] == 2,
-                 message="two blocked consumers")
+            wait_for(lambda n=waiting: blocked(c, "q") == n, message="blocked consumers")
         a0 = add(c, "q", "a0", "A")
         a1 = add(c, "q", "a1", "A")
         assert ids(first.read()) == [a0]
         # a1 waits behind a0: the second consumer is still blocked ...
-        assert pairs(c.call("QSTAT", "q"))[b"blocked"] == 1
+        assert blocked(c, "q") == 1
         # ... and gets another group's job.
         b0 = add(c, "q", "b0", "B")
         assert ids(second.read()) == [b0]
         third.send(pack("GETJOB", "TIMEOUT", 10_000, "FROM", "q"))
-        wait_for(lambda: pairs(c.call("QSTAT", "q"))[b"blocked"] == 1,
-                 message="the third consumer blocked")
+        wait_for(lambda: blocked(c, "q") == 1, message="the third consumer blocked")
         # Acknowledging a0 releases the group: the waiting consumer gets a1 at once.
         assert c.call("ACKJOB", a0) == 1
         assert ids(third.read()) == [a1]
@@ -307,6 +311,17 @@ def test_metrics_per_queue(server_factory) -> None:
 # --------------------------------------------------------------------------
 # ADDJOBS
 # --------------------------------------------------------------------------
+
+def test_addjobs_option_values_may_read_like_its_keywords(c: Resp) -> None:
+    """A DEADLETTER queue or a GROUP key named groups, bodies or jobs is an
+    option's value, not the start of the jobs."""
+    ids = c.call("ADDJOBS", "q", 0, "RETRY", 30, "MAXDELIVERIES", 2, "DEADLETTER", "groups",
+                 "GROUP", "bodies", "BODIES", "x")
+    shown = pairs(c.call("SHOW", ids[0]))
+    assert (shown[b"dead-letter-queue"], shown[b"group"]) == (b"groups", b"bodies")
+    ids = c.call("ADDJOBS", "q", 0, "HEADER", "jobs", "groups", "GROUPS", "jobs", "y")
+    assert pairs(c.call("SHOW", ids[0]))[b"group"] == b"jobs"
+
 
 def test_addjobs_shared_group_and_a_group_per_job(c: Resp) -> None:
     shared = c.call("ADDJOBS", "q", 0, "GROUP", "A", "BODIES", "a0", "a1")
