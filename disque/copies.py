@@ -35,7 +35,7 @@ from .job import (
 from .job_options import ExtError, apply_bus_trailer
 from .jobs import register_job
 from .log import RateLimitedLog
-from .queue import dequeue_job, enqueue_job
+from .queue import dequeue_job, enqueue_job, release_group
 from .queue_table import PAUSED_IN
 from .schedule import update_awake_time
 
@@ -181,11 +181,15 @@ def merge_copy(state: ServerState, job: Job, copy: Job) -> None:
         return
     if job.state == QUEUED:
         dequeue_job(state, job)  # queued by the mover in the dead-letter queue now
+    if ours is not None and ours.group is not None:
+        release_group(state, job)  # it leaves its group's queue here
     moved = theirs.moved(theirs.dead_from)
     moved.nack_pending = ours.nack_pending if ours is not None else False
-    # Our copy keeps its own headers: its share of used_memory counts them
-    # (a plain copy from an original node has none, the mover's may have).
+    # Our copy keeps its own headers and group: its share of used_memory
+    # counts them (a plain copy from an original node has none, the
+    # mover's may have).
     moved.headers = ours.headers if ours is not None else ()
+    moved.group = ours.group if ours is not None else None
     job.ext = moved
     job.queue = state.queue_for_write(copy.queue).name
     state.events.job_moved(state, job)

@@ -527,7 +527,7 @@ class AsyncClient(ClientBase):
                       backoff: int | None = None, max_deliveries: int | None = None,
                       dead_letter: Arg | None = None, idmp: Arg | None = None,
                       idmp_window: int | None = None, priority: int | None = None,
-                      headers: Headers | None = None) -> str:
+                      headers: Headers | None = None, group: Arg | None = None) -> str:
         """ADDJOB: queue ``body`` and return the job ID.
 
         ``timeout_ms`` is how long the node may wait for replication (0 =
@@ -545,19 +545,23 @@ class AsyncClient(ClientBase):
         ``headers`` (a mapping of names to values, or (name, value) pairs)
         travel with the job and come back with ``get_jobs(...,
         with_headers=True)``: names are text, values bytes or text (an
-        original node answers a syntax error).  When OpenTelemetry is set up,
-        the job's creation context goes in its headers (docs/TRACING.md).
+        original node answers a syntax error); ``group`` (a non-empty key)
+        puts the job in an ordered group of its queue: the group's jobs are
+        handed out in the order they were added, one consumer at a time
+        (docs/EXTENSIONS.md, "Ordered groups"; not with ``delay``).  When
+        OpenTelemetry is set up, the job's creation context goes in its
+        headers (docs/TRACING.md).
         """
         otel = tracing.telemetry()
         if otel is None:
             return await self._execute(w.add_job(queue, body, timeout_ms, replicate, delay,
                                                  retry, ttl, maxlen, async_, backoff,
                                                  max_deliveries, dead_letter, idmp,
-                                                 idmp_window, priority, headers))
+                                                 idmp_window, priority, headers, group))
         # Only here, not above: a closure would cost every untraced call.
         make = functools.partial(w.add_job, queue, body, timeout_ms, replicate, delay, retry,
                                  ttl, maxlen, async_, backoff, max_deliveries, dead_letter,
-                                 idmp, idmp_window, priority)
+                                 idmp, idmp_window, priority, group=group)
         return await self._add_job_traced(otel, queue, headers, make)
 
     async def _add_job_traced(self, otel: tracing.Telemetry, queue: Arg,
@@ -584,18 +588,21 @@ class AsyncClient(ClientBase):
     async def add_jobs(self, queue: Arg, bodies: Iterable[Arg], *,
                        return_exceptions: Literal[False] = ..., batch_size: int = ...,
                        job_headers: Iterable[Headers | None] | None = ...,
+                       job_groups: Iterable[Arg | None] | None = ...,
                        **options: Any) -> list[str]: ...
 
     @overload
     async def add_jobs(self, queue: Arg, bodies: Iterable[Arg], *,
                        return_exceptions: Literal[True], batch_size: int = ...,
                        job_headers: Iterable[Headers | None] | None = ...,
+                       job_groups: Iterable[Arg | None] | None = ...,
                        **options: Any) -> list[str | DisqueError]: ...
 
     async def add_jobs(self, queue: Arg, bodies: Iterable[Arg], *,
                        return_exceptions: bool = False,
                        batch_size: int = DEFAULTS["batch_size"],
                        job_headers: Iterable[Headers | None] | None = None,
+                       job_groups: Iterable[Arg | None] | None = None,
                        **options: Any) -> list[Any]:
         """Add many jobs to ``queue``: one ADDJOBS per ``batch_size`` bodies
         (at most 10,000) where the node has this bulk extension, pipelined
@@ -611,18 +618,26 @@ class AsyncClient(ClientBase):
         ``options["headers"]`` go to every job; ``job_headers`` gives each
         job its own, one entry (headers, or None) per body in order, sent as
         ``ADDJOBS ... JOBS`` (or ADDJOBs with HEADER on a node without it).
+        ``options["group"]`` puts every job in that ordered group, in body
+        order; ``job_groups`` gives each job its own (a key, or None for no
+        group), sent as ``ADDJOBS ... GROUPS`` (a batch with a job without
+        a group, or with ``job_headers`` too, as pipelined ADDJOBs).
         When OpenTelemetry is set up, each job gets its own creation context
         in its headers (docs/TRACING.md).
         """
         otel = tracing.telemetry()
         if otel is None:
             return await self._add_jobs(queue, bodies, return_exceptions, batch_size,
-                                        job_headers, options)
+                                        job_headers, job_groups, options)
         bodies = list(bodies)
         if job_headers is not None:
             job_headers = list(job_headers)
             if len(job_headers) != len(bodies):
                 raise ValueError("job_headers needs one entry per body")
+        if job_groups is not None:
+            job_groups = list(job_groups)
+            if len(job_groups) != len(bodies):
+                raise ValueError("job_groups needs one entry per body")
         with otel.send_batch(queue, len(bodies), options.get("headers"), job_headers,
                              self.address) as send:
             ids: list[Any] = []
@@ -632,7 +647,8 @@ class AsyncClient(ClientBase):
                     results = await self._add_traced_batch(
                         queue, bodies[start:end], batch_size,
                         None if send.job_headers is None else send.job_headers[start:end],
-                        None if job_headers is None else job_headers[start:end], options)
+                        None if job_headers is None else job_headers[start:end],
+                        None if job_groups is None else job_groups[start:end], options)
                     ids.extend(results)
                     if not return_exceptions:
                         for result in results:
@@ -644,18 +660,20 @@ class AsyncClient(ClientBase):
 
     async def _add_traced_batch(self, queue: Arg, bodies: list[Arg], batch_size: int,
                                 traced: list[Any] | None, own: list[Any] | None,
+                                groups: list[Any] | None,
                                 options: dict[str, Any]) -> list[Any]:
         """One batch of a traced :meth:`add_jobs`: with each job's creation
         context, or the jobs a node refused for their headers again without it."""
         if traced is None or self._node_id in self._no_headers:
-            return await self._add_jobs(queue, bodies, True, batch_size, own, options)
-        results = await self._add_jobs(queue, bodies, True, batch_size, traced, options)
+            return await self._add_jobs(queue, bodies, True, batch_size, own, groups, options)
+        results = await self._add_jobs(queue, bodies, True, batch_size, traced, groups, options)
         refused = [i for i, result in enumerate(results)
                    if isinstance(result, ResponseError) and w.headers_refused(result)]
         if refused:
             self._no_headers.add(self._node_id)  # an original node, or a low limit
             again = await self._add_jobs(queue, [bodies[i] for i in refused], True, batch_size,
                                          None if own is None else [own[i] for i in refused],
+                                         None if groups is None else [groups[i] for i in refused],
                                          options)
             for i, result in zip(refused, again, strict=True):
                 results[i] = result
@@ -663,12 +681,21 @@ class AsyncClient(ClientBase):
 
     async def _add_jobs(self, queue: Arg, bodies: Iterable[Arg], return_exceptions: bool,
                         batch_size: int, job_headers: Iterable[Headers | None] | None,
+                        job_groups: Iterable[Arg | None] | None,
                         options: dict[str, Any]) -> list[Any]:
         out: list[Any] = []
         items: Iterable[Any]
         build: Callable[[Any], w.Request]
-        bulk: Callable[[Sequence[Any]], w.Request] | None
-        if job_headers is None:
+        bulk: Callable[[Sequence[Any]], w.Request | None] | None
+        if job_groups is not None:
+            if job_headers is not None:
+                items = zip(bodies, job_headers, job_groups, strict=True)
+            else:
+                items = ((body, None, group)
+                         for body, group in zip(bodies, job_groups, strict=True))
+            build = w.add_job_with_group_builder(queue, **options)
+            bulk = w.add_jobs_with_groups_builder(queue, **options)
+        elif job_headers is None:
             items = bodies
             build = w.add_job_builder(queue, **options)
             bulk = w.add_jobs_builder(queue, **options)
@@ -687,12 +714,14 @@ class AsyncClient(ClientBase):
         return out
 
     async def _add_chunk(self, chunk: list[Any],
-                         bulk: Callable[[Sequence[Any]], w.Request] | None,
+                         bulk: Callable[[Sequence[Any]], w.Request | None] | None,
                          build: Callable[[Any], w.Request]) -> list[Any]:
-        """One ADDJOBS for ``chunk`` where the node has it, else pipelined ADDJOBs."""
-        if bulk is not None and self._node_id not in self._no_bulk_add:
+        """One ADDJOBS for ``chunk`` where the node has it (and the chunk
+        fits one), else pipelined ADDJOBs."""
+        request = bulk(chunk) if bulk is not None else None
+        if request is not None and self._node_id not in self._no_bulk_add:
             try:
-                results: list[Any] = await self._execute(bulk(chunk))
+                results: list[Any] = await self._execute(request)
                 return results
             except DisqueError as err:
                 if not w.is_unknown_command(err):
@@ -702,7 +731,8 @@ class AsyncClient(ClientBase):
 
     async def get_jobs(self, *queues: Arg, count: int = 1, timeout_ms: int | None = None,
                        nohang: bool = False, with_counters: bool = False,
-                       with_lease: bool = False, with_headers: bool = False) -> list[Job]:
+                       with_lease: bool = False, with_headers: bool = False,
+                       with_group: bool = False) -> list[Job]:
         """GETJOB: up to ``count`` jobs from the first queues that have some.
 
         Blocks until a job arrives, or ``timeout_ms`` (``None``/0 = forever)
@@ -711,25 +741,28 @@ class AsyncClient(ClientBase):
         ``with_lease`` (``WITHLEASE``, this server's extension: an original
         node answers ``-ERR syntax error``) :attr:`Job.requeue_within_ms`;
         ``with_headers`` (``WITHHEADERS``, likewise an extension)
-        :attr:`Job.headers`.  When OpenTelemetry traces, the client asks for
+        :attr:`Job.headers`; ``with_group`` (``WITHGROUP``, likewise)
+        :attr:`Job.group`.  Without them the reply is the original's.  When
+        OpenTelemetry traces, the client asks for
         the headers anyway (to link the receive span to each job's creation
         context) and keeps the context in :attr:`Job.trace_context`;
         :attr:`Job.headers` stays None unless asked for.
         """
         return await self._get_jobs(queues, count, timeout_ms, nohang, with_counters,
-                                    with_lease, with_headers, True)
+                                    with_lease, with_headers, with_group, True)
 
     async def _get_jobs(self, queues: Sequence[Arg], count: int, timeout_ms: int | None,
                         nohang: bool, with_counters: bool, with_lease: bool,
-                        with_headers: bool, batch: bool) -> list[Job]:
+                        with_headers: bool, with_group: bool, batch: bool) -> list[Job]:
         otel = tracing.telemetry()
         jobs: list[Job]
         if otel is None:
             jobs = await self._execute(w.get_jobs(queues, count, timeout_ms, nohang,
-                                                  with_counters, with_lease, with_headers))
+                                                  with_counters, with_lease, with_headers,
+                                                  with_group))
         else:
             make = functools.partial(w.get_jobs, queues, count, timeout_ms, nohang,
-                                     with_counters, with_lease)
+                                     with_counters, with_lease, with_group=with_group)
             jobs = await self._get_jobs_traced(otel, queues, with_headers, batch, make)
         target = self._affinity_target(jobs)
         if target is not None:
@@ -762,10 +795,10 @@ class AsyncClient(ClientBase):
 
     async def get_job(self, *queues: Arg, timeout_ms: int | None = None, nohang: bool = False,
                       with_counters: bool = False, with_lease: bool = False,
-                      with_headers: bool = False) -> Job | None:
+                      with_headers: bool = False, with_group: bool = False) -> Job | None:
         """One job (see :meth:`get_jobs`), or None on timeout / NOHANG."""
         jobs = await self._get_jobs(queues, 1, timeout_ms, nohang, with_counters, with_lease,
-                                    with_headers, False)
+                                    with_headers, with_group, False)
         return jobs[0] if jobs else None
 
     def process(self, *jobs: Job,
@@ -1106,24 +1139,27 @@ class AsyncClient(ClientBase):
     @overload
     def jscan(self, *, count: int | None = ..., busyloop: bool = ..., queue: Arg | None = ...,
               states: Iterable[str] = ..., reply: Literal["id"] = ...,
-              min_priority: int | None = ...) -> AsyncIterator[str]: ...
+              min_priority: int | None = ..., group: Arg | None = ...) -> AsyncIterator[str]: ...
 
     @overload
     def jscan(self, *, count: int | None = ..., busyloop: bool = ..., queue: Arg | None = ...,
               states: Iterable[str] = ..., reply: Literal["all"],
-              min_priority: int | None = ...) -> AsyncIterator[dict[str, Any]]: ...
+              min_priority: int | None = ...,
+              group: Arg | None = ...) -> AsyncIterator[dict[str, Any]]: ...
 
     def jscan(self, *, count: int | None = None, busyloop: bool = False,
               queue: Arg | None = None, states: Iterable[str] = (),
-              reply: str = "id", min_priority: int | None = None) -> AsyncIterator[Any]:
+              reply: str = "id", min_priority: int | None = None,
+              group: Arg | None = None) -> AsyncIterator[Any]:
         """Iterate jobs with JSCAN: IDs, or SHOW-like dicts with ``reply="all"``.
 
         ``states`` filters by job state (``queued``, ``active``, ...; OR-ed);
-        ``min_priority`` (an extension) keeps jobs of that priority or higher.
+        ``min_priority`` (an extension) keeps jobs of that priority or higher,
+        ``group`` (an extension) the jobs of that ordered group.
         """
         states = tuple(states)
         return self._scan(lambda c: w.jscan_page(c, count, busyloop, queue, states, reply,
-                                                 min_priority))
+                                                 min_priority, group))
 
     # -------------------------------------------------------------- server
 
