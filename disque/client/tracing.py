@@ -309,11 +309,8 @@ class Telemetry:
                 merged = _merge(headers, self._inject(op.span))
         result = SendOne(op, merged)
         try:
-            with self._current(op.span):
+            with self._running(op):
                 yield result
-        except BaseException as exc:
-            op.failed(exc)
-            raise
         finally:
             if self.sent is not None:
                 self.sent.add(1, op.metric_attributes())
@@ -352,11 +349,8 @@ class Telemetry:
                 links=links)
         result = SendBatch(op, per_job if (job_headers is not None or creates) else None)
         try:
-            with self._current(op.span):
+            with self._running(op):
                 yield result
-        except BaseException as exc:
-            op.failed(exc)
-            raise
         finally:
             for create, job_id in zip(creates, result.ids + [None] * len(creates),
                                       strict=False):
@@ -462,11 +456,8 @@ class Telemetry:
                                              kind=self.trace.SpanKind.CONSUMER,
                                              attributes=attributes, links=links)
         try:
-            with self._current(op.span):
+            with self._running(op):
                 yield op.span
-        except BaseException as exc:
-            op.failed(exc)
-            raise
         finally:
             op.finish(self.process_duration)
 
@@ -483,22 +474,25 @@ class Telemetry:
             op.span = self.tracer.start_span(op.span_name(), kind=self.trace.SpanKind.CLIENT,
                                              attributes=attributes)
         try:
-            with self._current(op.span):
+            with self._running(op):
                 yield op
-        except BaseException as exc:
-            op.failed(exc)
-            raise
         finally:
             op.finish(self.duration)
 
     @contextmanager
-    def _current(self, span: Any) -> Iterator[None]:
-        if span is None:
-            yield
-            return
-        with self.trace.use_span(span, end_on_exit=False, record_exception=False,
-                                 set_status_on_exception=False):
-            yield
+    def _running(self, op: Operation) -> Iterator[None]:
+        """``op``'s span (if any) current while the caller's block runs; an
+        exception leaving the block marks ``op`` failed, and goes on."""
+        try:
+            if op.span is None:
+                yield
+            else:
+                with self.trace.use_span(op.span, end_on_exit=False, record_exception=False,
+                                         set_status_on_exception=False):
+                    yield
+        except BaseException as exc:
+            op.failed(exc)
+            raise
 
 
 class SendOne:
