@@ -188,10 +188,12 @@ def _group_targets(state: ServerState, key: bytes, candidates: list[str]) -> lis
     and queues it again on its own."""
     nodes = state.cluster.nodes
     ranked = ranking(key, candidates)
-    ours = [node_id for node_id in ranked if nodes[node_id].caps & CAP_BATCH]
-    if len(ours) == len(ranked):
-        return ranked
-    return ours + [node_id for node_id in ranked if not nodes[node_id].caps & CAP_BATCH]
+    ours: list[str] = []
+    originals: list[str] = []
+    for node_id in ranked:
+        node = nodes.get(node_id)
+        (ours if node is not None and node.caps & CAP_BATCH else originals).append(node_id)
+    return ours + originals
 
 
 def _random_pick(candidates: list[str], count: int) -> list[str]:

@@ -790,10 +790,16 @@ class AsyncClient(ClientBase):
         pending = list(range(len(chunk)))
         while pending:
             parts: dict[str | None, list[int]] = {}
+            home_of: dict[bytes, str | None] = {}  # each key ranked once
             for i in pending:
                 key = encoded[i]
-                homes = self._groups.homes(key) if key is not None else []
-                parts.setdefault(homes[0] if homes else None, []).append(i)
+                home: str | None = None
+                if key is not None:
+                    if key not in home_of:
+                        homes = self._groups.homes(key)
+                        home_of[key] = homes[0] if homes else None
+                    home = home_of[key]
+                parts.setdefault(home, []).append(i)
             pending = []
             for node_id, at in parts.items():
                 items = [chunk[i] for i in at]
