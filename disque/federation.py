@@ -25,7 +25,9 @@ none of the group's jobs is out here (nor a copy of an older one: then the
 group has no next job to hand out).  The jobs stay here as the group's
 copies, so the group's jobs added here later wait until the moved ones are
 acknowledged (the ACK's garbage collection reaches this node).  A group
-whose jobs would not fit in one YOURJOBS stays.
+whose jobs would not fit in one YOURJOBS stays, and so does every group
+when an original node asks (it knows nothing of groups: it would hand the
+jobs out to any consumer, in any order).
 
 Per-queue state lives in ``queue_table.QueueFederation``, made on first
 use, so queues that never federate cost nothing.
@@ -166,7 +168,17 @@ def receive_needjobs(state: ServerState, sender: ClusterNode, msg: Message) -> N
         return
     wanted = min(max(1, msg.aux), MAX_COUNT)  # bounded: the original overflowed a buffer
     count = wanted if len(q.jobs) >= 2 * wanted else max(1, len(q.jobs) // 2)
-    send_jobs(state, sender.id, q.jobs.first(count))
+    groups = q.groups
+    if groups is not None and not sender.caps & messages.CAP_BATCH:
+        # An original node asks: no group goes there (see the module's doc).
+        # The order holds one job per group at most: look that much further.
+        jobs = [job for job in q.jobs.first(count + len(groups.by_key))
+                if job.ext is None or job.ext.group is None][:count]
+        if not jobs:
+            return
+    else:
+        jobs = q.jobs.first(count)
+    send_jobs(state, sender.id, jobs)
 
 
 def send_jobs(state: ServerState, node_id: str, jobs: list[Job]) -> int:

@@ -67,3 +67,22 @@ def test_one_of_our_nodes_takes_the_group_over_beside_an_original(
                  message="the group queued again on our other node")
         reply = ours[other].client().execute_command("GETJOB", "COUNT", 10, "FROM", "q")
         assert [e[1] for e in reply] == jobs
+
+
+def test_federation_gives_an_original_node_no_group(server_factory, tmp_path: Path) -> None:
+    """An original node asking for jobs (NEEDJOBS) gets the jobs without a
+    group only: it would hand a group's jobs to any consumer, in any order."""
+    with with_original(server_factory, tmp_path) as (mine, original):
+        producer = mine[0].client()
+        grouped = [producer.execute_command("ADDJOB", "q", f"g{i}", 0, "REPLICATE", 1,
+                                            "GROUP", "A") for i in range(3)]
+        plain = producer.execute_command("ADDJOB", "q", "plain", 0, "REPLICATE", 1)
+        consumer = original.client()
+
+        def fetch() -> list:
+            return consumer.execute_command("GETJOB", "TIMEOUT", 200, "FROM", "q") or []
+
+        got = wait_for(fetch, timeout=15, interval=0.05, message="a job moved to the original")
+        assert [e[1] for e in got] == [plain]
+        assert fetch() == [] and fetch() == []
+        assert all(show(mine[0], job_id)[b"state"] == b"queued" for job_id in grouped)
