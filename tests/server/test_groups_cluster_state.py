@@ -17,6 +17,7 @@ from disque.groups import RANK_WAIT_MS
 from disque.job import ACTIVE, FLAG_GROUP_COPY, Job, JobIdGenerator, JobState, serialize_job
 from disque.job_options import JobExt, bus_trailer
 from disque.protocol import NULL_ARRAY
+from disque.queue_table import QUEUE_OVERHEAD_BYTES
 from disque.rendezvous import outranks
 
 from .statekit import NODE_ID, Node
@@ -113,6 +114,29 @@ def test_copies_wait_by_rank_and_the_first_due_queues_the_whole_group() -> None:
     assert node("QLEN", "q") == 4
     got = node("GETJOB", "NOHANG", "COUNT", 10, "FROM", "q")
     assert [entry[1] for entry in got] == [*(job.id for job in jobs), local.encode()]
+    node("ACKJOB", *(entry[1] for entry in got))
+    assert q.groups is None  # nothing left: the books are gone
+
+
+def test_a_copy_acknowledged_elsewhere_lets_the_younger_jobs_here_go() -> None:
+    node, peers = _cluster()
+    memory = node.state.memory
+    before = memory.accounted
+    older = _store(node, peers, [_peer_job(node, BEFORE)])[0]
+    local = str(node("ADDJOB", "q", "local", 0, "REPLICATE", 1, "RETRY", 60, "GROUP",
+                     "g")).encode()
+    assert _nothing(node)
+    # The node that served it acknowledged it: SETACK reaches the copy here.
+    from disque import ack
+    ack.receive_setack(node.state, peers[BEFORE], _id_message(messages.SETACK, older.id, BEFORE))
+    assert [e[1] for e in node("GETJOB", "NOHANG", "FROM", "q")] == [local]
+    node("ACKJOB", local)
+    ack.receive_deljob(node.state, peers[BEFORE], _id_message(messages.DELJOB, older.id, BEFORE))
+    q = node.state.queues.lookup(b"q")
+    assert q is not None and q.groups is None
+    # What is left is the queue itself (until it is idle long enough): no books.
+    assert not list(node.state.jobs.all())
+    assert memory.accounted - before == QUEUE_OVERHEAD_BYTES + len(b"q")
 
 
 def test_a_node_that_serves_a_group_answers_willqueue_for_its_jobs_out() -> None:
