@@ -99,8 +99,8 @@ def hand_over_queued(state: ServerState) -> int:
                 # A group (whole: federation.send_jobs) goes to one of our
                 # nodes, which knows groups: the best ranked holding copies.
                 ranked = ranking(ext.group, ours)
-                target = next((i for i in ranked if i in job.delivered), ranked[0])
-                batches.setdefault(target, []).append(job)
+                home = next((i for i in ranked if i in job.delivered), ranked[0])
+                batches.setdefault(home, []).append(job)
                 continue
             target = next((i for i in ids if i in job.delivered), None)
             if target is None:
