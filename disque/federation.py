@@ -25,9 +25,9 @@ none of the group's jobs is out here (nor a copy of an older one: then the
 group has no next job to hand out).  The jobs stay here as the group's
 copies, so the group's jobs added here later wait until the moved ones are
 acknowledged (the ACK's garbage collection reaches this node).  A group
-whose jobs would not fit in one YOURJOBS stays, and so does every group
-when an original node asks (it knows nothing of groups: it would hand the
-jobs out to any consumer, in any order).
+never spans two YOURJOBS (one that does not fit after other jobs waits for
+the next), and no group goes when an original node asks (it knows nothing
+of groups: it would hand the jobs out to any consumer, in any order).
 
 Per-queue state lives in ``queue_table.QueueFederation``, made on first
 use, so queues that never federate cost nothing.
