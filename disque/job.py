@@ -42,6 +42,7 @@ __all__ = [
     "FLAG_BCAST_WILLQUEUE",
     "FLAG_DELIVERED",
     "FLAG_FIFO_STALE",
+    "FLAG_GROUP_COPY",
     "FLAG_GROUP_OUT",
     "FLAG_IN_FIFO",
     "SERIALIZED_FLAGS",
@@ -107,8 +108,13 @@ FLAG_FIFO_STALE: Final = 0x80
 #: The job holds its group (ADDJOB ... GROUP, groups.py): it left the
 #: group's queue on this node (delivered, dequeued) and was not settled yet.
 FLAG_GROUP_OUT: Final = 0x20
+#: The job is one of its group's *copies* here (groups.py): active, neither
+#: queued nor out on this node (a copy of a job another node serves, or one
+#: not queued again yet); it holds the group's younger jobs.
+FLAG_GROUP_COPY: Final = 0x10
 #: The flags a job's serialized form carries.
-SERIALIZED_FLAGS: Final = 0xFF & ~(FLAG_IN_FIFO | FLAG_FIFO_STALE | FLAG_GROUP_OUT)
+SERIALIZED_FLAGS: Final = 0xFF & ~(FLAG_IN_FIFO | FLAG_FIFO_STALE | FLAG_GROUP_OUT
+                                   | FLAG_GROUP_COPY)
 
 
 @mypyc_attr(acyclic=True)

@@ -7,7 +7,9 @@ a rate limit's window in ``queue_limit.py``, the books of ordered groups
 (GROUP, an extension) in ``groups.py``: a job of a group is placed, taken
 and dequeued through it (one test of ``job.ext`` or ``q.groups`` on a
 group-free path), and :func:`release_group` serves the clients a released
-group can now feed.
+group can now feed.  In a cluster, :func:`withdraw_job` makes a job another
+node serves a copy again, and :func:`requeue_group` queues a group's copies
+all at once (groups.py, "In a cluster").
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from .job import (
     FLAG_BCAST_QUEUED,
     FLAG_BCAST_WILLQUEUE,
     FLAG_DELIVERED,
+    FLAG_GROUP_COPY,
     FLAG_GROUP_OUT,
     QUEUED,
     Job,
@@ -44,6 +47,8 @@ __all__ = [
     "fetch_jobs",
     "nack_job",
     "release_group",
+    "requeue_group",
+    "withdraw_job",
     "set_pause",
     "receive_pause",
     "set_rate_limit",
@@ -92,7 +97,7 @@ def enqueue_job(state: ServerState, job: Job, nack: bool = False, *,
         else:
             job.additional_deliveries += 1
         if dead:
-            if job.flags & FLAG_GROUP_OUT:
+            if job.flags & (FLAG_GROUP_OUT | FLAG_GROUP_COPY):
                 release_group(state, job)  # it leaves its group's queue
             dead_letter(state, job)  # before QUEUED: the copies learn the move first
             q = None
@@ -264,14 +269,66 @@ def _fetch_grouped(state: ServerState, q: Queue, count: int, after: Job | None) 
 
 
 def release_group(state: ServerState, job: Job) -> None:
-    """``job`` stops holding its group (it was acknowledged, deleted,
-    expired or moved to another queue; groups.py): the group's next job
-    joins its queue's order, and the clients waiting on the queue get it."""
-    if not job.flags & FLAG_GROUP_OUT:
+    """``job`` (out, or a copy) stops holding its group (it was
+    acknowledged, deleted, expired or moved to another queue; groups.py):
+    the group's next job joins its queue's order, and the clients waiting
+    on the queue get it."""
+    if not job.flags & (FLAG_GROUP_OUT | FLAG_GROUP_COPY):
         return
-    q = groups.release(state, job)
+    _serve_joined(state, groups.release(state, job))
+
+
+def _serve_joined(state: ServerState, q: Queue | None) -> None:
+    """A job joined ``q``'s order (a group moved on): serve its clients."""
     if q is not None and q.waiters and not q.flags & PAUSED_OUT:
         serve_blocked_clients(state, q)
+
+
+def withdraw_job(state: ServerState, job: Job) -> bool:
+    """Another node serves ``job``: a node that outranks us has it queued
+    or out (QUEUED), a consumer works on it there (WORKING).  A job without
+    a group is dequeued (DEQUEUE); a job of a group leaves its queue, or
+    stops being out here, and stays as one of its group's copies, which
+    holds the group's younger jobs here without holding the group
+    (groups.py): the jobs are served where the other node serves them, in
+    their order.  False if the job was neither queued nor out."""
+    ext = job.ext
+    if ext is None or ext.group is None:
+        return dequeue_job(state, job)
+    if job.state == QUEUED:
+        q = state.queues.lookup(job.queue) if job.queue is not None else None
+        if q is not None and groups.withdrawn(state, q, job, ext.group):
+            q.jobs_out += 1
+            state.memory.sub(QUEUE_ENTRY_BYTES)
+        job.state = ACTIVE
+        return True
+    if job.flags & FLAG_GROUP_OUT:
+        _serve_joined(state, groups.to_copy(state, job))
+        return True
+    return False
+
+
+def requeue_group(state: ServerState, job: Job, now: int) -> bool:
+    """The time came to queue ``job``, one of its group's copies here
+    (FLAG_GROUP_COPY), again, and no node that has it queued or out said so
+    (requeue.py): this node serves the group from now on.  Every copy of the
+    group in the queue is queued with it, oldest first, so that none goes
+    out before an older one (after a failure: the whole group, on one node,
+    in order; after a restart: the node's jobs of the group, at the first
+    RETRY).  False if ``job`` itself was not queued."""
+    ext = job.ext
+    assert ext is not None and ext.group is not None and job.queue is not None
+    q = state.queue_for_write(job.queue)
+    copies = groups.take_copies(state, q, ext.group)
+    if not copies:  # not in the books after all: alone
+        copies = [job]
+    queued = False
+    for copy in copies:
+        if enqueue_job(state, copy, q=q, now=now):
+            queued = queued or copy is job
+        elif copy.state == ACTIVE and copy.retry and copy.qtime:
+            groups.copy_in(state, copy)  # not queued (its queue, its state): a copy still
+    return queued
 
 
 def _delivered(state: ServerState, job: Job) -> None:

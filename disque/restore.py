@@ -9,10 +9,12 @@ With ``aof-enqueue-jobs-once`` (``restore_queues``) queued jobs are queued
 again, counters untouched, delayed jobs that were never queued are queued
 when their delay ends, and delivered ones wait RETRY as after a delivery.
 
-A job of an ordered group (GROUP, groups.py) that comes back active holds
-its group until it is queued again, as after a delivery: the group's jobs
-go out again in their order once the last of them is queued (RETRY-0 jobs,
-never queued again, do not hold it).
+A job of an ordered group (GROUP, groups.py) that comes back active is
+one of its group's copies until it is queued again: no younger job of the
+group goes out before it.  The first of them whose RETRY comes queues all
+of them (``queue.requeue_group``), so the group goes out again in its order
+(RETRY-0 jobs, never queued again, hold nothing).  In a cluster, a node
+that took the group over meanwhile answers the WILLQUEUE and keeps it.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from .ack import gc_retry_delay_ms
-from .groups import hold
+from .groups import copy_in
 from .job import FLAG_BCAST_QUEUED, FLAG_BCAST_WILLQUEUE, FLAG_DELIVERED, Job, JobState
 from .job_options import retry_seconds
 from .jobs import register_job
@@ -87,7 +89,7 @@ def apply_loaded_jobs(state: ServerState, jobs: Iterable[Job],
             ext = job.ext
             if (ext is not None and ext.group is not None and job.qtime
                     and job.state == JobState.ACTIVE and not queued_again):
-                hold(state, job)
+                copy_in(state, job)
     # In creation order: a queue's (and a group's) jobs then go in at its end.
     to_enqueue.sort(key=_ctime)
     for job in to_enqueue:

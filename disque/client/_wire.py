@@ -22,7 +22,14 @@ from typing import Any, NamedTuple
 import redis.asyncio.connection as _async_connection
 import redis.connection as _sync_connection
 
-from ..exceptions import ConnectionFailed, DisqueError, Leaving, ProtocolError, error_from_reply
+from ..exceptions import (
+    ConnectionFailed,
+    DisqueError,
+    Leaving,
+    ProtocolError,
+    ResponseError,
+    error_from_reply,
+)
 
 __all__ = [
     "Arg", "Job", "NodeInfo", "Hello", "Request", "encode_arg", "text",
@@ -666,6 +673,12 @@ def _bulk_ids(reply: Any) -> list[Any]:
 def is_unknown_command(error: BaseException) -> bool:
     """The node does not have the command (an original node, for ADDJOBS)."""
     return isinstance(error, DisqueError) and str(error).startswith("ERR unknown command")
+
+
+def group_refused(result: Any) -> bool:
+    """An ADDJOB's result says the node does not know GROUP: an original
+    node's bare syntax error (ours names what is wrong with a group)."""
+    return isinstance(result, ResponseError) and str(result) == "ERR syntax error"
 
 
 def headers_refused(error: BaseException) -> bool:

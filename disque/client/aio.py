@@ -52,6 +52,11 @@ from ._wire import NOJOB_UNKNOWN, Arg, Headers, Hello, Job, Request
 
 __all__ = ["AsyncClient"]
 
+
+def _same_request(req: Request) -> Request:
+    """The ``build`` of a chunk whose items are requests already."""
+    return req
+
 log = logging.getLogger("disque.client")
 
 #: The settle spans' ``messaging.operation.name`` of each command.
@@ -110,6 +115,17 @@ class AsyncClient(ClientBase):
         each job ID (its creator, which holds a copy), over a second
         connection; the connected node when that one is unknown, failing
         or unreachable (True; see docs/CLIENT.md).
+    route_groups
+        Send the ADDJOBs of an ordered group (``group=``, ``job_groups=``)
+        to the group's home, the first node of the key's rendezvous
+        ranking among the nodes HELLO lists, over a connection of their own,
+        and to the next node by rank while that one is unreachable, leaving
+        or refuses groups (an original node); the connected node when no
+        node of the ranking answers (True; see docs/CLIENT.md).  The nodes
+        copy the group's jobs to the next nodes of the same ranking, and
+        after a failure the best ranked node holding them queues the group
+        again (docs/EXTENSIONS.md, "Ordered groups").  Jobs without a group
+        are not routed.
     affinity, affinity_window, affinity_threshold
         Consumer affinity (off): after ``affinity_window`` (200) received
         jobs, if one node created at least ``affinity_threshold`` (0.6) of
@@ -554,33 +570,36 @@ class AsyncClient(ClientBase):
         """
         otel = tracing.telemetry()
         if otel is None:
-            return await self._execute(w.add_job(queue, body, timeout_ms, replicate, delay,
-                                                 retry, ttl, maxlen, async_, backoff,
-                                                 max_deliveries, dead_letter, idmp,
-                                                 idmp_window, priority, headers, group))
+            req = w.add_job(queue, body, timeout_ms, replicate, delay, retry, ttl, maxlen,
+                            async_, backoff, max_deliveries, dead_letter, idmp, idmp_window,
+                            priority, headers, group)
+            if group is None or self._groups is None:
+                return await self._execute(req)
+            return await self._execute_in_group(group, req)
         # Only here, not above: a closure would cost every untraced call.
         make = functools.partial(w.add_job, queue, body, timeout_ms, replicate, delay, retry,
                                  ttl, maxlen, async_, backoff, max_deliveries, dead_letter,
                                  idmp, idmp_window, priority, group=group)
-        return await self._add_job_traced(otel, queue, headers, make)
+        return await self._add_job_traced(otel, queue, headers, make, group)
 
     async def _add_job_traced(self, otel: tracing.Telemetry, queue: Arg,
                               headers: Headers | None,
-                              make: Callable[[Headers | None], Request]) -> str:
+                              make: Callable[[Headers | None], Request],
+                              group: Arg | None = None) -> str:
         """:meth:`add_job` under a ``send`` span, its creation context in the headers."""
         with otel.send(queue, headers, self.address) as send:
             if send.headers is headers or self._node_id in self._no_headers:
-                job_id: str = await self._execute(make(headers))
+                job_id: str = await self._execute_in_group(group, make(headers))
             else:
                 try:
-                    job_id = await self._execute(make(send.headers))
+                    job_id = await self._execute_in_group(group, make(send.headers))
                 except ResponseError as err:
                     if not w.headers_refused(err):
                         raise
                     # A node without headers (an original) or refusing them:
                     # the job goes without its context, as without tracing.
                     self._no_headers.add(self._node_id)
-                    job_id = await self._execute(make(headers))
+                    job_id = await self._execute_in_group(group, make(headers))
             send.sent(job_id, self.address)
         return job_id
 
@@ -704,8 +723,17 @@ class AsyncClient(ClientBase):
             build = w.add_job_with_headers_builder(queue, **options)
             bulk = w.add_jobs_with_headers_builder(queue, **options)
         size = min(batch_size, w.MAX_BULK_BODIES) if bulk is not None else batch_size
+        shared_key = None if self._groups is None else options.get("group")
+        per_job = self._groups is not None and job_groups is not None
         for chunk in chunks(items, size):
-            results = await self._add_chunk(chunk, bulk, build)
+            if shared_key is not None:
+                results = await self._add_chunk_in_groups(chunk, [shared_key] * len(chunk),
+                                                          bulk, build)
+            elif per_job:
+                results = await self._add_chunk_in_groups(chunk, [item[2] for item in chunk],
+                                                          bulk, build)
+            else:
+                results = await self._add_chunk(chunk, bulk, build)
             out.extend(results)
             if not return_exceptions:
                 for result in results:
@@ -728,6 +756,133 @@ class AsyncClient(ClientBase):
                     return [err] * len(chunk)  # each ADDJOB would have got it
                 self._no_bulk_add.add(self._node_id)
         return await self._execute_many([build(body) for body in chunk])
+
+    # ---------------------------------------------- routing by group key
+
+    async def _execute_in_group(self, group: Arg | None, req: Request) -> Any:
+        """Run one ADDJOB at its group's home (see ``route_groups``); on the
+        connected node without a group or without group routing."""
+        if group is None or self._groups is None:
+            return await self._execute(req)
+        results = await self._add_chunk_in_groups([req], [group], None, _same_request)
+        return w.raise_if_error(results[0])
+
+    async def _add_chunk_in_groups(self, chunk: list[Any], keys: list[Arg | None],
+                                   bulk: Callable[[Sequence[Any]], w.Request | None] | None,
+                                   build: Callable[[Any], w.Request]) -> list[Any]:
+        """:meth:`_add_chunk` for jobs of ordered groups: each job at its
+        group's home (``keys[i]``: the group of ``chunk[i]``, None for none),
+        the jobs of one home in one ADDJOBS where it has it.
+
+        A home that cannot be reached, leaves, loses the link before
+        answering or refuses groups is skipped for a while (for good if it
+        refused: an original node), and its jobs go to the next node of
+        their own ranking: the jobs of one group keep their order.  Jobs
+        without a group, or whose ranking has no usable node left, go to
+        the connected node as without groups.
+        """
+        assert self._groups is not None
+        if self._conn is None:  # the node table comes with the first HELLO
+            async with self._lock:
+                await self._connection()
+        encoded = [None if key is None else w.encode_arg(key) for key in keys]
+        results: list[Any] = [None] * len(chunk)
+        pending = list(range(len(chunk)))
+        while pending:
+            parts: dict[str | None, list[int]] = {}
+            home_of: dict[bytes, str | None] = {}  # each key ranked once
+            for i in pending:
+                key = encoded[i]
+                home: str | None = None
+                if key is not None:
+                    if key not in home_of:
+                        homes = self._groups.homes(key)
+                        home_of[key] = homes[0] if homes else None
+                    home = home_of[key]
+                parts.setdefault(home, []).append(i)
+            pending = []
+            for node_id, at in parts.items():
+                items = [chunk[i] for i in at]
+                if node_id is None:
+                    for i, result in zip(at, await self._add_chunk(items, bulk, build),
+                                         strict=True):
+                        results[i] = result
+                    continue
+                request = (bulk(items) if bulk is not None and node_id not in self._no_bulk_add
+                           else None)
+                reqs = [request] if request is not None else [build(item) for item in items]
+                out: list[Any] = [None] * len(reqs)
+                async with self._lock:
+                    again = await self._send_to_home(node_id, reqs, out)
+                if request is None:
+                    for k, i in enumerate(at):
+                        if k in again:
+                            pending.append(i)
+                        else:
+                            results[i] = out[k]
+                elif again:
+                    pending += at  # the whole ADDJOBS, at the next nodes
+                elif isinstance(out[0], DisqueError):
+                    if w.is_unknown_command(out[0]):
+                        self._no_bulk_add.add(node_id)  # ADDJOBs next round, same home
+                        pending += at
+                    else:
+                        for i in at:
+                            results[i] = out[0]  # each ADDJOB would have got it
+                else:
+                    for i, job_id in zip(at, out[0], strict=True):
+                        results[i] = job_id
+            pending.sort()
+        return results
+
+    async def _send_to_home(self, node_id: str, reqs: list[Request],
+                            results: list[Any]) -> set[int]:
+        """Pipeline ``reqs`` to ``node_id`` (call with the lock held), storing
+        each result; return the indexes it did not answer for good: all of
+        them if it cannot be reached, those after a lost link, those
+        answered ``-LEAVING`` and, from a node that does not know GROUP (a
+        syntax error: an original node), the refused ones.  The node is
+        then skipped by :class:`GroupRouter` (the last for good)."""
+        assert self._groups is not None
+        main = node_id == self._node_id
+        conn = self._conn if main else await self._route_connection(node_id)
+        everything = list(range(len(reqs)))
+        if conn is None:
+            self._groups.failed(node_id)
+            return set(everything)
+        replies: list[Any] = []
+        try:
+            await conn.send_packed_command([w.pack_commands([r.args for r in reqs])])
+            for r in reqs:
+                replies.append(await self._read(conn, r.wait))
+        except LINK_ERRORS as exc:
+            log.info("group routing: lost %s (%s); the next node by rank", node_id[:8], exc)
+            self._groups.failed(node_id)
+            if main:
+                await self._drop()
+            else:
+                await self._route_failed(node_id)
+            return set(w.unanswered(reqs, everything, replies, results))
+        except BaseException:
+            if main:
+                await self._drop()  # replies pending: the connection is unusable
+            else:
+                await self._close_route(node_id)
+            raise
+        again = set(w.sort_replies(reqs, everything, replies, results))
+        if again:  # -LEAVING
+            self._table.mark_leaving(node_id)
+            self._groups.failed(node_id)
+            if main:
+                await self._drop()
+            else:
+                await self._route_failed(node_id)
+        refused = {i for i in everything if w.group_refused(results[i])}
+        if refused:
+            log.info("group routing: %s does not know GROUP (an original node); skipped",
+                     node_id[:8])
+            self._groups.refused(node_id)
+        return again | refused
 
     async def get_jobs(self, *queues: Arg, count: int = 1, timeout_ms: int | None = None,
                        nohang: bool = False, with_counters: bool = False,

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from disque.groups import GROUP_BYTES, TABLE_BYTES
-from disque.job import FLAG_GROUP_OUT, Job, JobState
+from disque.job import FLAG_GROUP_COPY, FLAG_GROUP_OUT, Job, JobState
 from disque.protocol import NULL_ARRAY
 from disque.queue_table import QUEUE_ENTRY_BYTES
 
@@ -45,7 +45,8 @@ def check_books(node: Node) -> None:
         assert len(q) == len(queued), q.name
         table = q.groups
         grouped = [j for j in jobs if j.queue == q.name and group_of(j) is not None
-                   and (j.state == JobState.QUEUED or j.flags & FLAG_GROUP_OUT)]
+                   and (j.state == JobState.QUEUED or j.flags & (FLAG_GROUP_OUT
+                                                                 | FLAG_GROUP_COPY))]
         if table is None:
             assert not grouped, (q.name, grouped)
             continue
@@ -58,7 +59,13 @@ def check_books(node: Node) -> None:
             out = [j for j in members if j.flags & FLAG_GROUP_OUT]
             assert all(j.state == JobState.ACTIVE for j in out)
             assert group.out == len(out)
-            waiting = group.waiting[group.first:]
+            copies = [j for j in members if j.flags & FLAG_GROUP_COPY]
+            assert all(j.state == JobState.ACTIVE and not j.flags & FLAG_GROUP_OUT
+                       for j in copies)
+            line = group.copies
+            assert (line.jobs[line.first:] if line is not None else []) == sorted(
+                copies, key=lambda j: j.ctime)
+            waiting = group.waiting.jobs[group.waiting.first:]
             assert [j.ctime for j in waiting] == sorted(j.ctime for j in waiting)
             assert all(j.state == JobState.QUEUED for j in waiting)
             in_queue = [j for j in members if j.state == JobState.QUEUED]
@@ -68,12 +75,15 @@ def check_books(node: Node) -> None:
                 held += 1
             elif in_queue:
                 oldest = min(in_queue, key=lambda j: j.ctime)
-                assert group.head is oldest
+                if copies and min(j.ctime for j in copies) < oldest.ctime:
+                    assert group.head is None  # behind an older copy
+                else:
+                    assert group.head is oldest
             if group.head is not None:
                 assert id(group.head) in eligible
             for job in waiting:
                 assert id(job) not in eligible
-            if out and waiting:
+            if waiting and group.head is None:
                 blocked += 1
                 assert key in table.blocked
             else:
@@ -227,11 +237,12 @@ def _job_bytes(job: Job) -> int:
 
 
 def test_the_group_overheads_match_what_python_allocates() -> None:
-    """GROUP_KEY_BYTES and EXT_BYTES per job, GROUP_BYTES per group, against
+    """GROUP_KEY_BYTES and EXT_BYTES per job, GROUP_BYTES per group,
+    COPIES_BYTES per group with copies, against
     tracemalloc (interpreted objects: the compiled ones are smaller)."""
     import tracemalloc
 
-    from disque.groups import Group
+    from disque.groups import COPIES_BYTES, ByAge, Group
     from disque.job_options import JobExt
     from disque.job_table import EXT_BYTES, GROUP_KEY_BYTES
 
@@ -247,12 +258,18 @@ def test_the_group_overheads_match_what_python_allocates() -> None:
             key = b"key-%08d" % i
             table[key] = Group(key)
         per_group = (tracemalloc.get_traced_memory()[0] - base) / count - 12
-        del exts, table
+        base = tracemalloc.get_traced_memory()[0]
+        lines = [ByAge() for _ in range(count)]
+        for line in lines:
+            line.jobs.append(exts[0])  # type: ignore[arg-type]
+        per_copies = (tracemalloc.get_traced_memory()[0] - base) / count - 8
+        del exts, table, lines
     finally:
         tracemalloc.stop()
     expected_job = GROUP_KEY_BYTES + EXT_BYTES
     assert abs(per_job - expected_job) < 0.25 * expected_job, per_job
     assert abs(per_group - GROUP_BYTES) < 0.25 * GROUP_BYTES, per_group
+    assert abs(per_copies - COPIES_BYTES) < 0.25 * COPIES_BYTES, per_copies
 
 
 def test_the_record_carries_the_group_as_version_4() -> None:
@@ -291,10 +308,11 @@ def test_the_record_carries_the_group_as_version_4() -> None:
     assert not decode_stored(stored_form(job)).flags & FLAG_GROUP_OUT
 
 
-def test_a_reload_holds_each_group_until_its_last_active_job_is_queued_again() -> None:
-    """Jobs read back from the AOF come back active (requeued at their
-    RETRY): their group stays held until the last is queued again, then
-    goes out in add order, whatever order the RETRYs fell in."""
+def test_a_reload_queues_each_group_whole_at_its_first_retry() -> None:
+    """Jobs read back from the AOF come back active, as copies of their group
+    (groups.py): nothing of the group goes out until the first RETRY among
+    them comes, which queues all of them, and the group goes out in add
+    order, whatever order the RETRYs fell in."""
     from disque.job_options import decode_stored, stored_form
     from disque.restore import apply_loaded_jobs
 
@@ -311,12 +329,11 @@ def test_a_reload_holds_each_group_until_its_last_active_job_is_queued_again() -
         return [entry[1] for entry in entries(after("GETJOB", "NOHANG", "COUNT", 5,
                                                     "FROM", "q"))]
 
-    after.advance(2_500)  # a2 queued again: waits, a0 and a1 still hold A
-    assert after("QLEN", "q") == 1 and fetch() == []
-    after.advance(2_000)  # a0 too
-    assert after("QLEN", "q") == 2 and fetch() == []
+    after.advance(1_500)  # no RETRY came yet: all three are copies
+    assert after("QLEN", "q") == 0 and fetch() == []
+    after.advance(1_000)  # a2's RETRY: the whole group is queued, in its order
+    assert after("QLEN", "q") == 3
     check_books(after)
-    after.advance(4_000)  # and a1: the group goes out in its order
     assert fetch() == ids
     check_books(after)
 
