@@ -71,6 +71,7 @@ COMPILED_MODULES: tuple[str, ...] = (
     # The spec's procedures: every command and bus message runs through them.
     "disque.schedule",
     "disque.deadletter",
+    "disque.groups",
     "disque.queue",
     "disque.jobs",
     "disque.ack",

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Final
 from .clock import random_time_error
 from .job import ACKED, QUEUED, Job, ttl_minutes_from_id
 from .jobs import register_job, unregister_job
-from .queue import dequeue_job
+from .queue import dequeue_job, release_group
 from .schedule import update_awake_time
 from .waitjob import job_completed
 
@@ -57,6 +57,9 @@ def acknowledge_job(state: ServerState, job: Job, gc_follows: bool = False) -> b
     job.state = ACKED
     job.confirmed = _NOBODY
     job.qtime = 0
+    ext = job.ext
+    if ext is not None and ext.group is not None:
+        release_group(state, job)  # the group's next job may go out now
     if not gc_follows:
         state.jobs.evictable_add(job)
     # An ADDJOB still waiting for this job's copies gets its ID (the job was

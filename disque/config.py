@@ -297,6 +297,9 @@ DIRECTIVES: dict[str, Directive] = {d.name: d for d in [
     Directive("max-job-headers-size", _memory_between(0, 512 * 1024 ** 2), 64 * 1024,
               format_memory,
               doc="most bytes of header names and values one job may carry"),
+    # Ordered groups (ADDJOB ... GROUP, an extension; disque/groups.py).
+    Directive("max-group-key-len", _int_range(1, 65535), 256,
+              doc="longest GROUP key a job may carry (ADDJOB ... GROUP), in bytes"),
     Directive("cluster-config-file", _string, "nodes.conf", mutable=False,
               doc="the node's ID and known peers, in dir (written by the node)"),
     Directive("cluster-node-timeout", _int_range(1, 2 ** 31 - 1), 15000,

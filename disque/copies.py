@@ -9,6 +9,10 @@
   replication, RETRY-0 jobs).
 * A copy of a job we hold merges into ours: its node list, and a
   dead-letter move made elsewhere (:func:`merge_copy`).
+* A copy of a job of an ordered group is one of its group's copies here
+  (groups.py): it holds the group's younger jobs on this node, waits its
+  RETRY plus its wait by rank, and when its time comes this node queues
+  the group's copies together (groups.py, "In a cluster").
 
 :func:`jobs_in` and :func:`adopt_copy` serve federation's YOURJOBS too.
 The creator's side is ``replication.py``.
@@ -22,6 +26,7 @@ from typing import TYPE_CHECKING, Final
 from .ack import acked_elsewhere
 from .clock import random_time_error
 from .cluster import messages
+from .groups import copy_in, rank_wait_ms
 from .job import (
     ACKED,
     ACTIVE,
@@ -35,7 +40,7 @@ from .job import (
 from .job_options import ExtError, apply_bus_trailer
 from .jobs import register_job
 from .log import RateLimitedLog
-from .queue import dequeue_job, enqueue_job
+from .queue import dequeue_job, enqueue_job, release_group
 from .queue_table import PAUSED_IN
 from .schedule import update_awake_time
 
@@ -141,14 +146,20 @@ def _store_copy(state: ServerState, job: Job, now: int) -> None:
     """
     adopt_copy(state, job, now)
     job.flags |= FLAG_BCAST_QUEUED
+    ext = job.ext
+    grouped = ext is not None and ext.group is not None
     if job.retry:
         job.qtime = now + (job.delay + job.retry) * 1000 + random_time_error()
+        if grouped:
+            job.qtime += rank_wait_ms(state, job)
         job.flags |= FLAG_BCAST_WILLQUEUE
     else:
         # At most once: only the ENQUEUE of the node that made it queues
         # this copy (two copies queueing themselves would deliver it twice).
         job.qtime = 0
     register_job(state, job)
+    if grouped and job.retry:
+        copy_in(state, job)
     state.events.job_stored(state, job)
 
 
@@ -181,11 +192,17 @@ def merge_copy(state: ServerState, job: Job, copy: Job) -> None:
         return
     if job.state == QUEUED:
         dequeue_job(state, job)  # queued by the mover in the dead-letter queue now
+    if ours is not None and ours.group is not None:
+        release_group(state, job)  # it leaves its group's queue here
     moved = theirs.moved(theirs.dead_from)
     moved.nack_pending = ours.nack_pending if ours is not None else False
-    # Our copy keeps its own headers: its share of used_memory counts them
-    # (a plain copy from an original node has none, the mover's may have).
+    # Our copy keeps its own headers and group: its share of used_memory
+    # counts them (a plain copy from an original node has none, the
+    # mover's may have).
     moved.headers = ours.headers if ours is not None else ()
+    moved.group = ours.group if ours is not None else None
     job.ext = moved
     job.queue = state.queue_for_write(copy.queue).name
+    if moved.group is not None and job.state == ACTIVE and job.retry and job.qtime:
+        copy_in(state, job)  # a copy of the dead letter, in its group there
     state.events.job_moved(state, job)

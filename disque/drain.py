@@ -43,10 +43,12 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from .cluster.messages import CAP_BATCH
 from .commands.jobs import LEAVING_ERROR
 from .federation import MAX_COUNT, send_jobs
 from .protocol import ReplyError
 from .queue_table import PAUSED_OUT
+from .rendezvous import ranking
 from .waiters import unblock_all
 
 if TYPE_CHECKING:
@@ -75,12 +77,16 @@ def hand_over_queued(state: ServerState) -> int:
     """Give queued jobs to peers (YOURJOBS); the number of jobs sent.
 
     Each job goes to a peer holding a copy if there is one, else to the
-    peers in turn, so a large queue spreads over the cluster.
+    peers in turn, so a large queue spreads over the cluster.  An ordered
+    group goes whole (federation.send_jobs) to one of our peers: the best
+    ranked for its key among those holding its copies, else the best
+    ranked (an original node would hand its jobs out in any order).
     """
     peers = _peers(state)
     if not peers:
         return 0
     ids = [n.id for n in peers]
+    ours = [n.id for n in peers if n.caps & CAP_BATCH]
     sent = 0
     turn = 0
     for q in list(state.queues.all()):
@@ -88,6 +94,14 @@ def hand_over_queued(state: ServerState) -> int:
             continue
         batches: dict[str, list[Job]] = {}
         for job in q.jobs.first(ROUND_JOBS):
+            ext = job.ext
+            if ext is not None and ext.group is not None and ours:
+                # A group (whole: federation.send_jobs) goes to one of our
+                # nodes, which knows groups: the best ranked holding copies.
+                ranked = ranking(ext.group, ours)
+                home = next((i for i in ranked if i in job.delivered), ranked[0])
+                batches.setdefault(home, []).append(job)
+                continue
             target = next((i for i in ids if i in job.delivered), None)
             if target is None:
                 target = ids[turn % len(ids)]

@@ -64,6 +64,16 @@ Never: a leaving node asks for jobs; a node exports jobs (answers or pushes)
 while it imports the same queue itself (no job bounces from node to node);
 an acked job is queued again by an import.
 
+An ordered group (groups.py) moves whole or not at all, answered or pushed: a group's next job
+leaves with every job queued behind it, in their order, and only while
+none of the group's jobs is out here (nor a copy of an older one: then the
+group has no next job to hand out).  The jobs stay here as the group's
+copies, so the group's jobs added here later wait until the moved ones are
+acknowledged (the ACK's garbage collection reaches this node).  A group
+never spans two YOURJOBS (one that does not fit after other jobs waits for
+the next), and no group goes when an original node asks (it knows nothing
+of groups: it would hand the jobs out to any consumer, in any order).
+
 The asking side's per-queue state lives in ``queue_table.QueueFederation``,
 made on first use, so queues that never federate cost nothing; the asks
 received are ``QueueRegistry.asks``, by queue name, whether the queue exists
@@ -78,10 +88,11 @@ from .ack import acked_elsewhere
 from .cluster import messages
 from .cluster.node import FLAG_FAIL, FLAG_HANDSHAKE, FLAG_LEAVING, FLAG_NOADDR, FLAG_PFAIL
 from .copies import adopt_copy, jobs_in, merge_copy
+from .groups import queued_jobs
 from .job import ACKED, FLAG_BCAST_QUEUED, Job, serialize_job
 from .job_options import bus_trailer
 from .jobs import register_job, unregister_job
-from .queue import dequeue_job, enqueue_job
+from .queue import enqueue_job, withdraw_job
 from .queue_table import PAUSED_OUT, Ask, Queue, QueueFederation
 from .waiters import BlockedGet
 
@@ -279,7 +290,9 @@ def receive_needjobs(state: ServerState, sender: ClusterNode, msg: Message) -> N
     if q is None or not q.jobs or q.flags & PAUSED_OUT or import_rate(q, now):
         return  # remembered: the jobs queued from now on go to it
     if ask is None:  # not remembered (MAX_ASKED_QUEUES): the original's answer
-        send_jobs(state, sender.id, q.jobs.first(_answer_size(len(q.jobs), wanted)))
+        jobs = _first_jobs(state, q, sender.id, _answer_size(len(q.jobs), wanted))
+        if jobs:
+            send_jobs(state, sender.id, jobs)
     elif _held_until(ask, now):
         offer_jobs(state, q)  # paced (under load): answered at the gap's end
     else:
@@ -321,14 +334,31 @@ def _answer(state: ServerState, q: Queue, asks: dict[str, Ask], node_id: str, as
     hand out first, as many as :func:`_answer_size` says.  The ask moves to
     the end of the order: the node served longest ago comes first, so that
     nodes whose consumers all wait take turns."""
+    queued = len(q.jobs)
+    jobs = _first_jobs(state, q, node_id, _answer_size(queued, ask.count))
+    if not jobs:
+        return  # only groups' jobs, and an original node asks: it keeps waiting
     ask.waiting = False
     ask.sent = now
     del asks[node_id]
     asks[node_id] = ask
-    queued = len(q.jobs)
     if queued > 1:
         ask.busy_until = now + LOAD_HOLD_MS
-    send_jobs(state, node_id, q.jobs.first(_answer_size(queued, ask.count)))
+    send_jobs(state, node_id, jobs)
+
+
+def _first_jobs(state: ServerState, q: Queue, node_id: str, count: int) -> list[Job]:
+    """The ``count`` jobs of ``q`` to send ``node_id`` first.  No group's
+    job goes to an original node (see the module's doc); as ``q``'s order
+    holds one job per group at most, looking that much further finds them."""
+    groups = q.groups
+    if groups is None:
+        return q.jobs.first(count)
+    node = state.cluster.nodes.get(node_id)
+    if node is not None and node.caps & messages.CAP_BATCH:
+        return q.jobs.first(count)
+    return [job for job in q.jobs.first(count + len(groups.by_key))
+            if job.ext is None or job.ext.group is None][:count]
 
 
 def _held_until(ask: Ask, now: int) -> int:
@@ -454,34 +484,55 @@ def waiting_asks(state: ServerState) -> int:
 def send_jobs(state: ServerState, node_id: str, jobs: list[Job]) -> int:
     """YOURJOBS: hand ``jobs``, queued here, to ``node_id``; how many went.
 
-    They leave our queue (and are forgotten here if at-most-once); one
-    message carries at most MAX_YOURJOBS_BYTES (at least one job), the rest
-    stay queued.  NEEDJOBS answers with this; so does the drain on SIGTERM
+    They leave our queue (and are forgotten here if at-most-once); a job of
+    an ordered group that is its group's next job takes the group's other
+    queued jobs with it (:func:`_whole`).  One message carries at most
+    MAX_YOURJOBS_BYTES (at least one job, or one group), the rest stay
+    queued.  NEEDJOBS answers with this; so does the drain on SIGTERM
     (drain.py), unasked.
     """
     now = state.clock.now_ms()
     blobs: list[bytes] = []
+    sent: list[Job] = []
     size = 0
-    for job in jobs:
-        # The receiver holds a copy from now on: the GC must reach it (the
-        # original left it out of the node list and could finish the GC early).
-        delivered = job.delivered | {node_id}
-        job.delivered, before = delivered, job.delivered
-        blob = serialize_job(job, bus_now_ms=now)
-        if blobs and size + len(blob) > MAX_YOURJOBS_BYTES:
-            job.delivered = before  # not sent: stays queued here as it was
+    for first in jobs:
+        unit = _whole(state, first)
+        befores = []
+        unit_blobs = []
+        for job in unit:
+            # The receiver holds a copy from now on: the GC must reach it (the
+            # original left it out of the node list and could finish the GC early).
+            befores.append(job.delivered)
+            job.delivered = job.delivered | {node_id}
+            unit_blobs.append(serialize_job(job, bus_now_ms=now))
+        unit_size = sum(len(blob) for blob in unit_blobs)
+        if blobs and size + unit_size > MAX_YOURJOBS_BYTES:
+            for job, before in zip(unit, befores, strict=True):
+                job.delivered = before  # not sent: stays queued here as it was
             break
-        blobs.append(blob)
-        size += len(blob)
-        dequeue_job(state, job)
-        if job.retry == 0:
-            unregister_job(state, job)  # at most once: only the receiver has it now
+        blobs += unit_blobs
+        sent += unit
+        size += unit_size
+        for job in unit:
+            withdraw_job(state, job)  # a group's job stays here as a copy
+            if job.retry == 0:
+                unregister_job(state, job)  # at most once: only the receiver has it now
     stats = state.stats
     stats.yourjobs_sent += 1
     stats.jobs_exported += len(blobs)
     state.cluster.send(node_id, state.cluster.jobs_message(
-        messages.YOURJOBS, blobs, trailer=bus_trailer(jobs[:len(blobs)])))
+        messages.YOURJOBS, blobs, trailer=bus_trailer(sent)))
     return len(blobs)
+
+
+def _whole(state: ServerState, job: Job) -> list[Job]:
+    """What leaves with ``job``: itself, or for the next job of an ordered
+    group, the group's queued jobs in their order (groups.queued_jobs)."""
+    ext = job.ext
+    if ext is None or ext.group is None or job.queue is None:
+        return [job]
+    q = state.queues.lookup(job.queue)
+    return queued_jobs(q, job) if q is not None else [job]
 
 
 def receive_yourjobs(state: ServerState, sender: ClusterNode, msg: Message) -> None:

@@ -42,6 +42,8 @@ __all__ = [
     "FLAG_BCAST_WILLQUEUE",
     "FLAG_DELIVERED",
     "FLAG_FIFO_STALE",
+    "FLAG_GROUP_COPY",
+    "FLAG_GROUP_OUT",
     "FLAG_IN_FIFO",
     "SERIALIZED_FLAGS",
     "is_valid_job_id",
@@ -103,8 +105,16 @@ FLAG_DELIVERED: Final = 4
 FLAG_IN_FIFO: Final = 0x40
 #: A queue's FIFO still holds a stale entry of the job.
 FLAG_FIFO_STALE: Final = 0x80
+#: The job holds its group (ADDJOB ... GROUP, groups.py): it left the
+#: group's queue on this node (delivered, dequeued) and was not settled yet.
+FLAG_GROUP_OUT: Final = 0x20
+#: The job is one of its group's *copies* here (groups.py): active, neither
+#: queued nor out on this node (a copy of a job another node serves, or one
+#: not queued again yet); it holds the group's younger jobs.
+FLAG_GROUP_COPY: Final = 0x10
 #: The flags a job's serialized form carries.
-SERIALIZED_FLAGS: Final = 0xFF & ~(FLAG_IN_FIFO | FLAG_FIFO_STALE)
+SERIALIZED_FLAGS: Final = 0xFF & ~(FLAG_IN_FIFO | FLAG_FIFO_STALE | FLAG_GROUP_OUT
+                                   | FLAG_GROUP_COPY)
 
 
 @mypyc_attr(acyclic=True)
@@ -167,8 +177,9 @@ class Job:
         self.gc_retry = 0
         self.delivered = delivered
         self.confirmed = confirmed
-        #: The extension options (BACKOFF, MAXDELIVERIES, DEADLETTER), or
-        #: None for a job of the original's kind (nearly all of them).
+        #: The extension options (BACKOFF, MAXDELIVERIES, DEADLETTER,
+        #: PRIORITY, headers, GROUP), or None for a job of the original's
+        #: kind (nearly all of them).
         self.ext: JobExt | None = None
 
     @property

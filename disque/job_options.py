@@ -1,6 +1,7 @@
 """Job options the original's job has no room for: BACKOFF, MAXDELIVERIES,
-DEADLETTER, the dead-letter mark, PRIORITY and the headers.  The policy they
-drive and their one encoding live here (the headers' rules: :mod:`disque.headers`).
+DEADLETTER, the dead-letter mark, PRIORITY, the headers and the GROUP key.
+The policy they drive and their one encoding live here (the headers' rules:
+:mod:`disque.headers`; what a group does: :mod:`disque.groups`).
 
 A job without any of them has ``job.ext is None`` and is, everywhere, the
 original's job: same blob, same bus messages, same AOF record.
@@ -22,24 +23,32 @@ Policy
 * **Headers** (``HEADER name value``): inert metadata the node carries with
   the job; they never change once the job is stored (its share of
   ``used_memory`` counts them, ``job_table.job_memory``).
+* **Group** (``GROUP key``): the job is delivered in add order with the
+  other jobs of its queue and key, one consumer at a time
+  (:mod:`disque.groups`); the key never changes once the job is stored.
 
 Encoding
 --------
 One record, little-endian like the job blob::
 
-    "DQX" | u8 version (2 or 3) | u32 length of the rest |
+    "DQX" | u8 version (2, 3 or 4) | u32 length of the rest |
     u32 backoff | u32 max-deliveries |
     u32 len + dead-letter queue ("" = <queue>:dead) |
     u32 len + dead-from queue ("" = not dead-lettered) |
     u8 priority                                  (version 2 on)
     u32 count | count x (u32 len + name | u32 len + value)
-                                                 (version 3, only with headers)
+                                                 (version 3 on, only with headers or a group)
+    u32 len + group key                          (version 4, only with a group;
+                                                  a later version writes "" for none)
 
 A reader skips fields it does not know (past the last it knows, up to the
 length), so later versions can append fields: a version-1 reader keeps the
-job without its priority, a version-2 reader without its headers, and a
-record without a field reads as its default (priority 0, no headers).  A job
-without headers is written as version 2, byte for byte as before them.
+job without its priority, a version-2 reader without its headers, a
+version-3 reader without its group, and a record without a field reads as
+its default (priority 0, no headers, no group).  A job without headers nor
+a group is written as version 2, byte for byte as before them; one with
+headers and no group as version 3, as before groups; a job with a group
+writes the headers' count even when it is 0.
 
 * **AOF**: the record follows the job blob inside ``LOADJOB``'s argument.
 * **Bus** (REPLJOB, YOURJOBS): after the ``numjobs`` blobs, inside the
@@ -69,6 +78,7 @@ __all__ = [
     "decode_record",
     "bus_trailer",
     "apply_bus_trailer",
+    "group_refusal",
     "retry_seconds",
     "deliveries",
     "limit_reached",
@@ -83,6 +93,8 @@ MAGIC: Final = b"DQX"
 VERSION: Final = 2
 #: The version of a record with headers.
 HEADERS_VERSION: Final = 3
+#: The version of a record with a group key.
+GROUP_VERSION: Final = 4
 TRAILER_MAGIC: Final = b"DQXT"
 
 _HEAD: Final = struct.Struct("<3sBI")
@@ -103,12 +115,12 @@ class JobExt:
     Acyclic, as its job: it holds numbers, bytes and a flag.
     """
 
-    __slots__ = ("backoff", "dead_from", "dead_letter", "headers", "max_deliveries",
+    __slots__ = ("backoff", "dead_from", "dead_letter", "group", "headers", "max_deliveries",
                  "nack_pending", "priority")
 
     def __init__(self, backoff: int = 0, max_deliveries: int = 0, dead_letter: bytes = b"",
                  dead_from: bytes = b"", priority: int = 0,
-                 headers: tuple[bytes, ...] = ()) -> None:
+                 headers: tuple[bytes, ...] = (), group: bytes | None = None) -> None:
         #: Cap of the re-queue delay in seconds; 0: no back-off (RETRY every time).
         self.backoff = backoff
         #: Deliveries after which the job is dead-lettered; 0: no limit.
@@ -122,6 +134,9 @@ class JobExt:
         #: The headers, flat: name, value, name, value ... (empty: none).
         #: Never changed once the job is stored: its memory share counts them.
         self.headers = headers
+        #: The group key (GROUP, groups.py), or None: not in a group.  Never
+        #: changed once the job is stored: its memory share counts it.
+        self.group = group
         #: This node's copy waits for a NACK ... DELAY to end: its next
         #: queueing counts as the NACK.  Local: never encoded.
         self.nack_pending = False
@@ -129,7 +144,8 @@ class JobExt:
     @property
     def travels(self) -> bool:
         """Whether anything here must be encoded (nack_pending is local)."""
-        return bool(self.priority or self.headers or self.has_delivery_options)
+        return bool(self.priority or self.headers or self.group is not None
+                    or self.has_delivery_options)
 
     @property
     def has_delivery_options(self) -> bool:
@@ -139,22 +155,23 @@ class JobExt:
     def moved(self, dead_from: bytes) -> JobExt:
         """These options on a job dead-lettered from ``dead_from``."""
         return JobExt(self.backoff, self.max_deliveries, self.dead_letter, dead_from,
-                      self.priority, self.headers)
+                      self.priority, self.headers, self.group)
 
     def __eq__(self, other: object) -> bool:
         return (isinstance(other, JobExt) and self.backoff == other.backoff
                 and self.max_deliveries == other.max_deliveries
                 and self.dead_letter == other.dead_letter and self.dead_from == other.dead_from
-                and self.priority == other.priority and self.headers == other.headers)
+                and self.priority == other.priority and self.headers == other.headers
+                and self.group == other.group)
 
     def __hash__(self) -> int:
         return hash((self.backoff, self.max_deliveries, self.dead_letter, self.dead_from,
-                     self.priority, self.headers))
+                     self.priority, self.headers, self.group))
 
     def __repr__(self) -> str:
         return (f"JobExt(backoff={self.backoff}, max_deliveries={self.max_deliveries}, "
                 f"dead_letter={self.dead_letter!r}, dead_from={self.dead_from!r}, "
-                f"priority={self.priority}, headers={self.headers!r})")
+                f"priority={self.priority}, headers={self.headers!r}, group={self.group!r})")
 
 
 # --------------------------------------------------------------------------
@@ -192,6 +209,26 @@ def dead_letter_queue(job: Job) -> bytes:
     return (job.queue or b"") + DEAD_SUFFIX
 
 
+#: GROUP's errors (what a key may be: non-empty, at most ``max-group-key-len`` bytes).
+GROUP_EMPTY: Final = "ERR GROUP key can't be empty"
+
+
+def group_refusal(key: bytes, max_len: int) -> str | None:
+    """Why ``key`` cannot be a group key (an ``-ERR`` text), or None.
+
+    Any bytes: the node only compares keys.  ``max_len`` is the
+    ``max-group-key-len`` directive: a job carries its key on every copy,
+    in the AOF and in each group's state, so a key is an identifier, not
+    data (SQS's MessageGroupId: at most 128 characters).
+    """
+    if not key:
+        return GROUP_EMPTY
+    if len(key) > max_len:
+        return (f"ERR GROUP key too long: {len(key)} bytes, at most {max_len} "
+                "(max-group-key-len)")
+    return None
+
+
 # --------------------------------------------------------------------------
 # Encoding
 # --------------------------------------------------------------------------
@@ -205,13 +242,18 @@ def encode_record(ext: JobExt) -> bytes:
         bytes((ext.priority,)),
     ]
     headers = ext.headers
+    group = ext.group
     version = VERSION
-    if headers:
+    if headers or group is not None:
         version = HEADERS_VERSION
         parts.append(_U32.pack(len(headers) // 2))
         for item in headers:
             parts.append(_U32.pack(len(item)))
             parts.append(item)
+        if group is not None:
+            version = GROUP_VERSION
+            parts.append(_U32.pack(len(group)))
+            parts.append(group)
     body = b"".join(parts)
     return _HEAD.pack(MAGIC, version, len(body)) + body
 
@@ -237,18 +279,24 @@ def decode_record(data: bytes | memoryview, offset: int = 0) -> tuple[JobExt, in
         raise ExtError("truncated job extension record") from None
     priority = 0
     headers: tuple[bytes, ...] = ()
+    group: bytes | None = None
     if pos < end:  # version 2 on
         priority = view[pos]
         if priority > MAX_PRIORITY:
             raise ExtError(f"job priority {priority} out of range")
         pos += 1
         if pos < end:  # version 3 on
-            headers = _headers(view, pos, end)
-    return JobExt(backoff, max_deliveries, dead_letter, dead_from, priority, headers), end
+            headers, pos = _headers(view, pos, end)
+            if pos < end:  # version 4 on (empty: no group, for later versions' sake)
+                key, pos = _string(view, pos, end)
+                group = key or None
+    return (JobExt(backoff, max_deliveries, dead_letter, dead_from, priority, headers, group),
+            end)
 
 
-def _headers(view: memoryview, pos: int, end: int) -> tuple[bytes, ...]:
-    """The headers field (version 3): ``u32 count``, then the names and values."""
+def _headers(view: memoryview, pos: int, end: int) -> tuple[tuple[bytes, ...], int]:
+    """The headers field (version 3): ``u32 count``, then the names and
+    values; and the offset after it."""
     if pos + 4 > end:
         raise ExtError("truncated headers in job extension record")
     (count,) = _U32.unpack_from(view, pos)
@@ -259,7 +307,7 @@ def _headers(view: memoryview, pos: int, end: int) -> tuple[bytes, ...]:
     for _ in range(2 * count):
         item, pos = _string(view, pos, end)
         items.append(item)
-    return tuple(items)
+    return tuple(items), pos
 
 
 def _string(view: memoryview, pos: int, end: int) -> tuple[bytes, int]:

@@ -26,7 +26,8 @@ from .keyspace import SlicedDict, job_id_slice
 from .time_buckets import TimeBuckets
 
 __all__ = ["AwakeSchedule", "JobRegistry", "JOB_OVERHEAD_BYTES", "HEADER_OVERHEAD_BYTES",
-           "HEADERS_OVERHEAD_BYTES", "job_memory", "headers_memory"]
+           "HEADERS_OVERHEAD_BYTES", "GROUP_KEY_BYTES", "EXT_BYTES", "job_memory",
+           "headers_memory"]
 
 #: Bytes attributed to one job besides its body (object, ID, times, registry
 #: and schedule entries); checked against tracemalloc in the tests, and
@@ -42,6 +43,12 @@ JOB_OVERHEAD_BYTES: Final = 410 if _native.activate() == "compiled" else 450
 #: tracemalloc in the tests.
 HEADER_OVERHEAD_BYTES: Final = 88
 HEADERS_OVERHEAD_BYTES: Final = 136
+#: Bytes attributed to a job's group key besides its length (the bytes
+#: object), and to the extension object of a job that has a group and no
+#: headers (with headers, HEADERS_OVERHEAD_BYTES counts it); checked
+#: against tracemalloc in the tests.
+GROUP_KEY_BYTES: Final = 33
+EXT_BYTES: Final = 96
 
 
 class AwakeSchedule:
@@ -180,13 +187,18 @@ class JobRegistry:
 def job_memory(job: Job) -> int:
     """What a job counts in ``used_memory`` (memory.py).
 
-    The same at registration and removal: a job's body and headers never
-    change while it is registered.
+    The same at registration and removal: a job's body, headers and group
+    key never change while it is registered.
     """
     size = JOB_OVERHEAD_BYTES + len(job.body)
     ext = job.ext
-    if ext is not None and ext.headers:
-        size += headers_memory(ext.headers)
+    if ext is not None:
+        headers = ext.headers
+        if headers:
+            size += headers_memory(headers)
+        group = ext.group
+        if group is not None:
+            size += GROUP_KEY_BYTES + len(group) + (0 if headers else EXT_BYTES)
     return size
 
 

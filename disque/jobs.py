@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from .job import ACKED, FLAG_DELIVERED, QUEUED, Job
 from .job_table import job_memory
-from .queue import dequeue_job
+from .queue import dequeue_job, release_group
 from .schedule import update_awake_time
 
 if TYPE_CHECKING:
@@ -45,6 +45,9 @@ def unregister_job(state: ServerState, job: Job) -> None:
     """UNREGISTER(job): delete the job from memory and, if queued, its queue."""
     if job.state == QUEUED:
         dequeue_job(state, job)
+    ext = job.ext
+    if ext is not None and ext.group is not None:
+        release_group(state, job)  # expired, deleted or evicted: its group goes on
     removed = state.jobs.remove(job)
     if removed:
         state.memory.sub(job_memory(job))

@@ -41,6 +41,7 @@ from prometheus_client.registry import Collector
 from . import __version__, _native
 from .cluster import messages
 from .federation import waiting_asks
+from .groups import oldest_waiting_age_ms
 
 if TYPE_CHECKING:
     from .health import Health
@@ -178,6 +179,17 @@ class NodeCollector(Collector):
         limited = CounterMetricFamily(
             "disque_queue_rate_limited", "GETJOB fetches the queue's rate limit held back "
             "(QSTAT rate-limited)", labels=["queue"])
+        groups_held = GaugeMetricFamily(
+            "disque_queue_groups_held", "GROUP: groups with a job delivered and not "
+            "settled (QSTAT groups-held; only queues with groups)", labels=["queue"])
+        groups_waiting = GaugeMetricFamily(
+            "disque_queue_groups_waiting", "GROUP: held groups with jobs waiting behind "
+            "them (QSTAT groups-waiting)", labels=["queue"])
+        groups_age = GaugeMetricFamily(
+            "disque_queue_oldest_waiting_group_age_seconds", "GROUP: how long the group "
+            "held longest with jobs waiting behind it has been so "
+            "(QSTAT oldest-waiting-group-age)", labels=["queue"])
+        now = self.state.clock.now_ms()
         for q in self.state.queues.limited.values():
             limit = q.limit
             if limit is not None:
@@ -194,8 +206,13 @@ class NodeCollector(Collector):
             dequeued.add_metric(name, q.jobs_out)
             for priority, jobs in q.jobs.priorities():
                 by_priority.add_metric([*name, str(priority)], jobs)
+            groups = q.groups
+            if groups is not None:
+                groups_held.add_metric(name, groups.held)
+                groups_waiting.add_metric(name, len(groups.blocked))
+                groups_age.add_metric(name, oldest_waiting_age_ms(q, now) / 1000)
         yield from (length, blocked, paused, enqueued, dequeued, by_priority, limit_max,
-                    limit_period, limited)
+                    limit_period, limited, groups_held, groups_waiting, groups_age)
 
     # -- replication ------------------------------------------------------------
 

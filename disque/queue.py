@@ -3,13 +3,20 @@ GETJOB, pausing, rate limits (QLIMIT, an extension); and serving the GETJOB
 clients waiting on a queue.
 
 The queues themselves (and the table of them) are in ``queue_table.py``,
-a rate limit's window in ``queue_limit.py``.
+a rate limit's window in ``queue_limit.py``, the books of ordered groups
+(GROUP, an extension) in ``groups.py``: a job of a group is placed, taken
+and dequeued through it (one test of ``job.ext`` or ``q.groups`` on a
+group-free path), and :func:`release_group` serves the clients a released
+group can now feed.  In a cluster, :func:`withdraw_job` makes a job another
+node serves a copy again, and :func:`requeue_group` queues a group's copies
+all at once (groups.py, "In a cluster").
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from . import groups
 from .deadletter import dead_letter
 from .job import (
     ACKED,
@@ -17,6 +24,8 @@ from .job import (
     FLAG_BCAST_QUEUED,
     FLAG_BCAST_WILLQUEUE,
     FLAG_DELIVERED,
+    FLAG_GROUP_COPY,
+    FLAG_GROUP_OUT,
     QUEUED,
     Job,
 )
@@ -37,6 +46,9 @@ __all__ = [
     "fetch_job",
     "fetch_jobs",
     "nack_job",
+    "release_group",
+    "requeue_group",
+    "withdraw_job",
     "set_pause",
     "receive_pause",
     "set_rate_limit",
@@ -85,6 +97,8 @@ def enqueue_job(state: ServerState, job: Job, nack: bool = False, *,
         else:
             job.additional_deliveries += 1
         if dead:
+            if job.flags & (FLAG_GROUP_OUT | FLAG_GROUP_COPY):
+                release_group(state, job)  # it leaves its group's queue
             dead_letter(state, job)  # before QUEUED: the copies learn the move first
             q = None
         state.cluster.broadcast_queued(job, nack)
@@ -105,6 +119,14 @@ def enqueue_job(state: ServerState, job: Job, nack: bool = False, *,
     # No evictable_discard: the evictable (acked, or RETRY 0 and delivered)
     # were refused above, and neither state is ever left.
     serve = bool(q.waiters) and not q.flags & PAUSED_OUT
+    if ext is not None and ext.group is not None:
+        # Ordered groups: the job waits behind its group unless it is the
+        # group's next job now (groups.py).
+        update_awake_time(state, job)
+        state.memory.add(QUEUE_ENTRY_BYTES)
+        if groups.place(state, q, job, ext.group) and serve:
+            serve_blocked_clients(state, q)
+        return True
     if serve and not q.jobs and q.limit is None:
         # A client waits on an empty queue (a consumer blocked in GETJOB): it
         # gets the job at once, which would otherwise enter the queue only
@@ -158,24 +180,38 @@ def dequeue_job(state: ServerState, job: Job) -> bool:
     if job.state != QUEUED:
         return False
     q = state.queues.lookup(job.queue) if job.queue is not None else None
-    if q is not None and q.jobs.remove(job):
-        q.jobs_out += 1
-        state.memory.sub(QUEUE_ENTRY_BYTES)
+    if q is not None:
+        ext = job.ext
+        # A job of a group holds it from now on (groups.py).
+        if (q.jobs.remove(job) if ext is None or ext.group is None
+                else groups.dequeued(state, q, job, ext.group)):
+            q.jobs_out += 1
+            state.memory.sub(QUEUE_ENTRY_BYTES)
     # Queued and active jobs wake at the same time (see update_awake_time),
     # so the schedule needs no update here.
     job.state = ACTIVE
     return True
 
 
-def fetch_job(state: ServerState, q: Queue) -> Job | None:
-    """Pop the next job of ``q`` for delivery to a client (GETJOB)."""
-    jobs = fetch_jobs(state, q, 1)
+def fetch_job(state: ServerState, q: Queue, after: Job | None = None) -> Job | None:
+    """Pop the next job of ``q`` for delivery to a client (GETJOB); with
+    ``after``, the job this GETJOB took from ``q`` last (see :func:`fetch_jobs`)."""
+    jobs = fetch_jobs(state, q, 1, after)
     return jobs[0] if jobs else None
 
 
-def fetch_jobs(state: ServerState, q: Queue, count: int) -> list[Job]:
+def fetch_jobs(state: ServerState, q: Queue, count: int,
+               after: Job | None = None) -> list[Job]:
     """Pop up to ``count`` of the next jobs of ``q`` for delivery (GETJOB
-    COUNT), as many as its rate limit's window still lets through."""
+    COUNT), as many as its rate limit's window still lets through.
+
+    In a queue with ordered groups, a job of a group is followed by the
+    jobs after it in its group, up to ``count``; ``after`` (the job the
+    same GETJOB took from ``q`` last, GETJOB ... FROM with several queues)
+    continues such a run.
+    """
+    if q.groups is not None:
+        return _fetch_grouped(state, q, count, after)
     queued = q.jobs
     count = min(count, len(queued))
     if not count:
@@ -197,6 +233,107 @@ def fetch_jobs(state: ServerState, q: Queue, count: int) -> list[Job]:
     for job in taken:
         _delivered(state, job)
     return taken
+
+
+def _fetch_grouped(state: ServerState, q: Queue, count: int, after: Job | None) -> list[Job]:
+    """:func:`fetch_jobs` for a queue with ordered groups (groups.py): its
+    order holds each group's next job; taking one holds the group, and the
+    jobs waiting behind it come next in the reply (SQS FIFO's batches)."""
+    now = state.clock.now_ms()
+    limit = q.limit
+    allowed = count if limit is None else min(count, limit.left(now))
+    queued = q.jobs
+    taken: list[Job] = []
+    last = after
+    while len(taken) < allowed:
+        job = groups.follower(state, q, last) if last is not None else None
+        if job is None:
+            job = queued.pop_first()
+            if job is None:
+                break
+            ext = job.ext
+            if ext is not None and ext.group is not None:
+                groups.taken(state, q, job, ext.group)
+        taken.append(job)
+        last = job
+    if limit is not None:
+        limit.take(now, len(taken))  # within what the window had left
+        if len(taken) == allowed < count and (
+                queued or (last is not None and groups.has_follower(q, last))):
+            limit.limited += 1
+    n = len(taken)
+    if not n:
+        return taken
+    q.jobs_out += n
+    state.stats.delivered_jobs += n
+    q.atime = now
+    state.memory.sub(QUEUE_ENTRY_BYTES * n)
+    for job in taken:
+        _delivered(state, job)
+    return taken
+
+
+def release_group(state: ServerState, job: Job) -> None:
+    """``job`` (out, or a copy) stops holding its group (it was
+    acknowledged, deleted, expired or moved to another queue; groups.py):
+    the group's next job joins its queue's order, and the clients waiting
+    on the queue get it."""
+    if not job.flags & (FLAG_GROUP_OUT | FLAG_GROUP_COPY):
+        return
+    _serve_joined(state, groups.release(state, job))
+
+
+def _serve_joined(state: ServerState, q: Queue | None) -> None:
+    """A job joined ``q``'s order (a group moved on): serve its clients."""
+    if q is not None and q.waiters and not q.flags & PAUSED_OUT:
+        serve_blocked_clients(state, q)
+
+
+def withdraw_job(state: ServerState, job: Job) -> bool:
+    """Another node serves ``job``: a node that outranks us has it queued
+    or out (QUEUED), a consumer works on it there (WORKING).  A job without
+    a group is dequeued (DEQUEUE); a job of a group leaves its queue, or
+    stops being out here, and stays as one of its group's copies, which
+    holds the group's younger jobs here without holding the group
+    (groups.py): the jobs are served where the other node serves them, in
+    their order.  False if the job was neither queued nor out."""
+    ext = job.ext
+    if ext is None or ext.group is None:
+        return dequeue_job(state, job)
+    if job.state == QUEUED:
+        q = state.queues.lookup(job.queue) if job.queue is not None else None
+        if q is not None and groups.withdrawn(state, q, job, ext.group):
+            q.jobs_out += 1
+            state.memory.sub(QUEUE_ENTRY_BYTES)
+        job.state = ACTIVE
+        return True
+    if job.flags & FLAG_GROUP_OUT:
+        _serve_joined(state, groups.to_copy(state, job))
+        return True
+    return False
+
+
+def requeue_group(state: ServerState, job: Job, now: int) -> bool:
+    """The time came to queue ``job``, one of its group's copies here
+    (FLAG_GROUP_COPY), again, and no node that has it queued or out said so
+    (requeue.py): this node serves the group from now on.  Every copy of the
+    group in the queue is queued with it, oldest first, so that none goes
+    out before an older one (after a failure: the whole group, on one node,
+    in order; after a restart: the node's jobs of the group, at the first
+    RETRY).  False if ``job`` itself was not queued."""
+    ext = job.ext
+    assert ext is not None and ext.group is not None and job.queue is not None
+    q = state.queue_for_write(job.queue)
+    copies = groups.take_copies(state, q, ext.group)
+    if not copies:  # not in the books after all: alone
+        copies = [job]
+    queued = False
+    for copy in copies:
+        if enqueue_job(state, copy, q=q, now=now):
+            queued = queued or copy is job
+        elif copy.state == ACTIVE and copy.retry and copy.qtime:
+            groups.copy_in(state, copy)  # not queued (its queue, its state): a copy still
+    return queued
 
 
 def _delivered(state: ServerState, job: Job) -> None:

@@ -23,6 +23,7 @@ from .queue_limit import QueueLimit
 from .queue_order import JobOrder
 
 if TYPE_CHECKING:
+    from .groups import QueueGroups
     from .waiters import BlockedGet
 
 __all__ = ["Queue", "QueueRegistry", "QueueFederation", "Ask", "PAUSED_IN", "PAUSED_OUT",
@@ -102,6 +103,7 @@ class Queue:
         "entry_prefix",
         "fed",
         "flags",
+        "groups",
         "jobs",
         "jobs_in",
         "jobs_out",
@@ -128,12 +130,19 @@ class Queue:
         self.fed: QueueFederation | None = None
         #: The rate limit (QLIMIT, an extension; queue_limit.py), or None.
         self.limit: QueueLimit | None = None
+        #: Its ordered groups (GROUP, an extension; groups.py), or None
+        #: while it has no job of a group queued or out.
+        self.groups: QueueGroups | None = None
         #: How GETJOB's reply starts each entry of this queue, encoded on
         #: first use (waiters.py); b"" until then.
         self.entry_prefix = b""
 
     def __len__(self) -> int:
-        return len(self.jobs)
+        """Queued jobs, those waiting behind their group's next job included."""
+        groups = self.groups
+        if groups is None:
+            return len(self.jobs)
+        return len(self.jobs) + groups.waiting
 
     @property
     def paused_in(self) -> bool:
@@ -144,9 +153,10 @@ class Queue:
         return bool(self.flags & PAUSED_OUT)
 
     def is_evictable(self, now_ms: int, idle_ms: int) -> bool:
-        """Empty, not paused nor rate-limited, nobody waiting, untouched for ``idle_ms``."""
+        """Empty, not paused nor rate-limited, nobody waiting, no group
+        holding jobs, untouched for ``idle_ms``."""
         return (not self.jobs and not self.flags and not self.waiters and self.limit is None
-                and now_ms - self.atime >= idle_ms)
+                and self.groups is None and now_ms - self.atime >= idle_ms)
 
     def peek(self, count: int) -> list[Job]:
         """The ``count`` jobs GETJOB hands out next, or the ``-count`` it

@@ -6,7 +6,10 @@ gets its ID:
 
 1. The job waits in ``wait-repl``; ``confirmed`` starts as {myself} ({}
    under external replication).  REPLJOB, with the full node list, goes to
-   ``needed`` reachable, linked nodes picked at random.  The job is not in
+   ``needed`` reachable, linked nodes picked at random; for a job of an
+   ordered group, the first ones of the key's rendezvous ranking (our
+   nodes before original ones, which ignore groups), so that every job of
+   a group has its copies on the same nodes (:func:`_group_targets`).  The job is not in
    the schedule meanwhile: the 50 ms timer below expires it if its TTL
    passes (-NOREPL, as process_job's expiry would give).
 2. Each copy's node answers GOTJOB.  With n confirmations the job is
@@ -37,11 +40,13 @@ import time
 from typing import TYPE_CHECKING, Any, Final
 
 from .cluster import messages
+from .cluster.messages import CAP_BATCH
 from .job import ACTIVE, WAIT_REPL, Job, serialize_job
 from .job_options import bus_trailer
 from .jobs import register_job, unregister_job
 from .protocol import ReplyError, status_reply
 from .queue import enqueue_job
+from .rendezvous import ranking
 from .schedule import update_awake_time
 from .waiters import ReplicationWait, Waiter, park, unblock
 
@@ -162,12 +167,33 @@ def _add_targets(state: ServerState, job: Job, count: int, now: int) -> int:
         job.delivered = with_myself
         return len(targets)
     candidates = [node_id for node_id in targets if node_id not in delivered]
-    # A random pick among more candidates than needed; all of them otherwise.
-    chosen = _random_pick(candidates, count) if len(candidates) > count else candidates
+    ext = job.ext
+    if ext is not None and ext.group is not None and len(candidates) > count:
+        chosen = _group_targets(state, ext.group, candidates)[:count]
+    else:
+        # A random pick among more candidates than needed; all of them otherwise.
+        chosen = _random_pick(candidates, count) if len(candidates) > count else candidates
     for node_id in chosen:
         delivered = _with_node(delivered, node_id)
     job.delivered = delivered
     return len(chosen)
+
+
+def _group_targets(state: ServerState, key: bytes, candidates: list[str]) -> list[str]:
+    """The copies of a job of group ``key`` go to the first nodes of the
+    key's rendezvous ranking (disque.rendezvous), as the client picks the
+    group's home: all the group's jobs then have their copies on the same
+    nodes, and after a failure one of them queues the whole group again
+    (groups.py).  Our nodes come first: an original node keeps a plain copy
+    and queues it again on its own."""
+    nodes = state.cluster.nodes
+    ranked = ranking(key, candidates)
+    ours: list[str] = []
+    originals: list[str] = []
+    for node_id in ranked:
+        node = nodes.get(node_id)
+        (ours if node is not None and node.caps & CAP_BATCH else originals).append(node_id)
+    return ours + originals
 
 
 def _random_pick(candidates: list[str], count: int) -> list[str]:
@@ -208,9 +234,8 @@ def replicate_job(state: ServerState, client: Waiter, job: Job, needed: int, ext
                 return ReplyError("NOREPL Not enough reachable nodes for the requested "
                                   "replication level")
             # Nothing is stored here: one recipient queues the job.
-            targets = sorted(job.delivered)
             _send_copies(state, job, False, True, now)
-            _send_enqueue(state, random.choice(targets), job)
+            _send_enqueue(state, _enqueue_target(state, job, job.delivered), job)
             return status_reply(job.id)
         job.state = ACTIVE
         _store_achieved(state, job, False)
@@ -290,6 +315,18 @@ def _store_achieved(state: ServerState, job: Job, registered: bool) -> None:
     state.events.job_stored(state, job)
 
 
+def _enqueue_target(state: ServerState, job: Job, nodes: frozenset[str]) -> str:
+    """The copy an externally replicated job is queued at: one at random,
+    or for a job of a group the first of ``nodes`` in its key's ranking
+    (our nodes first, as the copies were placed)."""
+    ext = job.ext
+    if ext is not None and ext.group is not None:
+        known = [node_id for node_id in nodes if node_id in state.cluster.nodes]
+        if known:
+            return _group_targets(state, ext.group, known)[0]
+    return random.choice(sorted(nodes))
+
+
 def _send_enqueue(state: ServerState, node_id: str, job: Job) -> None:
     state.cluster.send_job_id(node_id, messages.ENQUEUE, job.id, job.delay)
 
@@ -298,8 +335,9 @@ def _replication_achieved(state: ServerState, blocked: ReplicationWait) -> None:
     job = blocked.job
     state.replication_latency.observe(_perf_counter() - blocked.started)
     if blocked.extrepl:
-        # No local copy: one of the copies queues it, ours goes.
-        _send_enqueue(state, random.choice(sorted(job.confirmed)), job)
+        # No local copy: one of the copies queues it, ours goes (a group's
+        # job: the copy that ranks first for its key, as after a failure).
+        _send_enqueue(state, _enqueue_target(state, job, job.confirmed), job)
         state.jobs.schedule.discard(job)
         state.replicating.pop(job.id, None)
         job.state = ACTIVE  # not wait-repl: unregistering must not answer the client

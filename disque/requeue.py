@@ -12,6 +12,23 @@ queued on at most one node at a time:
 * WORKING (a consumer asked for more time) postpones every copy;
 * a node that hears about a job it has acked answers SETACK, so the GC
   reaches a copy that missed the ACK.
+
+A job of an ordered group (groups.py, "In a cluster") is served by one node
+at a time, and its rank is its key's (disque.rendezvous), the same for all
+of the group's jobs, so that the whole group goes one way:
+
+* a node that has the job *out* (delivered, dequeued) answers WILLQUEUE
+  with QUEUED too: the copies elsewhere do not queue it while the node that
+  serves it is up, whatever the job's RETRY says (the original's rule
+  lets another copy queue it once RETRY passed since it was last queued);
+* of two nodes that both have the job queued, or out, the one that ranks
+  lower for the key withdraws (``queue.withdraw_job``): its job becomes a
+  copy again, and its group's younger jobs wait behind it;
+* a copy waits its RETRY plus ``groups.RANK_WAIT_MS`` per node ranking
+  before it (:func:`_postpone`, ``copies._store_copy``), and the timer that
+  queues it queues the group's other copies with it
+  (``queue.requeue_group``): after the failure of the node that served the
+  group, the best ranked node holding its copies takes it whole.
 """
 
 from __future__ import annotations
@@ -19,9 +36,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from .cluster import messages
-from .job import ACKED, ACTIVE, FLAG_BCAST_WILLQUEUE, QUEUED, Job
+from .groups import rank_wait_ms
+from .job import ACKED, ACTIVE, FLAG_BCAST_WILLQUEUE, FLAG_GROUP_COPY, FLAG_GROUP_OUT, QUEUED, Job
 from .job_options import retry_seconds
-from .queue import dequeue_job
+from .queue import withdraw_job
+from .rendezvous import outranks
 from .schedule import requeue_time, update_awake_time
 
 if TYPE_CHECKING:
@@ -45,11 +64,24 @@ def compare_node_ids_by_job(a: str, b: str, job_id: bytes) -> int:
     return 0
 
 
+def _outranked(state: ServerState, sender: ClusterNode, job: Job) -> bool:
+    """Whether ``sender`` comes before us for ``job``: by the job (the
+    original's de-duplication), or for a job of a group by its key, so that
+    all of the group's jobs go the same way."""
+    ext = job.ext
+    if ext is not None and ext.group is not None:
+        return outranks(ext.group, sender.id, state.cluster.myself_id)
+    return compare_node_ids_by_job(sender.id, state.cluster.myself_id, job.id) > 0
+
+
 def _postpone(state: ServerState, job: Job, extra_s: int = 0) -> None:
     """Another copy is queued or being worked on: requeue a RETRY (or the
-    job's back-off) from now, plus ``extra_s`` (a NACK ... DELAY elsewhere)."""
+    job's back-off) from now, plus ``extra_s`` (a NACK ... DELAY elsewhere);
+    a group's copy, plus its wait by rank (groups.rank_wait_ms)."""
     if job.retry:
         job.qtime = requeue_time(state, retry_seconds(job) + extra_s, state.clock.now_ms())
+        if job.flags & FLAG_GROUP_COPY:
+            job.qtime += rank_wait_ms(state, job)
         job.flags |= FLAG_BCAST_WILLQUEUE
         update_awake_time(state, job)
 
@@ -75,16 +107,22 @@ def receive_queued(state: ServerState, sender: ClusterNode, msg: Message) -> Non
     job = _live_copy(state, sender, msg)
     if job is None:
         return
-    if job.state == QUEUED:
-        if compare_node_ids_by_job(sender.id, state.cluster.myself_id, job.id) > 0:
-            dequeue_job(state, job)
+    keep = False
+    if job.state == QUEUED or job.flags & FLAG_GROUP_OUT:
+        # Queued here too, or (a group's job) out here too: one of the two
+        # nodes steps aside.
+        if _outranked(state, sender, job):
+            withdraw_job(state, job)
         else:
             state.cluster.broadcast_queued(job, nack=False, count=False)
+            # Out here, and we keep it: its lease runs as it did.
+            keep = job.state == ACTIVE
     if msg.mflags & messages.MFLAG_INCR_NACKS:
         job.nacks += 1
     elif msg.mflags & messages.MFLAG_INCR_DELIV:
         job.additional_deliveries += 1
-    _postpone(state, job)
+    if not keep:
+        _postpone(state, job)
 
 
 def receive_working(state: ServerState, sender: ClusterNode, msg: Message) -> None:
@@ -96,17 +134,19 @@ def receive_working(state: ServerState, sender: ClusterNode, msg: Message) -> No
     job = _live_copy(state, sender, msg)
     if job is None:
         return
-    dequeue_job(state, job)
+    if job.state == QUEUED:
+        withdraw_job(state, job)  # a group's job: a copy here again
     _postpone(state, job, msg.aux)
 
 
 def receive_willqueue(state: ServerState, sender: ClusterNode, msg: Message) -> None:
     """WILLQUEUE: the sender is about to requeue the job; if we have it queued,
-    say so (QUEUED), and learn that the sender holds a copy."""
+    or out (a job of a group, which we serve), say so (QUEUED), and learn
+    that the sender holds a copy."""
     job = _live_copy(state, sender, msg)
     if job is None:
         return
     if job.state in (ACTIVE, QUEUED):
         job.delivered = job.delivered | {sender.id}
-    if job.state == QUEUED:
+    if job.state == QUEUED or job.flags & FLAG_GROUP_OUT:
         state.cluster.broadcast_queued(job, nack=False, count=False)

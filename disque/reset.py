@@ -34,6 +34,7 @@ def flush_all(state: ServerState) -> None:
     for q in list(state.queues.all()):
         if q.waiters:
             q.jobs.clear()
+            q.groups = None  # their jobs are gone (groups.py)
             kept.append(q)
     state.queues.clear()
     state.memory.accounted = 0

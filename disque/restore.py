@@ -8,6 +8,13 @@ a reload never queues them.  Acked jobs resume their garbage collection.
 With ``aof-enqueue-jobs-once`` (``restore_queues``) queued jobs are queued
 again, counters untouched, delayed jobs that were never queued are queued
 when their delay ends, and delivered ones wait RETRY as after a delivery.
+
+A job of an ordered group (GROUP, groups.py) that comes back active is
+one of its group's copies until it is queued again: no younger job of the
+group goes out before it.  The first of them whose RETRY comes queues all
+of them (``queue.requeue_group``), so the group goes out again in its order
+(RETRY-0 jobs, never queued again, hold nothing).  In a cluster, a node
+that took the group over meanwhile answers the WILLQUEUE and keeps it.
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from .ack import gc_retry_delay_ms
+from .groups import copy_in
 from .job import FLAG_BCAST_QUEUED, FLAG_BCAST_WILLQUEUE, FLAG_DELIVERED, Job, JobState
 from .job_options import retry_seconds
 from .jobs import register_job
@@ -40,6 +48,7 @@ def apply_loaded_jobs(state: ServerState, jobs: Iterable[Job],
         if job.etime <= now:
             counts["expired"] += 1
             continue
+        queued_again = False
         job.delivered = node_sets.setdefault(job.delivered, job.delivered)
         if job.queue is not None:
             job.queue = names.setdefault(job.queue, job.queue)
@@ -56,6 +65,7 @@ def apply_loaded_jobs(state: ServerState, jobs: Iterable[Job],
                 if was_queued:
                     job.qtime = now  # enqueue_job needs a queue time
                     to_enqueue.append(job)
+                    queued_again = True
                 elif not job.flags & FLAG_BCAST_QUEUED:
                     # Delayed and never queued: queue it when its delay ends.
                     job.qtime = max(now, job.ctime // 1_000_000 + job.delay * 1000)
@@ -76,6 +86,12 @@ def apply_loaded_jobs(state: ServerState, jobs: Iterable[Job],
                 job.qtime = 0   # RETRY 0: a reload never queues it
         if register_job(state, job):
             counts["loaded"] += 1
+            ext = job.ext
+            if (ext is not None and ext.group is not None and job.qtime
+                    and job.state == JobState.ACTIVE and not queued_again):
+                copy_in(state, job)
+    # In creation order: a queue's (and a group's) jobs then go in at its end.
+    to_enqueue.sort(key=_ctime)
     for job in to_enqueue:
         # Restore the queued state exactly: with BCAST_QUEUED clear the
         # enqueue is the silent kind (no additional delivery counted, no
@@ -87,3 +103,7 @@ def apply_loaded_jobs(state: ServerState, jobs: Iterable[Job],
         else:
             job.flags |= had_bcast
     return counts
+
+
+def _ctime(job: Job) -> int:
+    return job.ctime

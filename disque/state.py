@@ -298,11 +298,12 @@ class ServerState:
     def forget_if_unused(self, q: Queue) -> None:
         """Drop ``q`` now if nothing ever used it but readers that left:
         no job ever entered it, nobody waits, it has no pause flag, rate
-        limit or federation memory.  A GETJOB ... FROM naming many queues
+        limit, federation memory or group.  A GETJOB ... FROM naming many queues
         that hold nothing leaves nothing behind this way, where idle eviction
         takes minutes to walk to them (300 s idle, as in the original)."""
         if (q.jobs_in == 0 and not q.jobs and not q.waiters and not q.flags
-                and q.limit is None and q.fed is None and self.queues.lookup(q.name) is q):
+                and q.limit is None and q.fed is None and q.groups is None
+                and self.queues.lookup(q.name) is q):
             self.queues.remove(q)
             self.memory.sub(QUEUE_OVERHEAD_BYTES + len(q.name))
             self.stats.evicted_queues += 1

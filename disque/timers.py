@@ -12,10 +12,10 @@ import logging
 from typing import TYPE_CHECKING, Final
 
 from .ack import try_job_gc
-from .job import ACKED, ACTIVE, FLAG_BCAST_WILLQUEUE, QUEUED, Job
+from .job import ACKED, ACTIVE, FLAG_BCAST_WILLQUEUE, FLAG_GROUP_COPY, QUEUED, Job
 from .job_options import retry_seconds
 from .jobs import unregister_job
-from .queue import enqueue_job
+from .queue import enqueue_job, requeue_group
 from .schedule import WILLQUEUE_ADVANCE_MS, requeue_time, update_awake_time
 
 if TYPE_CHECKING:
@@ -55,13 +55,17 @@ def process_job(state: ServerState, job: Job, now: int) -> None:
         else:
             job.flags &= ~FLAG_BCAST_WILLQUEUE
     # 3. Active and its queue time came: (re)queue it.  A queue paused for
-    #    input does not take it; try again a RETRY later.
+    #    input does not take it; try again a RETRY later.  One of an ordered
+    #    group's copies here: no node that serves it answered the WILLQUEUE,
+    #    so this node takes the whole group, its copies all queued at once
+    #    (groups.py, "In a cluster").
     if state_ == ACTIVE and job.qtime and job.qtime <= now:
         q = state.queues.lookup(job.queue) if job.queue is not None else None
         if q is not None and q.paused_in and job.retry > 0:
             job.qtime = requeue_time(state, retry_seconds(job), now)
             job.flags |= FLAG_BCAST_WILLQUEUE
-        elif not enqueue_job(state, job):
+        elif not (requeue_group(state, job, now) if job.flags & FLAG_GROUP_COPY
+                  else enqueue_job(state, job)):
             # Nothing will ever queue it again (RETRY 0 after delivery).
             job.qtime = 0
     # 4. Still queued at its retry time (nobody fetched it): postpone, and

@@ -39,7 +39,7 @@ __all__ = ["Blocked", "BlockDeadlines", "BlockedGet", "ReplicationWait", "Waiter
            "block_for_jobs", "park",
            "unblock", "unblock_all", "entries_reply", "getjob_entry", "plain_entries_reply",
            "NO_REPLY",
-           "WITH_COUNTERS", "WITH_HEADERS", "WITH_LEASE"]
+           "WITH_COUNTERS", "WITH_GROUP", "WITH_HEADERS", "WITH_LEASE"]
 
 #: Timeouts are capped: a wait this long is "forever" for every practical purpose
 #: and larger values would overflow the event loop's timer.
@@ -53,14 +53,16 @@ _NACKS: Final = b"nacks"
 _DELIVERIES: Final = b"additional-deliveries"
 _REQUEUE_WITHIN: Final = b"next-requeue-within"
 _HEADERS: Final = b"headers"
+_GROUP: Final = b"group"
 
 #: GETJOB's optional entry fields (a bit set): WITHCOUNTERS adds the NACK and
 #: delivery counters, WITHLEASE (an extension) the milliseconds left before
 #: this node queues the job again, WITHHEADERS (an extension) the job's
-#: headers.
+#: headers, WITHGROUP (an extension) its group key.
 WITH_COUNTERS: Final = 1
 WITH_LEASE: Final = 2
 WITH_HEADERS: Final = 4
+WITH_GROUP: Final = 8
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)
@@ -176,7 +178,8 @@ class BlockedGet(Blocked):
 def getjob_entry(job: Job, fields: int, now: int = 0) -> list[Any]:
     """One job in GETJOB's reply: ``[queue, id, body]``, then the ``fields``
     asked for (:data:`WITH_COUNTERS`, :data:`WITH_LEASE` as of ``now``,
-    :data:`WITH_HEADERS`), each a name and its value, in that order."""
+    :data:`WITH_HEADERS`, :data:`WITH_GROUP`), each a name and its value, in
+    that order."""
     entry: list[Any] = [job.queue, job.id, job.body]
     if fields:
         if fields & WITH_COUNTERS:
@@ -186,6 +189,9 @@ def getjob_entry(job: Job, fields: int, now: int = 0) -> list[Any]:
         if fields & WITH_HEADERS:
             ext = job.ext
             entry.extend((_HEADERS, list(ext.headers) if ext is not None else []))
+        if fields & WITH_GROUP:
+            ext = job.ext
+            entry.extend((_GROUP, ext.group if ext is not None else None))
     return entry
 
 
@@ -249,7 +255,8 @@ _NO_HEADERS: Final = array_header(0)
 
 def fielded_entries_reply(q: Queue, jobs: list[Job], fields: int) -> Encoded:
     """GETJOB's reply for ``jobs`` taken from ``q`` with WITHCOUNTERS and/or
-    WITHHEADERS (not WITHLEASE: its nil differs between RESP2 and RESP3),
+    WITHHEADERS (not WITHLEASE nor WITHGROUP: their nil differs between RESP2
+    and RESP3),
     already encoded, as :func:`plain_entries_reply`: the entries of
     :func:`getjob_entry` without building their lists (a traced consumer
     asks WITHHEADERS on every GETJOB)."""
@@ -296,10 +303,10 @@ def fielded_entries_reply(q: Queue, jobs: list[Job], fields: int) -> Encoded:
 def entries_reply(state: ServerState, q: Queue, jobs: list[Job],
                   fields: int) -> list[list[Any]] | Encoded:
     """GETJOB's reply for ``jobs`` taken from ``q``, with the ``fields``
-    asked for (encoded at once but with WITHLEASE)."""
+    asked for (encoded at once but with WITHLEASE or WITHGROUP)."""
     if not fields:
         return plain_entries_reply(q, jobs)
-    if not fields & WITH_LEASE:
+    if not fields & (WITH_LEASE | WITH_GROUP):
         return fielded_entries_reply(q, jobs, fields)
     now = state.clock.now_ms()
     return [getjob_entry(job, fields, now) for job in jobs]

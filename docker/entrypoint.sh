@@ -66,7 +66,7 @@ cluster-node-timeout cluster-secret metrics-port metrics-bind tls-port
 tls-cert-file tls-key-file tls-ca-cert-file tls-auth-clients aclfile tls-cluster
 cluster-max-inbound-links cluster-announce-ip cluster-announce-port
 cluster-announce-bus-port cluster-discovery cluster-discovery-interval
-cluster-discovery-forget-time max-job-headers max-job-headers-size
+cluster-discovery-forget-time max-job-headers max-job-headers-size max-group-key-len
 "
 
 # DISQUE_* variables that are settings of this script (or of the disque CLI),

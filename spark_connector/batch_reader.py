@@ -9,7 +9,8 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 from pyspark.sql.datasource import DataSourceReader, InputPartition
 
-from .fetch import fetch_table, jobs_to_table
+from . import telemetry
+from .fetch import fetch_table, headers_refused_error, jobs_to_table, supports_headers
 from .options import ConnectionConfig, SourceConfig
 from .partitions import record_batches
 from .topology import discover
@@ -33,6 +34,10 @@ class ScanPartition(InputPartition):
     max_jobs: int | None
     batch_size: int
     ack_mode: str
+    #: ``includeHeaders``: the jobs' headers too.
+    include_headers: bool = False
+    #: ``telemetrySetup``, called in the task's Python worker (drains make spans).
+    telemetry_setup: str | None = None
 
 
 
@@ -57,12 +62,17 @@ class DisqueBatchReader(DataSourceReader):
         streaming source reads them."""
         config = self.config
         nodes = [view.address for view in discover(config.connection)]
+        if config.include_headers:
+            _check_headers(config, nodes)
         return [ScanPartition(node, queue, config.connection, config.drain, config.max_jobs,
-                              config.fetch_batch_size, config.ack_mode)
+                              config.fetch_batch_size, config.ack_mode, config.include_headers,
+                              config.telemetry_setup)
                 for node in nodes for queue in config.queues]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, ScanPartition)
+        if partition.drain:
+            telemetry.setup(partition.telemetry_setup)
         client = partition.connection.client(node=partition.node,
                                              client_name="spark-disque-batch")
         try:
@@ -72,6 +82,7 @@ class DisqueBatchReader(DataSourceReader):
                 yield from record_batches(_peek(client, partition), self.schema)
         finally:
             client.close()
+            telemetry.flush()
 
     def _drain(self, client: Client, part: ScanPartition) -> Iterator[pa.RecordBatch]:
         """GETJOB while the node's QLEN says jobs are queued, never on an empty queue.
@@ -89,7 +100,8 @@ class DisqueBatchReader(DataSourceReader):
             want = min(part.batch_size, queued)
             if part.max_jobs is not None:
                 want = min(want, part.max_jobs - taken)
-            table = fetch_table(client, [part.queue], want, batch_size=want)
+            table = fetch_table(client, [part.queue], want, batch_size=want,
+                                headers=part.include_headers)
             if table.num_rows == 0:
                 return  # another consumer took them between QLEN and GETJOB
             ids = table.column("id").to_pylist()
@@ -105,9 +117,22 @@ class DisqueBatchReader(DataSourceReader):
             taken += len(ids)
 
 
+def _check_headers(config: SourceConfig, nodes: list[str]) -> None:
+    """``includeHeaders``: fail the read, on the driver, when a node has no headers."""
+    for node in nodes:
+        client = config.connection.client(node=node, client_name="spark-disque-batch")
+        try:
+            if not supports_headers(client, config.queues[0]):
+                raise headers_refused_error(node, "ERR syntax error")
+        finally:
+            client.close()
+
+
 def _peek(client: Client, part: ScanPartition) -> pa.Table:
     from disque.client import Job
 
+    if part.include_headers:
+        return _peek_with_headers(client, part)
     jobs: list[Job] = []
     for info in client.jscan(queue=part.queue, states=("queued",), reply="all",
                              count=part.batch_size):
@@ -120,3 +145,32 @@ def _peek(client: Client, part: ScanPartition) -> pa.Table:
         if part.max_jobs is not None and len(jobs) >= part.max_jobs:
             break
     return jobs_to_table(jobs)
+
+
+def _peek_with_headers(client: Client, part: ScanPartition) -> pa.Table:
+    """:func:`_peek` with each job's headers: JSCAN's replies read raw, since
+    the client's SHOW-like dicts keep one value per header name (a job's
+    headers may repeat a name)."""
+    from disque.client import Job
+
+    jobs: list[Job] = []
+    headers: list[list[bytes]] = []
+    cursor = 0
+    while True:
+        cursor_reply, items = client.execute_command(
+            "JSCAN", cursor, "COUNT", part.batch_size, "QUEUE", part.queue, "STATE", "queued",
+            "REPLY", "all")
+        for item in items:
+            info = dict(zip(item[0::2], item[1::2], strict=True))
+            body = info.get(b"body")
+            if body is None:
+                continue
+            jobs.append(Job(info[b"queue"].decode("utf-8", "surrogateescape"),
+                            info[b"id"].decode(), body, int(info.get(b"nacks") or 0),
+                            int(info.get(b"additional-deliveries") or 0)))
+            headers.append(info.get(b"headers") or [])
+            if part.max_jobs is not None and len(jobs) >= part.max_jobs:
+                return jobs_to_table(jobs, headers=headers)
+        cursor = int(cursor_reply)
+        if cursor == 0:
+            return jobs_to_table(jobs, headers=headers)

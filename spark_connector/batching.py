@@ -6,12 +6,20 @@ kernels (:mod:`.resp`), no Python object per row.  A group sends its rows as
 one ``ADDJOBS`` (or, to an original node or with IDMP keys, one ``ADDJOB`` per
 row); :meth:`Batcher.trips` cuts the parts into round trips of ``batchSize``
 rows.  Values are checked for the whole batch before any of it is sent.
+
+A ``headers`` column makes each row's headers RESP pairs too (a list per
+row); only rows that have some change the commands (``ADDJOBS ... JOBS``,
+``ADDJOB ... HEADER name value``), so a batch without headers is sent byte
+for byte as by a sink without the column.  When the process traces, each
+batch gets a ``send`` span per queue whose context goes into the headers of
+the rows that carry none (:meth:`Batcher._traced`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
@@ -27,6 +35,10 @@ from .sink_options import (
     MAX_IDMP_KEY_BYTES,
     SinkConfig,
 )
+from .telemetry import MAX_LINKS
+
+if TYPE_CHECKING:
+    from .telemetry import SendSpans, Tracing
 
 __all__ = ["Group", "Part", "Batcher"]
 
@@ -48,6 +60,11 @@ class Group:
     single_prefix: pa.Scalar
     single_suffix: pa.Scalar
     idmp_tail: pa.Scalar
+    #: With headers: ``ADDJOBS <queue> <tail> JOBS``, and ``ADDJOB <queue>``
+    #: without the array header (each row's argument count differs).
+    jobs_head: bytes = b""
+    single_head: pa.Scalar | None = None
+    single_argc: int = 0
 
     @classmethod
     def of(cls, queue: bytes, tail: tuple[bytes, ...],
@@ -61,48 +78,116 @@ class Group:
             single_prefix=resp.scalar(b"*%d\r\n" % single_argc
                                       + encode_args((b"ADDJOB", queue))),
             single_suffix=resp.scalar(encode_args(tail)),
-            idmp_tail=resp.scalar(encode_args(idmp_tail or ())))
+            idmp_tail=resp.scalar(encode_args(idmp_tail or ())),
+            jobs_head=encode_args((b"ADDJOBS", queue, *tail, b"JOBS")),
+            single_head=resp.scalar(encode_args((b"ADDJOB", queue))),
+            single_argc=single_argc)
 
 
 @dataclass(frozen=True, slots=True)
 class Part:
     """Some rows of one group, in row order, as RESP bulk strings: the bodies
-    (key included, with a dedup key) and, for IDMP, the keys."""
+    (key included, with a dedup key) and, for IDMP, the keys.
+
+    ``headers``: each row's headers as a list of RESP ``name value`` pairs
+    (None: no row has any, and the commands are those of a sink without
+    headers, byte for byte); ``own``: the same without the trace context
+    the sink ``injected`` into rows that had none, for a node that refuses
+    headers (an original node).
+    """
 
     group: Group
     bodies: pa.Array
     keys: pa.Array | None = None
+    headers: pa.ListArray | None = None
+    own: pa.ListArray | None = None
+    injected: bool = False
 
     def __len__(self) -> int:
         return len(self.bodies)
 
     def slice(self, start: int, length: int) -> Part:
         keys = self.keys.slice(start, length) if self.keys is not None else None
-        return Part(self.group, self.bodies.slice(start, length), keys)
+        if self.headers is None:
+            return Part(self.group, self.bodies.slice(start, length), keys)
+        return Part(self.group, self.bodies.slice(start, length), keys,
+                    self.headers.slice(start, length),
+                    self.own.slice(start, length) if self.own is not None else None,
+                    self.injected)
 
     def take(self, rows: list[int]) -> Part:
         indexes = pa.array(rows, pa.int64())
         keys = self.keys.take(indexes) if self.keys is not None else None
-        return Part(self.group, self.bodies.take(indexes), keys)
+        if self.headers is None:
+            return Part(self.group, self.bodies.take(indexes), keys)
+        return Part(self.group, self.bodies.take(indexes), keys, self.headers.take(indexes),
+                    self.own.take(indexes) if self.own is not None else None, self.injected)
+
+    def without_injected(self) -> Part:
+        """The rows with their own headers only (the trace context left out)."""
+        return replace(self, headers=self.own, injected=False) if self.injected else self
 
     def bulk(self) -> bytes:
-        """``ADDJOBS`` with these bodies (at most MAX_BULK_BODIES)."""
+        """``ADDJOBS`` with these bodies (at most MAX_BULK_BODIES); with
+        headers, ``ADDJOBS ... JOBS``: per job its header count, its names
+        and values, its body."""
         group = self.group
-        return b"*%d\r\n%s%s" % (group.bulk_argc + len(self), group.bulk_head,
-                                  resp.concatenated(self.bodies))
+        if self.headers is None:
+            return b"*%d\r\n%s%s" % (group.bulk_argc + len(self), group.bulk_head,
+                                      resp.concatenated(self.bodies))
+        counts = self.headers.value_lengths()
+        pairs = int(counts.to_numpy(zero_copy_only=False).sum())
+        jobs = resp.join(resp.bulk_strings(resp.decimal(counts)),
+                         resp.row_concat(self.headers), self.bodies)
+        return b"*%d\r\n%s%s" % (group.bulk_argc + 2 * len(self) + 2 * pairs,
+                                  group.jobs_head, resp.concatenated(jobs))
 
     def singles(self) -> memoryview:
-        """One ``ADDJOB`` per body (with ``IDMP <key>`` when keys are sent)."""
+        """One ``ADDJOB`` per body (with ``IDMP <key>`` when keys are sent,
+        then ``HEADER name value`` per header)."""
         group = self.group
+        if self.headers is None:
+            if self.keys is None:
+                commands = resp.join(group.single_prefix, self.bodies, group.single_suffix)
+            else:
+                commands = resp.join(group.single_prefix, self.bodies, group.single_suffix,
+                                     _IDMP, self.keys, group.idmp_tail)
+            return resp.concatenated(commands)
+        counts = self.headers.value_lengths()
+        argc = pc.add(pc.multiply(counts, 3), group.single_argc)
+        assert group.single_head is not None
+        head = resp.join(_STAR, resp.decimal(argc), _CRLF, group.single_head)
+        headers = resp.row_concat(self.headers, _HEADER)
         if self.keys is None:
-            commands = resp.join(group.single_prefix, self.bodies, group.single_suffix)
+            commands = resp.join(head, self.bodies, group.single_suffix, headers)
         else:
-            commands = resp.join(group.single_prefix, self.bodies, group.single_suffix,
-                                 _IDMP, self.keys, group.idmp_tail)
+            commands = resp.join(head, self.bodies, group.single_suffix, _IDMP, self.keys,
+                                 group.idmp_tail, headers)
         return resp.concatenated(commands)
 
 
+@dataclass(frozen=True, slots=True)
+class _Headers:
+    """A batch's ``headers`` column: rows' ``offsets`` into the flat ``names``
+    and ``values`` (bytes), and each row's pairs as RESP (``pairs``)."""
+
+    offsets: np.ndarray
+    names: pa.Array
+    values: pa.Array
+    pairs: pa.ListArray
+
+
+def _take(array: Any, indexes: pa.Array | None) -> Any:
+    """``array`` (or None) at ``indexes`` (None: all of it)."""
+    if array is None or indexes is None:
+        return array
+    return array.take(indexes)
+
+
 _IDMP = resp.scalar(encode_args((b"IDMP",)))
+_HEADER = resp.scalar(encode_args((b"HEADER",)))
+_STAR = resp.scalar(b"*")
+_CRLF = resp.scalar(b"\r\n")
 
 
 class Batcher:
@@ -114,12 +199,16 @@ class Batcher:
     whether the dedup keys also go out as ADDJOB's ``IDMP``.
     """
 
-    def __init__(self, config: SinkConfig, partition: int, key_prefix: bytes | None) -> None:
+    def __init__(self, config: SinkConfig, partition: int, key_prefix: bytes | None,
+                 tracing: Tracing | None = None) -> None:
         self.config = config
         self.partition = partition
         self.key_prefix = key_prefix
         self.rows = 0
         self.idmp = False
+        #: This process traces: each batch's ``send`` spans (:meth:`parts`).
+        self.tracing = tracing
+        self.spans: SendSpans | None = None
         self._default_queue = config.queue.encode() if config.queue is not None else None
         self._defaults = {"delay": config.delay, "retry": config.retry, "ttl": config.ttl,
                           "replicate": config.replicate, "priority": config.priority}
@@ -227,22 +316,32 @@ class Batcher:
             keys = resp.numbered(self.key_prefix, self.rows, n)
         if keys is not None:
             body = resp.join(keys, body, separator=b"\n")
+        headers = self._headers(batch) if columns.headers is not None else None
         self.rows += n
         bodies = resp.bulk_strings(body)
         key_args = resp.bulk_strings(keys) if self.idmp and keys is not None else None
-        if queue is None and not per_row:
-            return [Part(self.group(None), bodies, key_args)]
-        return self._grouped(bodies, key_args, queue, per_row)
+        if self.tracing is None:
+            if queue is None and not per_row:
+                pairs = headers.pairs if headers is not None else None
+                return [Part(self.group(None), bodies, key_args, pairs, pairs)]
+            return [Part(group, bodies.take(indexes), _take(key_args, indexes),
+                         _take(headers.pairs if headers is not None else None, indexes),
+                         _take(headers.pairs if headers is not None else None, indexes))
+                    for group, indexes in self._grouped(n, queue, per_row)]
+        groups = ([(self.group(None), None)] if queue is None and not per_row
+                  else self._grouped(n, queue, per_row))
+        return self._traced(self.tracing, groups, bodies, key_args, headers, n)
 
-    def _grouped(self, bodies: pa.Array, keys: pa.Array | None, queue: pa.Array | None,
-                 per_row: dict[str, pa.Array]) -> list[Part]:
+    def _grouped(self, n: int, queue: pa.Array | None,
+                 per_row: dict[str, pa.Array]) -> list[tuple[Group, pa.Array]]:
         """Rows split by equal (queue, per-row option values), each group in row
-        order, groups in the order of their first row."""
+        order, groups in the order of their first row: each group and its
+        rows' indexes."""
         columns = dict(per_row)
         if queue is not None:
             columns["queue"] = queue
         names = list(columns)
-        columns["row"] = pa.array(np.arange(len(bodies), dtype=np.int64))
+        columns["row"] = pa.array(np.arange(n, dtype=np.int64))
         found = pa.table(columns).group_by(names, use_threads=False).aggregate(
             [("row", "list")])
         rows = found.column("row_list").combine_chunks()
@@ -251,10 +350,114 @@ class Batcher:
             name = found.column("queue")[i].as_py() if queue is not None else None
             group = self.group(name.encode("utf-8", "surrogateescape") if name is not None
                                else None, {o: found.column(o)[i].as_py() for o in per_row})
-            indexes = rows[i].values
-            out.append(Part(group, bodies.take(indexes),
-                            keys.take(indexes) if keys is not None else None))
+            out.append((group, rows[i].values))
         return out
+
+    # -------------------------------------------------------------- headers
+
+    def _headers(self, batch: pa.RecordBatch) -> _Headers | None:
+        """The ``headers`` column's pairs, encoded; None when no row has one.
+
+        A null (or empty) array or map is no headers.  A null entry, name or
+        value fails the batch naming the row (values may be empty, not
+        null: the node stores bytes); the node judges the rest (an empty
+        name, control characters, its limits) and its ``-ERR`` fails the
+        task as any refused job does.
+        """
+        column_name = self.config.columns.headers
+        assert column_name is not None
+        column = batch.column(column_name)
+        if isinstance(column, pa.MapArray):  # the same entries, as a list of structs
+            column = pa.ListArray.from_arrays(
+                column.offsets, column.values,
+                mask=column.is_null() if column.null_count else None)
+        n = len(column)
+        counts = pc.fill_null(pc.list_value_length(column), 0).to_numpy(
+            zero_copy_only=False).astype(np.int64)
+        if not counts.any():
+            return None
+        offsets = np.zeros(n + 1, dtype=np.int64)
+        np.cumsum(counts, out=offsets[1:])
+        entries = column.flatten()
+        fields = {entries.type.field(i).name.lower(): i
+                  for i in range(entries.type.num_fields)}
+        names, values = entries.field(fields["key"]), entries.field(fields["value"])
+        for what, nulls in (("has a null header", entries),
+                            ("has a header whose key is null", names),
+                            ("has a header whose value is null (values may be empty, not null)",
+                             values)):
+            if nulls.null_count:
+                self._fail_pairs(column_name, offsets, nulls.is_null(), what)
+        names, values = resp.as_binary(names), resp.as_binary(values)
+        pairs = resp.join(resp.bulk_strings(names), resp.bulk_strings(values))
+        return _Headers(offsets, names, values, pa.ListArray.from_arrays(
+            pa.array(offsets.astype(np.int32)), pairs))
+
+    def _fail_pairs(self, column: str, offsets: np.ndarray, mask: pa.Array,
+                    what: str) -> None:
+        pair = pc.index(mask, True).as_py()
+        rows = np.zeros(len(offsets) - 1, dtype=bool)
+        rows[int(np.searchsorted(offsets, pair, side="right")) - 1] = True
+        self._fail_rows(column, pa.array(rows), what)
+
+    def _traced(self, tracing: Tracing, groups: list[tuple[Group, pa.Array | None]],
+                bodies: pa.Array, keys: pa.Array | None, headers: _Headers | None,
+                n: int) -> list[Part]:
+        """The parts of a batch when this process traces: one ``send {queue}``
+        span per queue (:class:`.telemetry.SendSpans`), whose context goes
+        into the headers of each row that carries none (no name the
+        propagator reads), while the rows that do are sent as given and
+        linked."""
+        from .telemetry import SendSpans
+
+        own = np.zeros(n, dtype=bool)
+        if headers is not None:
+            fields = pa.array(sorted(tracing.fields()), resp.BINARY)
+            hits = np.zeros(len(headers.names) + 1, dtype=np.int64)
+            np.cumsum(pc.is_in(headers.names, value_set=fields).to_numpy(
+                zero_copy_only=False), out=hits[1:])
+            own = hits[headers.offsets[1:]] > hits[headers.offsets[:-1]]
+        by_queue: dict[bytes, list[tuple[Group, pa.Array | None]]] = {}
+        for group, indexes in groups:
+            by_queue.setdefault(group.queue, []).append((group, indexes))
+        spans = self.spans = SendSpans(tracing)
+        out = []
+        pairs = headers.pairs if headers is not None else None
+        for queue, queue_groups in by_queue.items():
+            rows = np.concatenate([np.arange(n) if indexes is None
+                                   else indexes.to_numpy(zero_copy_only=False)
+                                   for _, indexes in queue_groups])
+            contexts: list[Any] = []
+            if headers is not None:
+                for row in rows[own[rows]]:
+                    if len(contexts) >= MAX_LINKS:
+                        break
+                    start, end = headers.offsets[row], headers.offsets[row + 1]
+                    context = tracing.extract(zip(headers.names[start:end].to_pylist(),
+                                                  headers.values[start:end].to_pylist(),
+                                                  strict=True))
+                    if context is not None:
+                        contexts.append(context)
+            injects = not own[rows].all()
+            span = spans.start(queue, len(rows), contexts, injects)
+            extra = pa.array([encode_args(pair) for pair in tracing.inject(span)],
+                             resp.BINARY) if injects else None
+            for group, indexes in queue_groups:
+                group_own = own if indexes is None else own[indexes.to_numpy(
+                    zero_copy_only=False)]
+                group_pairs = _take(pairs, indexes)
+                sent = group_pairs
+                if extra is not None and not group_own.all():
+                    sent = resp.append_to_rows(group_pairs, len(group_own), ~group_own, extra)
+                out.append(Part(group, _take(bodies, indexes), _take(keys, indexes), sent,
+                                group_pairs, sent is not group_pairs))
+        return out
+
+    def end_spans(self, address: str | None, error: BaseException | None = None) -> None:
+        """End the batch's ``send`` spans (sent to ``address``, or failed)."""
+        if self.spans is not None:
+            self.spans.finish(address, error)
+            self.spans = None
 
     def trips(self, parts: list[Part]) -> Iterator[list[Part]]:
         """Round trips of at most ``batchSize`` rows; one ADDJOBS (a part)

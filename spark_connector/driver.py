@@ -27,9 +27,18 @@ from pyspark.sql.streaming.datasource import (
 
 from disque.exceptions import ConnectionFailed, DisqueError, NoPerm
 
+from . import telemetry
 from .ahead import FetchAhead
 from .executor_read import SERVED_BY, seconds_left
-from .fetch import Fetched, binary_ids, count_nonzero, empty_table, fetch_jobs
+from .fetch import (
+    Fetched,
+    binary_ids,
+    count_nonzero,
+    empty_table,
+    fetch_jobs,
+    headers_refused_error,
+    supports_headers,
+)
 from .leases import COPY_SKEW_S, LeaseKeeper
 from .logs import log_to_stderr
 from .options import DEFAULT_MAX_JOBS_PER_TRIGGER, OptionError, SourceConfig
@@ -51,6 +60,9 @@ class DriverSide:
         started = time.monotonic()
         self.config = config
         log_to_stderr(config.log_level)
+        # This process makes the receive spans of driver fetch mode: the
+        # user's OpenTelemetry set-up runs here once, first.
+        telemetry.setup(config.telemetry_setup)
         # Before anything else (staging, leases): a wrong address fails the
         # query before its first batch, with an error naming the option.
         check_reachable(config)
@@ -69,6 +81,15 @@ class DriverSide:
             self.staging.store.check_create()
         #: The cluster's nodes (seeds plus HELLO), one pinned client each.
         self.nodes = NodeSet(config.connection)
+        if config.include_headers:
+            try:
+                self._check_headers()
+            except OptionError:
+                self.nodes.close()
+                raise
+        #: Nodes that refused the WITHHEADERS asked for tracing alone (an
+        #: original node): their jobs' receive spans get no links.
+        self._no_headers: set[str] = set()
         self._next_blocking = 0
         #: Nodes that refused GETJOB ... WITHLEASE (the original): their
         #: jobs' first heartbeat goes by minJobRetry.
@@ -119,6 +140,18 @@ class DriverSide:
         # Checking the nodes and the store, the clients, recovery: what this
         # process adds to its query's start before the first fetch.
         self.progress.timed("startMs", time.monotonic() - started)
+
+    def _check_headers(self) -> None:
+        """``includeHeaders``: every node must have job headers, or the query
+        fails now, before any job is taken (a node that joins later and has
+        none fails the fetch from it, the same way)."""
+        for address in self.nodes.live():
+            client = self.nodes.client(address)
+            try:
+                if not supports_headers(client, self.config.queues[0]):
+                    raise headers_refused_error(address, "ERR syntax error")
+            except DisqueError as exc:
+                log.info("could not ask %s whether it has job headers: %s", address, exc)
 
     # ------------------------------------------------------------ recovery
 
@@ -395,7 +428,7 @@ class DriverSide:
         return seq
 
     def _stage_empty(self, seq: int) -> None:
-        table = empty_table()
+        table = empty_table(self.config.include_headers)
         self.staging.stage_driver_batch(seq, table)
         self.tables[seq] = table
 
@@ -467,7 +500,7 @@ class DriverSide:
         fetch_started = time.monotonic()
         #: When the first of the batch's jobs would be queued again.
         lease_until = math.inf
-        tables = []
+        tables: list[pa.Table] = []
         remaining = max_jobs
         live = self.nodes.live()
         reached = []
@@ -476,7 +509,13 @@ class DriverSide:
         # nodes), nor again while a batch that holds it runs (fetchAhead).
         seen = self._held_ids()
         for address in live:  # a quick NOHANG pass over every node first
-            fetched = self._fetch_from(address, remaining, 0, seen)
+            try:
+                fetched = self._fetch_from(address, remaining, 0, seen)
+            except OptionError:
+                # includeHeaders and a node without headers: the query
+                # fails; what the other nodes gave goes back to its queue.
+                self._give_back(seq, zip(served, tables, strict=True))
+                raise
             if fetched is None:
                 continue
             table = fetched.table
@@ -575,9 +614,11 @@ class DriverSide:
         try:
             fetched = fetch_jobs(client, self.config.queues, limit,
                                  batch_size=self.config.fetch_batch_size, block_ms=block_ms,
-                                 lease=address not in self._no_lease, seen=seen)
-        except NoPerm:
-            raise  # the user's permissions, not the node: fail the query saying so
+                                 lease=address not in self._no_lease, seen=seen,
+                                 headers=self.config.include_headers,
+                                 trace=address not in self._no_headers)
+        except (NoPerm, OptionError):
+            raise  # the user's permissions or options, not the node: fail the query
         except (ConnectionFailed, DisqueError) as exc:
             log.warning("fetch from %s failed, other nodes still read: %s", address, exc)
             self.nodes.mark_down(address)
@@ -586,6 +627,10 @@ class DriverSide:
             log.info("%s has no GETJOB ... WITHLEASE (an original node): first heartbeats "
                      "go by minJobRetry", address)
             self._no_lease.add(address)
+        if not fetched.headers_supported:
+            log.info("%s has no GETJOB ... WITHHEADERS (an original node): its jobs' receive "
+                     "spans have no links", address)
+            self._no_headers.add(address)
         table = fetched.table
         served = client.address or address
         if not self.nodes.check(address, client):
@@ -709,7 +754,8 @@ class DriverSide:
         return [FetchPartition(seq, config.staging_path, p["file"], p["node"],
                                tuple(p["queues"]), int(p["count"]), config.connection,
                                config.fetch_batch_size, tuple(p.get("fallbacks", ())),
-                               config.staging_options)
+                               config.staging_options, config.include_headers,
+                               config.telemetry_setup)
                 for p in parts]
 
     # ------------------------------------------------------------------ ACK
@@ -786,3 +832,4 @@ class DriverSide:
         self.nodes.close()
         for client in [self.acker, self._heartbeat_client]:
             client.close()
+        telemetry.flush()

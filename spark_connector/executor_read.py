@@ -21,6 +21,7 @@ import pyarrow as pa
 
 from disque.exceptions import ConnectionFailed
 
+from . import telemetry
 from .fetch import empty_table, fetch_jobs
 from .partitions import FetchPartition
 from .staging import LEASE_UNTIL, StagingArea, wall_clock_ms
@@ -58,13 +59,14 @@ def fetch_or_replay(part: FetchPartition) -> pa.Table:
             "fetchMode=executor, stagingPath must be storage every node of the cluster "
             "sees (s3://..., an NFS mount); a local path works in local mode only")
     _check_publishable(part, staging)
+    telemetry.setup(part.telemetry_setup)
     client = part.connection.client(node=part.node, client_name="spark-disque-fetch",
                                     fallbacks=part.fallbacks)
     try:
         metadata: dict[str, str] = {}
         try:
             fetched = fetch_jobs(client, part.queues, part.count, batch_size=part.batch_size,
-                                 lease=True)
+                                 lease=True, headers=part.include_headers)
             table = fetched.table
             if fetched.lease_until is not None:
                 metadata[LEASE_UNTIL] = wall_clock_ms(fetched.lease_until)
@@ -74,7 +76,7 @@ def fetch_or_replay(part: FetchPartition) -> pa.Table:
             # whole query; the jobs wait on their node for the next batch.
             log.warning("batch %d %s: %s unreachable, part left empty: %s",
                         part.seq, part.file, part.node, exc)
-            table = empty_table()
+            table = empty_table(part.include_headers)
         # Which node served the part (the planned one, or a fallback): the
         # driver's per-node progress counts it there.
         metadata[SERVED_BY] = client.address or part.node
@@ -86,6 +88,7 @@ def fetch_or_replay(part: FetchPartition) -> pa.Table:
             raise
     finally:
         client.close()
+        telemetry.flush()
 
 
 #: Staging URIs this process has published to (or probed): checked once per

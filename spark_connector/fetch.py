@@ -14,19 +14,25 @@ import pyarrow as pa
 
 from disque.exceptions import ConnectionFailed, DisqueError, ProtocolError
 
-from .schema import STAGED_SCHEMA, empty_table, utf8_view
+from . import telemetry
+from .options import OptionError
+from .schema import empty_table, headers_type, utf8_view, with_headers
 
 if TYPE_CHECKING:
     from disque.client import Client, Job
 
 __all__ = ["Fetched", "fetch_jobs", "fetch_table", "jobs_to_table", "empty_table", "string_array",
-           "binary_ids", "count_nonzero"]
+           "binary_ids", "count_nonzero", "headers_array", "headers_refused_error",
+           "supports_headers"]
 
 log = logging.getLogger("spark_connector.fetch")
 
 
-def jobs_to_table(jobs: list[Job], fetched_at_us: int | None = None) -> pa.Table:
-    """Staged-form table of ``jobs`` (counters must have been fetched).
+def jobs_to_table(jobs: list[Job], fetched_at_us: int | None = None,
+                  headers: list[list[bytes]] | None = None) -> pa.Table:
+    """Staged-form table of ``jobs`` (counters must have been fetched);
+    ``headers``: each job's flat headers (name, value, ...), staged as the
+    ``headers`` column.
 
     Columns built from buffers, as the GETJOB path's: ``pa.array`` on a
     list would import pandas into the executor's Python worker (see
@@ -34,50 +40,123 @@ def jobs_to_table(jobs: list[Job], fetched_at_us: int | None = None) -> pa.Table
     """
     if fetched_at_us is None:
         fetched_at_us = time.time_ns() // 1000
-    return pa.Table.from_arrays([
+    columns = [
         _utf8_array([j.queue for j in jobs]),
         _utf8_array([j.id for j in jobs]),
         binary_array([j.body for j in jobs]),
         int64_array([j.nacks or 0 for j in jobs]),
         int64_array([j.additional_deliveries or 0 for j in jobs]),
         _timestamps(fetched_at_us, len(jobs)),
-    ], schema=STAGED_SCHEMA)
+    ]
+    if headers is not None:
+        columns.append(headers_array(headers))
+    return pa.Table.from_arrays(columns, schema=with_headers(headers is not None))
 
 
-#: Entry length of ``GETJOB ... WITHCOUNTERS`` without and with ``WITHLEASE``.
+#: Entry length of ``GETJOB ... WITHCOUNTERS`` without and with ``WITHLEASE``
+#: (``WITHHEADERS`` adds two more fields, last).
 _PLAIN, _LEASED = 7, 9
 
 
 def _getjob_raw(client: Client, queues: tuple[str, ...] | list[str], count: int,
-                block_ms: int, lease: bool) -> list:
-    """``GETJOB ... WITHCOUNTERS [WITHLEASE]``, reply left raw: no Job object per job.
+                block_ms: int, lease: bool, headers: bool = False) -> list:
+    """``GETJOB ... WITHCOUNTERS [WITHLEASE] [WITHHEADERS]``, reply left raw:
+    no Job object per job.
 
     The entries are ``[queue, id, body, "nacks", n, "additional-deliveries", m]``
-    (then ``"next-requeue-within", ms`` with ``lease``);
-    turning them straight into Arrow columns costs a tenth of parsing them
-    into :class:`disque.client.Job` objects first, which shows at 100k jobs
-    per batch.
+    (then ``"next-requeue-within", ms`` with ``lease``, then ``"headers",
+    [name, value, ...]`` with ``headers``); turning them straight into Arrow
+    columns costs a tenth of parsing them into :class:`disque.client.Job`
+    objects first, which shows at 100k jobs per batch.
     """
     args: list = ["GETJOB"]
     args += ["TIMEOUT", block_ms] if block_ms > 0 else ["NOHANG"]
     args += ["COUNT", count, "WITHCOUNTERS"]
     if lease:
         args.append("WITHLEASE")
+    if headers:
+        args.append("WITHHEADERS")
     args += ["FROM", *queues]
     reply = client.execute_command(*args)
     if not reply:
         return []
     first = reply[0]
-    if (len(first) != (_LEASED if lease else _PLAIN) or first[3] != b"nacks"
-            or first[5] != b"additional-deliveries"
-            or (lease and first[7] != b"next-requeue-within")):
+    if (len(first) != (_LEASED if lease else _PLAIN) + (2 if headers else 0)
+            or first[3] != b"nacks" or first[5] != b"additional-deliveries"
+            or (lease and first[7] != b"next-requeue-within")
+            or (headers and (first[-2] != b"headers" or not isinstance(first[-1], list)))):
         raise ProtocolError(f"unexpected GETJOB WITHCOUNTERS entry: {first!r}")
     return reply
 
 
-def _no_lease_option(error: DisqueError) -> bool:
-    """An original node (or an older one of ours) does not know WITHLEASE."""
+def _syntax_error(error: DisqueError) -> bool:
+    """An original node (or an older one of ours) does not know an option
+    (WITHLEASE, WITHHEADERS)."""
     return str(error).startswith("ERR syntax error")
+
+
+def headers_refused_error(address: str | None, error: BaseException | str) -> OptionError:
+    """``includeHeaders`` against a node without job headers: the query's error."""
+    return OptionError(
+        "includeHeaders", f"is true, but node {address} has no job headers: it answered "
+        f"GETJOB ... WITHHEADERS with '{error}' (an original Disque node does; job headers "
+        "are an extension of this server, docs/EXTENSIONS.md). Read it with "
+        "includeHeaders=false")
+
+
+def supports_headers(client: Client, queue: str) -> bool:
+    """Does the node have job headers?  Asked without touching a job.
+
+    ``GETJOB WITHHEADERS COUNT 0 FROM queue`` is refused either way: a node
+    with headers parses WITHHEADERS, then refuses the count (``-ERR COUNT
+    must be a number greater than zero``); one without stops at the
+    unknown option (``-ERR syntax error``, the original's answer).
+    """
+    try:
+        client.execute_command("GETJOB", "WITHHEADERS", "COUNT", 0, "FROM", queue)
+    except ConnectionFailed:
+        raise
+    except DisqueError as exc:
+        return not _syntax_error(exc)
+    return True
+
+
+_EMPTY_OFFSETS = np.zeros(1, dtype=np.int32)
+
+
+def headers_array(flat_headers: list[list[bytes]]) -> pa.Array | pa.ChunkedArray:
+    """Each job's flat headers (name, value, ...) as the ``headers`` column:
+    a list of ``{key, value}`` per job, in order, repeats kept.
+
+    Built from buffers (no ``pa.array`` of a list, which loads pandas, see
+    :func:`binary_array`); names are checked as UTF-8 (the node only takes
+    UTF-8 names).  Jobs without headers, the usual case, cost an offset each.
+    """
+    counts = np.fromiter(map(len, flat_headers), dtype=np.int64, count=len(flat_headers))
+    if not counts.any():
+        from .schema import empty_headers
+
+        return empty_headers(len(flat_headers))
+    items = list(itertools.chain.from_iterable(flat_headers))
+    names, values = items[0::2], items[1::2]
+    if sum(map(len, values)) + sum(map(len, names)) > _MAX_BINARY_BYTES:
+        # Past 32-bit offsets (at most 64 KB of headers per job, but 100 000
+        # jobs): one array per half of the jobs.
+        half = len(flat_headers) // 2
+        return pa.chunked_array([
+            chunk for part in (flat_headers[:half], flat_headers[half:])
+            for chunk in _chunks(headers_array(part))], headers_type())
+    offsets = np.zeros(len(flat_headers) + 1, dtype=np.int32)
+    np.cumsum(counts // 2, out=offsets[1:])
+    entries = pa.StructArray.from_arrays([string_array(names), binary_array(values)],
+                                         fields=list(headers_type().value_type))
+    return pa.ListArray.from_arrays(
+        pa.Array.from_buffers(pa.int32(), len(offsets), [None, pa.py_buffer(offsets)]),
+        entries, type=headers_type())
+
+
+def _chunks(array: pa.Array | pa.ChunkedArray) -> list[pa.Array]:
+    return array.chunks if isinstance(array, pa.ChunkedArray) else [array]
 
 
 #: Above this many bytes a column no longer fits ``binary``'s 32-bit offsets.
@@ -156,18 +235,23 @@ def _timestamps(at_us: int, count: int) -> pa.Array:
                                  [None, pa.py_buffer(np.full(count, at_us, dtype=np.int64))])
 
 
-def _entries_to_table(entries: list, fetched_at_us: int) -> pa.Table:
+def _entries_to_table(entries: list, fetched_at_us: int, headers: bool = False) -> pa.Table:
+    """The staged table of raw GETJOB entries; ``headers``: stage their
+    headers (the entries' last field) as the ``headers`` column."""
     # One flat list, then a C-level slice per column: no Python loop per job.
     flat = list(itertools.chain.from_iterable(entries))
     step = len(entries[0]) if entries else _PLAIN
-    return pa.Table.from_arrays([
+    columns = [
         string_array(flat[0::step]),
         string_array(flat[1::step]),
         binary_array(flat[2::step]),
         int64_array(flat[4::step]),
         int64_array(flat[6::step]),
         _timestamps(fetched_at_us, len(entries)),
-    ], schema=STAGED_SCHEMA)
+    ]
+    if headers:
+        columns.append(headers_array(flat[step - 1::step]))
+    return pa.Table.from_arrays(columns, schema=with_headers(headers))
 
 
 def _lease_deadline(entries: list, asked_at: float) -> float:
@@ -192,6 +276,9 @@ class Fetched:
     lease_until: float | None
     #: False when the node refused ``WITHLEASE``: do not ask it again.
     lease_supported: bool = True
+    #: False when the node refused the ``WITHHEADERS`` asked for tracing
+    #: alone: do not ask it again (its jobs get no links).
+    headers_supported: bool = True
 
 
 def _new_entries(got: list, seen: set[bytes]) -> list:
@@ -218,7 +305,8 @@ def _new_entries(got: list, seen: set[bytes]) -> list:
 
 def fetch_jobs(client: Client, queues: tuple[str, ...] | list[str], limit: int | None, *,
                batch_size: int, block_ms: int = 0, lease: bool = False,
-               seen: set[bytes] | None = None) -> Fetched:
+               seen: set[bytes] | None = None, headers: bool = False,
+               trace: bool = True) -> Fetched:
     """Up to ``limit`` distinct jobs (``None``: until the queues are empty), as a staged table.
 
     Only the first GETJOB may block, and for at most ``block_ms`` (0: never),
@@ -226,6 +314,14 @@ def fetch_jobs(client: Client, queues: tuple[str, ...] | list[str], limit: int |
     drained with back-to-back ``GETJOB NOHANG COUNT n`` round trips.
     ``lease`` asks each job's lease (``WITHLEASE``, this server's
     extension); a node that refuses it is asked again without.
+
+    ``headers`` (``includeHeaders``) stages each job's headers
+    (``WITHHEADERS``, an extension too); a node that refuses them fails the
+    fetch with :func:`headers_refused_error`, before any job is taken.
+    When this process traces (:func:`.telemetry.tracer`) and ``trace`` is
+    true, the headers are asked for anyway, for the ``receive`` span's
+    links, and a node that refuses them is asked again without
+    (``Fetched.headers_supported``).
 
     ``seen`` holds the IDs (bytes) of jobs the caller already has (other
     nodes' share of the batch, a batch still running): a job delivered
@@ -235,14 +331,17 @@ def fetch_jobs(client: Client, queues: tuple[str, ...] | list[str], limit: int |
     entries: list = []
     first = True
     lease_until = math.inf
-    supported = True
+    supported = headers_supported = True
+    tracing = telemetry.tracer() if trace else None
+    ask_headers = headers or tracing is not None
+    started_ns = time.time_ns()
     if seen is None:
         seen = set()
     while limit is None or len(entries) < limit:
         want = batch_size if limit is None else min(batch_size, limit - len(entries))
         asked_at = time.monotonic()
         try:
-            got = _getjob_raw(client, queues, want, block_ms if first else 0, lease)
+            got = _getjob_raw(client, queues, want, block_ms if first else 0, lease, ask_headers)
         except ConnectionFailed:
             if not entries:
                 raise
@@ -251,9 +350,18 @@ def fetch_jobs(client: Client, queues: tuple[str, ...] | list[str], limit: int |
             log.warning("node lost after fetching %d jobs; keeping those", len(entries))
             break
         except DisqueError as exc:
-            if not lease or not _no_lease_option(exc):
+            if entries or not _syntax_error(exc):
                 raise
-            lease = supported = False  # nothing was fetched yet: ask again without
+            # Nothing was fetched yet: a node without an extension asked
+            # for.  Headers first (the newer one), then the lease.
+            if ask_headers:
+                if headers:
+                    raise headers_refused_error(client.address, exc) from None
+                ask_headers = headers_supported = False
+                continue
+            if not lease:
+                raise
+            lease = supported = False
             continue
         first = False
         fresh = _new_entries(got, seen)
@@ -262,14 +370,20 @@ def fetch_jobs(client: Client, queues: tuple[str, ...] | list[str], limit: int |
         entries.extend(fresh)
         if len(got) < want:
             break
-    table = _entries_to_table(entries, time.time_ns() // 1000)
+    table = _entries_to_table(entries, time.time_ns() // 1000, headers)
+    if tracing is not None and entries:
+        # No span for a fetch that found nothing: an idle query polls.
+        tracing.receive(list(queues), client.address, started_ns,
+                        ((e[1], e[0], e[4], e[6], e[-1] if ask_headers else None)
+                         for e in entries), len(entries))
     if entries and not lease:
-        return Fetched(table, None, supported)
-    return Fetched(table, lease_until, supported)  # no jobs: no lease to keep
+        return Fetched(table, None, supported, headers_supported)
+    return Fetched(table, lease_until, supported, headers_supported)  # no jobs: no lease
 
 
 def fetch_table(client: Client, queues: tuple[str, ...] | list[str], limit: int | None, *,
-                batch_size: int, block_ms: int = 0) -> pa.Table:
+                batch_size: int, block_ms: int = 0, headers: bool = False) -> pa.Table:
     """:func:`fetch_jobs`' table, without leases (batch drains: each fetch
     is acknowledged as soon as Spark took its rows, no heartbeat)."""
-    return fetch_jobs(client, queues, limit, batch_size=batch_size, block_ms=block_ms).table
+    return fetch_jobs(client, queues, limit, batch_size=batch_size, block_ms=block_ms,
+                      headers=headers).table

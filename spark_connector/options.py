@@ -19,6 +19,7 @@ if TYPE_CHECKING:
 __all__ = [
     "OptionError", "ConnectionConfig", "SourceConfig", "DEFAULT_MAX_JOBS_PER_TRIGGER",
     "option_str", "option_int", "option_bool", "option_duration_ms", "option_choice",
+    "option_telemetry_setup",
 ]
 
 #: Spark-style durations: "500ms", "30s", "5m", "1h", or a bare number of ms.
@@ -118,6 +119,19 @@ def option_choice(options: Mapping[str, str], name: str, choices: tuple[str, ...
     if value not in choices:
         raise OptionError(name, f"must be one of {', '.join(choices)}, got {raw!r}")
     return value
+
+
+def option_telemetry_setup(options: Mapping[str, str]) -> str | None:
+    """``telemetrySetup``: ``module:function`` (checked for its shape here;
+    imported where it runs, :func:`.telemetry.setup`)."""
+    raw = option_str(options, "telemetrySetup")
+    if raw is None:
+        return None
+    module, sep, name = raw.partition(":")
+    if not sep or not module.strip() or not name.strip() or " " in raw:
+        raise OptionError("telemetrySetup", f"must be module:function (a function the "
+                          f"connector calls to set up OpenTelemetry), got {raw!r}")
+    return raw
 
 
 #: How long an unreachable node is tried again before giving up (source and
@@ -281,6 +295,11 @@ class SourceConfig:
     #: ``onLostStaging``: a batch in Spark's offset log but not staged:
     #: ``fail`` the query, or ``refetch`` a new batch in its place.
     on_lost_staging: Literal["fail", "refetch"] = "fail"
+    #: ``includeHeaders``: the ``headers`` column (GETJOB ... WITHHEADERS).
+    include_headers: bool = False
+    #: ``telemetrySetup``: ``module:function`` called once per Python
+    #: process before its first span (:mod:`.telemetry`).
+    telemetry_setup: str | None = None
 
     @property
     def live_queues(self) -> tuple[str, ...]:
@@ -343,4 +362,6 @@ class SourceConfig:
             staging_options=_prefixed(options, STAGING_OPTION_PREFIX),
             on_lost_staging=option_choice(options, "onLostStaging", ("fail", "refetch"),
                                           "fail"),  # type: ignore[arg-type]
+            include_headers=option_bool(options, "includeHeaders", False),
+            telemetry_setup=option_telemetry_setup(options),
         )

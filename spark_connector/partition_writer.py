@@ -29,6 +29,7 @@ from pyspark.sql.datasource import WriterCommitMessage
 from disque.client import is_unknown_command
 from disque.exceptions import AuthError, ConnectionFailed, DisqueError, Leaving, ProtocolError
 
+from . import telemetry
 from .batching import Batcher, Part
 from .sink_options import RETRYABLE_ERRORS, SinkConfig
 
@@ -55,6 +56,14 @@ class DisqueWriteError(RuntimeError):
 def text(name: bytes) -> str:
     """A queue name as sent, for messages (any bytes survive: surrogateescape)."""
     return name.decode("utf-8", "surrogateescape")
+
+
+def headers_refused(error: BaseException) -> bool:
+    """The node refused a job's headers: an original node (a syntax error),
+    or ours over ``max-job-headers`` / ``max-job-headers-size``."""
+    message = str(error)
+    return (message.startswith("ERR syntax error") or message.startswith("ERR too many headers")
+            or message.startswith("ERR headers too large"))
 
 
 def _error_code(error: BaseException) -> str:
@@ -95,6 +104,7 @@ class _Outcome:
     answered: int = 0            # replies read (before a lost connection)
     lost: ConnectionFailed | None = None
     lost_queue: bytes = b""      # the queue of the first row without a reply
+    headers_refused: bool = False  # rows refused for the trace context the sink added
 
 
 class PartitionWriter:
@@ -113,8 +123,13 @@ class PartitionWriter:
         self.partition = partition
         self.attempt = attempt
         self.sleep = sleep
+        # Spans only where this Python process has a tracer provider (set
+        # up by telemetrySetup, once per process): zero cost otherwise.
+        telemetry.setup(config.telemetry_setup)
+        self.tracing = telemetry.tracer()
         self.batcher = Batcher(config, partition,
-                               key_prefix.encode() if key_prefix is not None else None)
+                               key_prefix.encode() if key_prefix is not None else None,
+                               self.tracing)
         # Jobs added, per queue name as sent (decoded once, for the message).
         self.written: Counter[bytes] = Counter()
         self.retries = 0
@@ -132,6 +147,12 @@ class PartitionWriter:
         #: ADDJOBS commands / ADDJOB commands sent (the tests read them).
         self.sent_bulk = 0
         self.sent_single = 0
+        #: Nodes that refused the trace context the sink added to rows'
+        #: headers (an original node, or ours with low header limits): it
+        #: goes to them without it, as the client does (docs/TRACING.md).
+        self.no_headers: set[str | None] = set()
+        #: What to add to a give-up message (a node without headers).
+        self._hint = ""
 
     def idmp_enabled(self) -> bool:
         """Send the dedup keys as IDMP?  Decided once per partition.
@@ -298,12 +319,15 @@ class PartitionWriter:
             node = node_id or self._client_address()
             bulk = not self._idmp and node not in self.no_bulk
             plan.append((bulk, node))
+            sent = parts
+            if self.no_headers and node in self.no_headers:
+                sent = [part.without_injected() for part in parts]
             if bulk:
                 self.sent_bulk += len(parts)
-                return b"".join([part.bulk() for part in parts]), len(parts)
+                return b"".join([part.bulk() for part in sent]), len(parts)
             rows = sum(len(part) for part in parts)
             self.sent_single += rows
-            return b"".join([part.singles() for part in parts]), rows
+            return b"".join([part.singles() for part in sent]), rows
 
         sent = self.client().send_pipeline(build, wait=self._wait)
         replies = sent.replies
@@ -317,34 +341,45 @@ class PartitionWriter:
             count = 1 if bulk else len(part)
             got = replies[at:at + count]
             at += count
+            # The sink's own trace context, refused: sent again without it.
+            strip = part.injected and node not in self.no_headers
             if len(got) < count:  # cut off by the lost connection
                 if not out.lost_queue:
                     out.lost_queue = part.group.queue
-                again = self._sort(out, part, got) if got else []  # ADDJOBs answered count
+                again = self._sort(out, part, got, strip) if got else []  # ADDJOBs answered
                 again += range(len(got), len(part))
             elif not bulk:
-                again = self._sort(out, part, got)
+                again = self._sort(out, part, got, strip)
             elif isinstance(got[0], DisqueError):
                 if is_unknown_command(got[0]):
                     self._no_bulk_on(node)  # not an error: the same rows as ADDJOBs
                     out.again.append(part)
                     continue
                 # A whole-command error: each body's reply (ADDJOB would have got it).
-                again = self._sort(out, part, [got[0]] * len(part))
+                again = self._sort(out, part, [got[0]] * len(part), strip)
             elif not isinstance(got[0], list) or len(got[0]) != len(part):
                 out.fatal = out.fatal or (part.group.queue, ProtocolError(
                     f"ADDJOBS of {len(part)} bodies answered {got[0]!r:.200}"))
                 continue
             else:
-                again = self._sort(out, part, got[0])
+                again = self._sort(out, part, got[0], strip)
             if len(again) == len(part):
                 out.again.append(part)
             elif again:
                 out.again.append(part.take(again))
+        if out.headers_refused:
+            self.no_headers.add(node)
+            log.info("partition %d: node %s refused the trace context in job headers: "
+                     "sent without it from now on", self.partition, node)
         return out
 
-    def _sort(self, out: _Outcome, part: Part, results: list[Any]) -> list[int]:
-        """Count the jobs added; return the rows of ``part`` to send again."""
+    def _sort(self, out: _Outcome, part: Part, results: list[Any],
+              strip: bool = False) -> list[int]:
+        """Count the jobs added; return the rows of ``part`` to send again.
+
+        ``strip``: rows refused for their headers are sent again without the
+        trace context the sink added to them (not a failure).
+        """
         queue = part.group.queue
         if set(map(type, results)) <= _ALL_IDS:  # the common case, at C speed (no row loop)
             self.written[queue] += len(results)
@@ -353,6 +388,9 @@ class PartitionWriter:
         for i, result in enumerate(results):
             if not isinstance(result, DisqueError):
                 self.written[queue] += 1
+            elif strip and headers_refused(result):
+                out.headers_refused = True
+                again.append(i)
             elif isinstance(result, Leaving) and "LEAVING" in self.config.retry_errors:
                 out.moved = True
                 again.append(i)
@@ -366,6 +404,10 @@ class PartitionWriter:
                 again.append(i)
             elif out.fatal is None:
                 out.fatal = (queue, result)
+                if part.headers is not None and str(result).startswith("ERR syntax error"):
+                    self._hint = (" (the node refused the jobs' headers: an original Disque "
+                                  "node has no job headers; drop the 'headers' column to "
+                                  "write to it)")
         return again
 
     def _client_address(self) -> str | None:
@@ -395,18 +437,37 @@ class PartitionWriter:
             reason = f"{code}: {reason}"
         raise DisqueWriteError(
             f"disque sink: could not add jobs to queue '{queue}' (partition {self.partition}, "
-            f"node {where or self.node}): {reason}; {why}; "
+            f"node {where or self.node}): {reason}{self._hint}; {why}; "
             f"{sum(self.written.values())} jobs of this partition were added before",
             queue=queue, reason=str(error), partition=self.partition,
             jobs_written=sum(self.written.values())) from error
+
+    def _write_traced(self, batches: Iterator[pa.RecordBatch]) -> None:
+        """:meth:`write`'s loop with each batch's ``send`` spans, ended once its
+        jobs are added (or the task fails); spans flushed before the task ends."""
+        try:
+            for batch in batches:
+                parts = self.batcher.parts(batch, self.idmp_enabled)
+                try:
+                    for trip in self.batcher.trips(parts):
+                        self.send(trip)
+                except BaseException as exc:
+                    self.batcher.end_spans(self._client_address(), exc)
+                    raise
+                self.batcher.end_spans(self._client_address())
+        finally:
+            telemetry.flush()
 
     def write(self, batches: Iterator[pa.RecordBatch]) -> DisqueCommitMessage:
         """Write every batch; the commit message for the driver."""
         started = time.monotonic()
         try:
-            for batch in batches:
-                for trip in self.batcher.trips(self.batcher.parts(batch, self.idmp_enabled)):
-                    self.send(trip)
+            if self.tracing is None:
+                for batch in batches:
+                    for trip in self.batcher.trips(self.batcher.parts(batch, self.idmp_enabled)):
+                        self.send(trip)
+            else:
+                self._write_traced(batches)
             node = self._client.address if self._client is not None else None
         finally:
             self.close()

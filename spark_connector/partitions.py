@@ -68,6 +68,10 @@ class FetchPartition(InputPartition):
     fallbacks: tuple[str, ...] = ()
     #: The ``staging.*`` options: how executors open ``staging_path``.
     staging_options: tuple[tuple[str, str], ...] = ()
+    #: ``includeHeaders``: fetch and stage the jobs' headers.
+    include_headers: bool = False
+    #: ``telemetrySetup``, called in the task's Python worker before a span.
+    telemetry_setup: str | None = None
 
 
 

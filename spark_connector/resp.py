@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 __all__ = ["BINARY", "as_binary", "bulk_strings", "concatenated", "encode_args", "join",
-           "numbered"]
+           "numbered", "decimal", "row_concat", "append_to_rows"]
 
 BINARY = pa.large_binary()
 _EMPTY = pa.scalar(b"", BINARY)
@@ -37,6 +37,11 @@ def as_binary(column: pa.Array) -> pa.Array:
 
 def _decimal(numbers: pa.Array) -> pa.Array:
     return pc.cast(pc.cast(numbers, pa.large_string()), BINARY)
+
+
+def decimal(numbers: pa.Array) -> pa.Array:
+    """Integers as their decimal text (``large_binary``)."""
+    return _decimal(numbers)
 
 
 def bulk_strings(values: pa.Array) -> pa.Array:
@@ -68,3 +73,51 @@ def concatenated(values: pa.Array) -> memoryview:
 def encode_args(args: Sequence[bytes]) -> bytes:
     """Arguments as RESP bulk strings (no array header)."""
     return b"".join([b"$%d\r\n%s\r\n" % (len(a), a) for a in args])
+
+
+def _value_offsets(values: pa.Array) -> np.ndarray:
+    """A ``large_binary`` array's offsets (``len + 1``, its slice offset applied)."""
+    return np.frombuffer(values.buffers()[1], np.int64, count=len(values) + 1,
+                         offset=values.offset * 8)
+
+
+def row_concat(lists: pa.ListArray, prefix: pa.Scalar | None = None) -> pa.Array:
+    """Each row's ``large_binary`` elements back to back (``prefix`` before
+    each element when given), as one ``large_binary`` value per row.
+
+    The elements of a row are contiguous in the list's values, so each
+    row's bytes are a slice of their data: new offsets, no copy (with a
+    ``prefix``, the values are encoded again once).
+    """
+    values = lists.values
+    if prefix is not None:
+        values = join(prefix, values)
+    rows = np.asarray(lists.offsets.to_numpy(zero_copy_only=False), dtype=np.int64)
+    ends = _value_offsets(values)[rows]
+    data = values.buffers()[2] if len(values) else None
+    return pa.Array.from_buffers(BINARY, len(lists), [
+        None, pa.py_buffer(np.ascontiguousarray(ends)), data or pa.py_buffer(b"")])
+
+
+def append_to_rows(lists: pa.ListArray | None, rows: int, where: np.ndarray,
+                   extra: pa.Array) -> pa.ListArray:
+    """``lists`` (None: ``rows`` empty lists) with the elements of ``extra``
+    appended to the rows where ``where`` is true."""
+    if lists is None:
+        offsets = np.zeros(rows + 1, dtype=np.int64)
+        values = extra.slice(0, 0)
+    else:
+        offsets = np.asarray(lists.offsets.to_numpy(zero_copy_only=False), dtype=np.int64)
+        values = lists.values
+    counts = np.diff(offsets)
+    added = len(extra) * where.astype(np.int64)
+    new_offsets = np.zeros(rows + 1, dtype=np.int64)
+    np.cumsum(counts + added, out=new_offsets[1:])
+    total = int(new_offsets[-1])
+    row_of = np.repeat(np.arange(rows), counts + added)
+    position = np.arange(total) - new_offsets[:-1][row_of]
+    own = position < counts[row_of]
+    indexes = np.where(own, offsets[:-1][row_of] + position,
+                       len(values) + position - counts[row_of])
+    children = pa.concat_arrays([values, extra]).take(pa.array(indexes))
+    return pa.ListArray.from_arrays(pa.array(new_offsets.astype(np.int32)), children)

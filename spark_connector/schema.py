@@ -17,7 +17,11 @@ if TYPE_CHECKING:
 
 # STAGED_SCHEMA comes from the module's __getattr__ (below).
 __all__ = ["source_schema", "arrow_schema", "empty_table", "to_rows", "utf8_view",  # noqa: F822
-           "node_prefixes", "STAGED_SCHEMA"]
+           "node_prefixes", "STAGED_SCHEMA", "HEADERS", "headers_type", "with_headers",
+           "concat_staged", "empty_headers"]
+
+#: The column ``includeHeaders`` adds, staged too (the job's headers, in order).
+HEADERS = "headers"
 
 # pyarrow (with numpy, 0.2-0.3 s) is imported on first use, not with this
 # module: Spark asks for source_schema() in a process of its own at
@@ -38,16 +42,44 @@ def _staged_schema() -> pa.Schema:
     ])
 
 
+@functools.cache
+def headers_type() -> pa.DataType:
+    """``array<struct<key: string, value: binary>>`` in Arrow, nothing nullable:
+    exactly what Spark's converter makes of the ``headers`` column's type
+    (tests/spark/test_headers_source.py keeps them equal), so staged headers
+    go to Spark as they are, without a cast."""
+    import pyarrow as pa
+
+    entry = pa.struct([pa.field("key", pa.string(), nullable=False),
+                       pa.field("value", pa.binary(), nullable=False)])
+    return pa.list_(pa.field("element", entry, nullable=False))
+
+
+@functools.cache
+def _staged_with_headers() -> pa.Schema:
+    import pyarrow as pa
+
+    return _staged_schema().append(pa.field(HEADERS, headers_type(), nullable=False))
+
+
 def __getattr__(name: str) -> pa.Schema:
     #: STAGED_SCHEMA: what a staged batch file holds, everything needed to
     #: rebuild the rows identically on replay.  Bodies stay binary here
-    #: whatever ``bodyFormat`` is.
+    #: whatever ``bodyFormat`` is.  With ``includeHeaders`` a staged table
+    #: has one more column, ``headers`` (:func:`with_headers`); a batch
+    #: staged without it (before the option was turned on) replays with
+    #: empty headers.
     if name == "STAGED_SCHEMA":
         return _staged_schema()
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def empty_table() -> pa.Table:
+def with_headers(headers: bool) -> pa.Schema:
+    """The staged schema, with the ``headers`` column or without."""
+    return _staged_with_headers() if headers else _staged_schema()
+
+
+def empty_table(headers: bool = False) -> pa.Table:
     """A staged table with no rows.
 
     Not ``Schema.empty_table()``: that imports pandas, 0.2-0.4 s in the
@@ -56,17 +88,52 @@ def empty_table() -> pa.Table:
     """
     import pyarrow as pa
 
-    return pa.Table.from_batches([], schema=_staged_schema())
+    return pa.Table.from_batches([], schema=with_headers(headers))
 
 
-def source_schema(body_format: str = "binary") -> StructType:
-    """``queue, id, body, nacks, additional_deliveries, node, fetched_at``.
+def empty_headers(rows: int) -> pa.Array:
+    """``rows`` empty header lists (jobs staged without their headers)."""
+    import numpy as np
+    import pyarrow as pa
+
+    entries = headers_type().value_type
+    children = pa.StructArray.from_arrays(
+        [pa.Array.from_buffers(pa.string(), 0, [None, pa.py_buffer(np.zeros(1, np.int32)),
+                                                 pa.py_buffer(b"")]),
+         pa.Array.from_buffers(pa.binary(), 0, [None, pa.py_buffer(np.zeros(1, np.int32)),
+                                                 pa.py_buffer(b"")])],
+        fields=list(entries))
+    offsets = pa.Array.from_buffers(pa.int32(), rows + 1,
+                                    [None, pa.py_buffer(np.zeros(rows + 1, np.int32))])
+    return pa.ListArray.from_arrays(offsets, children, type=headers_type())
+
+
+def concat_staged(tables: list[pa.Table]) -> pa.Table:
+    """Staged tables as one: when some have ``headers`` (the parts a query
+    staged with ``includeHeaders``), the others get empty ones."""
+    import pyarrow as pa
+
+    headers = any(HEADERS in table.column_names for table in tables)
+    if headers:
+        tables = [table if HEADERS in table.column_names
+                  else table.append_column(_staged_with_headers().field(HEADERS),
+                                           empty_headers(table.num_rows))
+                  for table in tables]
+    return pa.concat_tables([empty_table(headers), *tables])
+
+
+def source_schema(body_format: str = "binary", include_headers: bool = False) -> StructType:
+    """``queue, id, body, nacks, additional_deliveries, node, fetched_at``
+    (and ``headers`` with ``include_headers``).
 
     ``node`` is the 8-hex-char prefix of the ID of the node that created the
     job (from the job ID); ``fetched_at`` is when the connector took it from
     the queue (the lease start), the same on every replay of a batch.
+    ``headers`` is the job's headers in order, a name as often as it was
+    given (Kafka's shape, not a map: names repeat), empty for none.
     """
     from pyspark.sql.types import (
+        ArrayType,
         BinaryType,
         LongType,
         StringType,
@@ -76,6 +143,9 @@ def source_schema(body_format: str = "binary") -> StructType:
     )
 
     body = StringType() if body_format == "string" else BinaryType()
+    headers = [StructField(HEADERS, ArrayType(StructType([
+        StructField("key", StringType(), False),
+        StructField("value", BinaryType(), False)]), False), False)] if include_headers else []
     return StructType([
         StructField("queue", StringType(), False),
         StructField("id", StringType(), False),
@@ -84,6 +154,7 @@ def source_schema(body_format: str = "binary") -> StructType:
         StructField("additional_deliveries", LongType(), False),
         StructField("node", StringType(), False),
         StructField("fetched_at", TimestampType(), False),
+        *headers,
     ])
 
 
@@ -116,6 +187,9 @@ def to_rows(staged: pa.Table, schema: StructType) -> pa.Table:
     }
     if target.field("body").type != pa.binary():
         columns["body"] = _utf8_bodies(staged)
+    if HEADERS in target.names:
+        columns[HEADERS] = (staged.column(HEADERS) if HEADERS in staged.column_names
+                            else empty_headers(staged.num_rows))
     arrays = [_as_type(columns[field.name], field.type) for field in target]
     return pa.Table.from_arrays(arrays, schema=target)
 

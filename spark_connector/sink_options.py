@@ -27,6 +27,7 @@ from .options import (
     option_duration_ms,
     option_int,
     option_str,
+    option_telemetry_setup,
 )
 
 if TYPE_CHECKING:
@@ -35,11 +36,15 @@ if TYPE_CHECKING:
 __all__ = [
     "SchemaError", "SinkColumns", "SinkConfig", "validate_schema",
     "RETRYABLE_ERRORS", "DEFAULT_RETRY_ERRORS", "KEY_COLUMN", "JOB_OPTION_COLUMNS",
-    "JOB_OPTION_MAXIMUMS",
+    "JOB_OPTION_MAXIMUMS", "HEADERS_COLUMN",
 ]
 
 #: The column that carries a caller-chosen dedup key (see docs/SPARK_SINK.md).
 KEY_COLUMN = "_disque_key"
+#: The column of each job's headers (the source's ``includeHeaders`` column).
+HEADERS_COLUMN = "headers"
+_HEADERS_TYPES = ("array<struct<key: string, value: binary or string>> (the source's "
+                  "includeHeaders column, Kafka's headers) or map<string, binary or string>")
 #: The node's limits for ADDJOB ... IDMP key IDMP-WINDOW s (disque/idmp.py).
 MAX_IDMP_KEY_BYTES = 256
 MAX_IDMP_WINDOW_S = 86400
@@ -90,6 +95,9 @@ class SinkColumns:
     replicate: str | None = None
     priority: str | None = None
     key: str | None = None
+    #: ``headers``: array<struct<key, value>> or map<string, value>, value
+    #: binary or string (sent as UTF-8); null or empty: no headers.
+    headers: str | None = None
 
     @property
     def per_row_options(self) -> tuple[tuple[str, str], ...]:
@@ -114,7 +122,7 @@ def validate_schema(schema: StructType) -> SinkColumns:
     )
 
     integers = (ByteType, ShortType, IntegerType, LongType)
-    accepted = ("body", "queue", *JOB_OPTION_COLUMNS, KEY_COLUMN)
+    accepted = ("body", "queue", *JOB_OPTION_COLUMNS, KEY_COLUMN, HEADERS_COLUMN)
     found: dict[str, str] = {}
     for field in schema.fields:
         role = field.name.lower()
@@ -132,6 +140,10 @@ def validate_schema(schema: StructType) -> SinkColumns:
         elif role in ("queue", KEY_COLUMN):
             if not isinstance(data_type, StringType):
                 raise SchemaError(field.name, f"must be a string, got {_type_name(data_type)}")
+        elif role == HEADERS_COLUMN:
+            if not _headers_type(data_type):
+                raise SchemaError(field.name, f"must be {_HEADERS_TYPES}, got "
+                                  + _type_name(data_type))
         elif not isinstance(data_type, integers):
             raise SchemaError(field.name, "must be an integer (tinyint, smallint, int or "
                               f"bigint) {_OPTION_UNITS.get(role, 'number of seconds')}"
@@ -150,7 +162,23 @@ def validate_schema(schema: StructType) -> SinkColumns:
         replicate=found.get("replicate"),
         priority=found.get("priority"),
         key=found.get(KEY_COLUMN),
+        headers=found.get(HEADERS_COLUMN),
     )
+
+
+def _headers_type(data_type: DataType) -> bool:
+    """array<struct<key: string, value: binary|string>> or map<string, binary|string>."""
+    from pyspark.sql.types import ArrayType, BinaryType, MapType, StringType, StructType
+
+    values = (BinaryType, StringType)
+    if isinstance(data_type, MapType):
+        return (isinstance(data_type.keyType, StringType)
+                and isinstance(data_type.valueType, values))
+    if not isinstance(data_type, ArrayType) or not isinstance(data_type.elementType, StructType):
+        return False
+    fields = {f.name.lower(): f.dataType for f in data_type.elementType.fields}
+    return (len(fields) == 2 and isinstance(fields.get("key"), StringType)
+            and isinstance(fields.get("value"), values))
 
 
 def _retry_errors(options: Mapping[str, str]) -> frozenset[str]:
@@ -204,6 +232,9 @@ class SinkConfig:
     #: Partitions spread over the first ``spread`` of ``connection.nodes``;
     #: the others are only fallbacks (None: over all of them).
     spread: int | None = None
+    #: ``telemetrySetup``: ``module:function`` called once per Python
+    #: process before its first span (:mod:`.telemetry`).
+    telemetry_setup: str | None = None
 
     def over_cluster(self) -> SinkConfig:
         """This config with the cluster's nodes, found through HELLO on the driver.
@@ -290,4 +321,5 @@ class SinkConfig:
             write_id=write_id,
             idmp=idmp,
             idmp_window_s=window_ms // 1000 if window_ms is not None else None,
+            telemetry_setup=option_telemetry_setup(options),
         )

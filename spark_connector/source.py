@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from pyspark.sql.datasource import DataSource
 
-from .options import SourceConfig, option_choice
+from .options import SourceConfig, option_bool, option_choice
 
 if TYPE_CHECKING:
     from pyspark.sql.datasource import (
@@ -45,12 +45,12 @@ class DisqueDataSource(DataSource):
         from .schema import source_schema
 
         body_format = option_choice(self.options, "bodyFormat", ("binary", "string"), "binary")
-        return source_schema(body_format)
+        return source_schema(body_format, option_bool(self.options, "includeHeaders", False))
 
     def _checked_schema(self, schema: StructType, config: SourceConfig) -> StructType:
         from .schema import source_schema
 
-        expected = source_schema(config.body_format)
+        expected = source_schema(config.body_format, config.include_headers)
         if schema != expected:
             raise ValueError(
                 "disque data source: the source's schema is fixed; got a user schema "

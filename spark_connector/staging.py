@@ -41,7 +41,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.ipc
 
-from .schema import STAGED_SCHEMA, empty_table
+from .schema import HEADERS, concat_staged, with_headers
 from .stores import Store, open_store
 
 __all__ = ["StagingArea", "BatchPlan", "LEASE_UNTIL", "lease_until_ms", "table_buffer",
@@ -62,14 +62,16 @@ _BATCH_PREFIX = "batch-"
 
 def table_buffer(table: pa.Table, compression: str | None = None) -> memoryview:
     """A staged table as an Arrow IPC stream (its metadata, e.g. the node an
-    executor task fetched from, kept), ``compression`` an IPC codec or None
-    (or one this pyarrow was built without).
+    executor task fetched from, kept; its ``headers`` column when it has
+    one), ``compression`` an IPC codec or None (or one this pyarrow was
+    built without).
 
     Uncompressed, it is written once into a buffer of its exact size: a
     growing buffer then a copy to ``bytes`` would touch a batch's megabytes
     three times (fresh pages, each a fault, cost more than the copies).
     """
-    schema = STAGED_SCHEMA.with_metadata(table.schema.metadata or {})
+    schema = with_headers(HEADERS in table.column_names).with_metadata(
+        table.schema.metadata or {})
     if compression is not None and pa.Codec.is_available(compression):
         sink = pa.BufferOutputStream()
         options = pa.ipc.IpcWriteOptions(compression=compression)
@@ -246,7 +248,7 @@ class StagingArea:
         part said)."""
         tables = [table for _, table in self.read_parts(seq)]
         leases = [lease for lease in map(lease_until_ms, tables) if lease is not None]
-        return pa.concat_tables([empty_table(), *tables]), min(leases, default=None)
+        return concat_staged(tables), min(leases, default=None)
 
     def record_lease(self, seq: int, until_ms: int, retry_s: int) -> None:
         """A heartbeat kept batch ``seq``'s jobs leased until ``until_ms`` (Unix

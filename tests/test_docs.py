@@ -130,6 +130,10 @@ BLOCKS: dict[tuple[str, str], str] = {
     ("docs/CLUSTER.md", "$ mkdir -p /tmp/n1 /tmp/n2 /tmp/n3"): HERE,
     ("docs/CLIENT.md", "from disque import Client"): HERE,
     ("docs/CLIENT.md", "from disque import AsyncClient"): HERE,
+    ("docs/TRACING.md", "at  process        trace     span"):
+        "output: tests/spark/test_tracing_spark.py "
+        "(test_a_pipeline_keeps_the_producers_trace_across_processes) draws it and checks its "
+        "rows",
     ("docs/TRACING.md", "from opentelemetry import metrics, trace"):
         "tests/client/test_tracing.py (test_the_docs_set_up_runs) runs it as written against "
         "a node on a free port and checks the spans and metrics it prints",
@@ -176,6 +180,11 @@ BLOCKS: dict[tuple[str, str], str] = {
         "a CLI session (IDs differ per run); tests/server/test_priority.py "
         "(test_higher_priorities_first_fifo_within_a_priority, "
         "test_show_qstat_and_the_scan_filters) checks the order and QSTAT's field",
+    ("docs/EXTENSIONS.md", "ADDJOB queue body ms-timeout [options] GROUP key"):
+        "a syntax synopsis",
+    ("docs/EXTENSIONS.md", '127.0.0.1:7711> ADDJOB orders "order 42: created" 0 GROUP'):
+        "a CLI session (IDs differ per run); tests/server/test_groups.py "
+        "(test_the_extensions_doc_session) runs it and checks every reply but the IDs",
     ("docs/EXTENSIONS.md", "QLIMIT queue max period-ms [BCAST]"): "a syntax synopsis",
     ("docs/EXTENSIONS.md", "127.0.0.1:7711> QLIMIT geocode 50 1000 BCAST"):
         "a CLI session; tests/server/test_rate_limit.py "

@@ -12,7 +12,8 @@ from ..client import Client
 __all__ = ["monitor_args", "monitor_queues"]
 
 _COLUMNS = ("queue", "len", "age", "idle", "blocked", "import-rate", "in/s", "out/s",
-            "jobs-in", "jobs-out", "dead-lettered", "pause", "priorities", "rate-limit")
+            "jobs-in", "jobs-out", "dead-lettered", "pause", "priorities", "rate-limit",
+            "groups")
 
 
 def _priorities(levels: object) -> str:
@@ -29,6 +30,15 @@ def _rate_limit(stat: dict[str, object]) -> str:
     if not isinstance(limit, list) or len(limit) != 2:
         return "-"
     return f"{limit[0]}/{limit[1]}ms:{stat.get('rate-limit-left', '?')}"
+
+
+def _groups(stat: dict[str, object]) -> str:
+    """QSTAT's ordered groups as ``held/waiting:age`` (``3/1:12s``: 3 groups
+    held, 1 with jobs waiting behind, for 12 s at most); ``-`` without."""
+    if "groups-held" not in stat:
+        return "-"
+    return (f"{stat['groups-held']}/{stat.get('groups-waiting', '?')}:"
+            f"{stat.get('oldest-waiting-group-age', '?')}s")
 
 
 def monitor_queues(client: Client, out: IO[bytes], interval: float = 1.0,
@@ -63,7 +73,7 @@ def monitor_queues(client: Client, out: IO[bytes], interval: float = 1.0,
                          str(s.get("import-rate", "")), rate_in, rate_out, str(jobs_in),
                          str(jobs_out), str(s.get("dead-lettered", 0)),
                          str(s.get("pause", "")), _priorities(s.get("priorities")),
-                         _rate_limit(s)])
+                         _rate_limit(s), _groups(s)])
         previous, previous_at = current, now
         widths = [max(len(c), *(len(r[i]) for r in rows)) if rows else len(c)
                   for i, c in enumerate(_COLUMNS)]

@@ -18,19 +18,20 @@ __all__ = ["HELP", "interactive", "split_args"]
 HELP = """\
 Disque commands (see the Disque README for details):
   ADDJOB queue job ms-timeout [REPLICATE n] [DELAY s] [RETRY s] [TTL s] [MAXLEN n] [ASYNC]
-         [BACKOFF s] [MAXDELIVERIES n] [DEADLETTER queue] [IDMP key [IDMP-WINDOW s]]
-         [HEADER name value ...]   (the last five: extensions, docs/EXTENSIONS.md)
+         [BACKOFF s] [MAXDELIVERIES n] [DEADLETTER queue] [PRIORITY p] [IDMP key [IDMP-WINDOW s]]
+         [HEADER name value ...] [GROUP key]   (the last seven: extensions, docs/EXTENSIONS.md)
   ADDJOBS queue ms-timeout [ADDJOB's options] BODIES job [job ...]   (extension)
   ADDJOBS queue ms-timeout [ADDJOB's options] JOBS n [name value]*n job ...   (extension)
+  ADDJOBS queue ms-timeout [ADDJOB's options] GROUPS group job [group job ...]   (extension)
   GETJOB [NOHANG] [TIMEOUT ms] [COUNT n] [WITHCOUNTERS] [WITHLEASE] [WITHHEADERS]
-         FROM queue [queue ...]
+         [WITHGROUP] FROM queue [queue ...]
   ACKJOB id [id ...]      FASTACK id [id ...]     NACK id [id ...] [DELAY s]
   WORKING id              ENQUEUE id [id ...]     DEQUEUE id [id ...]
   DELJOB id [id ...]      SHOW id [NOBODY]        WAITJOB id ms-timeout (extension)
          (SHOW's NOBODY: body-size in place of the body, an extension)
   QLEN queue              QSTAT queue             QPEEK queue count
   QSCAN [cursor] [COUNT n] [BUSYLOOP] [MINLEN n] [MAXLEN n] [IMPORTRATE n]
-  JSCAN [cursor] [COUNT n] [BUSYLOOP] [QUEUE q] [STATE s ...] [REPLY all|id]
+  JSCAN [cursor] [COUNT n] [BUSYLOOP] [QUEUE q] [STATE s ...] [GROUP key] [REPLY all|id]
   PAUSE queue in|out|all|none|state|bcast ...
   INFO [section]  HELLO  PING  CLUSTER MEET ip port | LEAVING [yes|no] | NODES | INFO | ...
 Client commands:

@@ -10,7 +10,15 @@ from typing import Any
 import redis.exceptions
 
 from ..exceptions import DisqueError, ProtocolError, ResponseError
-from ._cluster import Address, Affinity, JobRouter, NodeTable, format_address, parse_addresses
+from ._cluster import (
+    Address,
+    Affinity,
+    GroupRouter,
+    JobRouter,
+    NodeTable,
+    format_address,
+    parse_addresses,
+)
 from ._wire import Job, NodeInfo
 
 __all__ = [
@@ -80,6 +88,7 @@ class ClientBase:
         affinity_window: int = DEFAULTS["affinity_window"],
         affinity_threshold: float = DEFAULTS["affinity_threshold"],
         route_by_job_id: bool = True,
+        route_groups: bool = True,
         client_name: str | None = None,
         connection_kwargs: Mapping[str, Any] | None = None,
         rng: random.Random | None = None,
@@ -122,6 +131,8 @@ class ClientBase:
                                 seeds_only=self.tls)
         self._affinity = Affinity(affinity_window, affinity_threshold) if affinity else None
         self._router = JobRouter(self._table) if route_by_job_id else None
+        #: Where the ADDJOBs of an ordered group go (None: the connected node).
+        self._groups = GroupRouter(self._table) if route_groups else None
         self._address: Address | None = None
         self._node_id: str | None = None
         #: Address to try last at the next connect (it just failed or left).

@@ -15,7 +15,13 @@ that the sync and async clients share it and it can be tested alone:
    HELLO knows that node and it answered lately (:class:`JobRouter`);
 5. optionally (``affinity=True``) a consumer watches the node-ID prefix of
    the job IDs it receives (``job_id[2:10]``) and moves to the node that
-   produces most of them, so jobs stop being shipped between nodes for it.
+   produces most of them, so jobs stop being shipped between nodes for it;
+6. the ADDJOBs of an ordered group go to the group's *home*, the first node
+   of the key's rendezvous ranking (``disque.rendezvous``) among the nodes
+   HELLO lists as usable, and to the next one by rank while that one is
+   unreachable, leaving or refusing groups (an original node)
+   (:class:`GroupRouter`).  The nodes copy the group's jobs to the next
+   ones of the same ranking.
 """
 
 from __future__ import annotations
@@ -27,16 +33,20 @@ from collections import Counter, deque
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
+from ..rendezvous import ranking
 from ._wire import DEFAULT_PORT, Hello, NodeInfo, format_address
 
 __all__ = ["Address", "parse_address", "parse_addresses", "NodeTable", "Affinity",
-           "JobRouter", "answered_by_own_node", "job_node_prefix", "format_address"]
+           "JobRouter", "GroupRouter", "answered_by_own_node", "job_node_prefix",
+           "format_address"]
 
 Address = tuple[str, int]
 
 #: Priority HELLO gives a failing or leaving node; also what we assume for a
 #: node that told us ``-LEAVING`` until it says otherwise.
 LEAVING_PRIORITY = 100
+#: Priority HELLO gives a node that may be failing (PFAIL): not a group's home.
+PFAIL_PRIORITY = 10
 
 
 def parse_address(value: str | tuple[str, int], default_port: int = DEFAULT_PORT) -> Address:
@@ -333,3 +343,51 @@ class JobRouter:
     def failed(self, node_id: str) -> None:
         """Talking to ``node_id`` failed: use the connected node for a while."""
         self.down_until[node_id] = self.clock() + self.retry_after
+
+
+class GroupRouter:
+    """Where the ADDJOBs of an ordered group go: its home first.
+
+    :meth:`homes` ranks, by the key's rendezvous hashing, every node HELLO
+    listed that has an address, does not look failing or leaving (HELLO
+    priority below 10) and did not fail us in the last ``retry_after``
+    seconds, nor refuse a group (an original node answers ``GROUP`` with a
+    syntax error: :meth:`refused`).  The nodes rank the same way among the
+    nodes they reach, so a client that sees the cluster as the nodes do
+    sends a group's jobs to the node that also holds the first copy.
+    """
+
+    def __init__(self, table: NodeTable, retry_after: float = 5.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.table = table
+        self.retry_after = retry_after
+        self.clock = clock
+        #: node ID -> monotonic time before which it is not a home.
+        self.down_until: dict[str, float] = {}
+        #: Nodes that answered GROUP with a syntax error: they have no groups.
+        self.no_groups: set[str] = set()
+
+    def homes(self, key: bytes) -> list[str]:
+        """The node IDs to send ``key``'s jobs to, best first (may be empty)."""
+        table = self.table
+        now = self.clock()
+        usable = []
+        for node_id in table.nodes:
+            if node_id in self.no_groups or table.priority(node_id) >= PFAIL_PRIORITY:
+                continue
+            until = self.down_until.get(node_id)
+            if until is not None:
+                if until > now:
+                    continue
+                del self.down_until[node_id]
+            if table.address_of(node_id) is not None:
+                usable.append(node_id)
+        return ranking(key, usable)
+
+    def failed(self, node_id: str) -> None:
+        """Sending to ``node_id`` failed: the next node by rank for a while."""
+        self.down_until[node_id] = self.clock() + self.retry_after
+
+    def refused(self, node_id: str) -> None:
+        """``node_id`` does not know GROUP (an original node): never a home."""
+        self.no_groups.add(node_id)

@@ -22,7 +22,14 @@ from typing import Any, NamedTuple
 import redis.asyncio.connection as _async_connection
 import redis.connection as _sync_connection
 
-from ..exceptions import ConnectionFailed, DisqueError, Leaving, ProtocolError, error_from_reply
+from ..exceptions import (
+    ConnectionFailed,
+    DisqueError,
+    Leaving,
+    ProtocolError,
+    ResponseError,
+    error_from_reply,
+)
 
 __all__ = [
     "Arg", "Job", "NodeInfo", "Hello", "Request", "encode_arg", "text",
@@ -57,10 +64,12 @@ class Job:
     or was not asked for.  ``headers`` (``with_headers=True``, an extension
     of this server) maps each header's name to its value (bytes; of a name
     given twice, the last value); ``{}`` for a job without headers, ``None``
-    when not asked for.  ``trace_context`` is the job's creation context
-    (``traceparent``, ``tracestate``: the propagator's headers, as text)
-    when the client traces (docs/TRACING.md) and the user did not ask for
-    the headers; :meth:`Client.process` reads it.
+    when not asked for.  ``group`` (``with_group=True``, an extension of
+    this server) is the job's group key (``ADDJOB ... GROUP``), ``None`` for
+    a job without a group or when not asked for.  ``trace_context`` is the
+    job's creation context (``traceparent``, ``tracestate``: the propagator's
+    headers, as text) when the client traces (docs/TRACING.md) and the user
+    did not ask for the headers; :meth:`Client.process` reads it.
     """
 
     queue: str
@@ -70,6 +79,7 @@ class Job:
     additional_deliveries: int | None = None
     requeue_within_ms: int | None = None
     headers: dict[str, bytes] | None = None
+    group: str | None = None
     trace_context: dict[str, str] | None = field(default=None, repr=False, compare=False)
 
     @property
@@ -308,8 +318,12 @@ def parse_job(entry: Any) -> Job:
     if len(entry) == 3:  # without counters: the usual case, and the hot one
         return Job(text(entry[0]), text(entry[1]), body)
     fields = entry[3:]
+    group = None
+    if len(fields) >= 2 and fields[-2] in (b"group", "group"):  # WITHGROUP: the last
+        group = None if fields[-1] is None else text(fields[-1])
+        fields = fields[:-2]
     headers = None
-    if len(fields) >= 2 and fields[-2] in (b"headers", "headers"):  # WITHHEADERS: the last
+    if len(fields) >= 2 and fields[-2] in (b"headers", "headers"):  # WITHHEADERS: before it
         headers = parse_headers(fields[-1])
         fields = fields[:-2]
     counters = _kv(fields) or {}
@@ -319,7 +333,7 @@ def parse_job(entry: Any) -> Job:
     return Job(text(entry[0]), text(entry[1]), body,
                None if nacks is None else integer(nacks),
                None if extra is None else integer(extra),
-               None if lease is None else integer(lease), headers)
+               None if lease is None else integer(lease), headers, group)
 
 
 def parse_jobs(reply: Any) -> list[Job]:
@@ -462,7 +476,8 @@ def add_job(queue: Arg, body: Arg, timeout_ms: int = 0, replicate: int | None = 
             maxlen: int | None = None, async_: bool = False, backoff: int | None = None,
             max_deliveries: int | None = None, dead_letter: Arg | None = None,
             idmp: Arg | None = None, idmp_window: int | None = None,
-            priority: int | None = None, headers: Headers | None = None) -> Request:
+            priority: int | None = None, headers: Headers | None = None,
+            group: Arg | None = None) -> Request:
     args: list[Arg] = ["ADDJOB", queue, body, int(timeout_ms)]
     if priority is not None and not 0 <= int(priority) <= MAX_PRIORITY:
         raise ValueError(f"priority must be between 0 and {MAX_PRIORITY}, got {priority}")
@@ -483,6 +498,8 @@ def add_job(queue: Arg, body: Arg, timeout_ms: int = 0, replicate: int | None = 
         raise ValueError("idmp_window needs idmp (an IDMP key)")
     if headers:  # the extension: sent only when used
         args += header_args(headers)
+    if group is not None:  # the extension: sent only when used
+        args += group_args(group)
     # Without ASYNC the node may hold the reply until the job is replicated:
     # up to timeout_ms, forever when it is 0.
     wait = 0.0 if async_ else _seconds(timeout_ms)
@@ -516,6 +533,35 @@ def add_job_with_headers_builder(queue: Arg,
     def build(job: tuple[Arg, Headers | None]) -> Request:
         body, headers = job
         extra = [encode_arg(a) for a in header_args(headers)] if headers else []
+        return Request((*head, encode_arg(body), *tail, *extra), parse, wait)
+
+    return build
+
+
+def group_args(group: Arg) -> list[Arg]:
+    """``GROUP key`` (ADDJOB's extension option): the key must not be empty."""
+    if not encode_arg(group):
+        raise ValueError("a group key must not be empty")
+    return [b"GROUP", group]
+
+
+#: One job of ``add_jobs(..., job_groups=...)``: its body, its own headers
+#: (or None) and its group (or None).
+GroupedJob = tuple[Arg, Headers | None, Arg | None]
+
+
+def add_job_with_group_builder(queue: Arg, **options: Any) -> Callable[[GroupedJob], Request]:
+    """ADDJOB requests for (body, headers, group) triples with the same
+    queue and options."""
+    template = add_job(queue, b"", **options)
+    head, tail = template.args[:2], template.args[3:]
+    parse, wait = template.parse, template.wait
+
+    def build(job: GroupedJob) -> Request:
+        body, headers, group = job
+        extra = [encode_arg(a) for a in header_args(headers)] if headers else []
+        if group is not None:
+            extra += [encode_arg(a) for a in group_args(group)]
         return Request((*head, encode_arg(body), *tail, *extra), parse, wait)
 
     return build
@@ -588,6 +634,35 @@ def add_jobs_with_headers_builder(
     return build
 
 
+def add_jobs_with_groups_builder(
+        queue: Arg, **options: Any) -> Callable[[Sequence[GroupedJob]], Request | None] | None:
+    """``ADDJOBS ... GROUPS`` requests for chunks of (body, headers, group)
+    triples: per job its group, then its body.  A chunk it cannot carry (a
+    job with its own headers, or without a group) gets None: the caller
+    sends its jobs as ADDJOBs."""
+    if options.get("idmp") is not None:
+        return None
+    if options.get("group") is not None:
+        raise ValueError("give either group (every job) or job_groups (one per job)")
+    template = add_job(queue, b"", **options)
+    head = (b"ADDJOBS", template.args[1], *template.args[3:], b"GROUPS")
+    wait = template.wait
+
+    def build(jobs: Sequence[GroupedJob]) -> Request | None:
+        args: list[bytes] = list(head)
+        for body, headers, group in jobs:
+            if headers or group is None:
+                return None
+            key = encode_arg(group)
+            if not key:
+                raise ValueError("a group key must not be empty")
+            args.append(key)
+            args.append(encode_arg(body))
+        return Request(tuple(args), _bulk_ids, wait)
+
+    return build
+
+
 def _bulk_ids(reply: Any) -> list[Any]:
     """ADDJOBS' array: an ID (str) or the error of that body, in order."""
     if not isinstance(reply, list):
@@ -600,6 +675,12 @@ def is_unknown_command(error: BaseException) -> bool:
     return isinstance(error, DisqueError) and str(error).startswith("ERR unknown command")
 
 
+def group_refused(result: Any) -> bool:
+    """An ADDJOB's result says the node does not know GROUP: an original
+    node's bare syntax error (ours names what is wrong with a group)."""
+    return isinstance(result, ResponseError) and str(result) == "ERR syntax error"
+
+
 def headers_refused(error: BaseException) -> bool:
     """The node refused a job's headers or WITHHEADERS: an original node (a
     syntax error), or ours with ``max-job-headers`` too low."""
@@ -610,7 +691,8 @@ def headers_refused(error: BaseException) -> bool:
 
 def get_jobs(queues: Sequence[Arg], count: int = 1, timeout_ms: int | None = None,
              nohang: bool = False, with_counters: bool = False,
-             with_lease: bool = False, with_headers: bool = False) -> Request:
+             with_lease: bool = False, with_headers: bool = False,
+             with_group: bool = False) -> Request:
     if not queues:
         raise ValueError("get_jobs needs at least one queue")
     args: list[Arg] = ["GETJOB"]
@@ -626,6 +708,8 @@ def get_jobs(queues: Sequence[Arg], count: int = 1, timeout_ms: int | None = Non
         args.append("WITHLEASE")
     if with_headers:
         args.append("WITHHEADERS")
+    if with_group:
+        args.append("WITHGROUP")
     args += ["FROM", *queues]
     wait = 0.0 if nohang else _seconds(timeout_ms)
     return request(*args, parse=parse_jobs, wait=wait)
@@ -728,7 +812,8 @@ def qscan_page(cursor: int, count: int | None = None, busyloop: bool = False,
 
 def jscan_page(cursor: int, count: int | None = None, busyloop: bool = False,
                queue: Arg | None = None, states: Iterable[str] = (),
-               reply: str = "id", min_priority: int | None = None) -> Request:
+               reply: str = "id", min_priority: int | None = None,
+               group: Arg | None = None) -> Request:
     if reply not in ("id", "all"):
         raise ValueError("reply must be 'id' or 'all'")
     args: list[Arg] = ["JSCAN", int(cursor)]
@@ -742,6 +827,8 @@ def jscan_page(cursor: int, count: int | None = None, busyloop: bool = False,
         args += ["STATE", state]
     if min_priority is not None:
         args += ["MINPRIORITY", int(min_priority)]
+    if group is not None:
+        args += ["GROUP", group]
     args += ["REPLY", reply]
     return request(*args, parse=_scan_page(parse_show if reply == "all" else text))
 

@@ -52,6 +52,11 @@ from ._wire import NOJOB_UNKNOWN, Arg, Headers, Hello, Job, Request
 
 __all__ = ["AsyncClient"]
 
+
+def _same_request(req: Request) -> Request:
+    """The ``build`` of a chunk whose items are requests already."""
+    return req
+
 log = logging.getLogger("disque.client")
 
 #: The settle spans' ``messaging.operation.name`` of each command.
@@ -110,6 +115,17 @@ class AsyncClient(ClientBase):
         each job ID (its creator, which holds a copy), over a second
         connection; the connected node when that one is unknown, failing
         or unreachable (True; see docs/CLIENT.md).
+    route_groups
+        Send the ADDJOBs of an ordered group (``group=``, ``job_groups=``)
+        to the group's home, the first node of the key's rendezvous
+        ranking among the nodes HELLO lists, over a connection of their own,
+        and to the next node by rank while that one is unreachable, leaving
+        or refuses groups (an original node); the connected node when no
+        node of the ranking answers (True; see docs/CLIENT.md).  The nodes
+        copy the group's jobs to the next nodes of the same ranking, and
+        after a failure the best ranked node holding them queues the group
+        again (docs/EXTENSIONS.md, "Ordered groups").  Jobs without a group
+        are not routed.
     affinity, affinity_window, affinity_threshold
         Consumer affinity (off): after ``affinity_window`` (200) received
         jobs, if one node created at least ``affinity_threshold`` (0.6) of
@@ -527,7 +543,7 @@ class AsyncClient(ClientBase):
                       backoff: int | None = None, max_deliveries: int | None = None,
                       dead_letter: Arg | None = None, idmp: Arg | None = None,
                       idmp_window: int | None = None, priority: int | None = None,
-                      headers: Headers | None = None) -> str:
+                      headers: Headers | None = None, group: Arg | None = None) -> str:
         """ADDJOB: queue ``body`` and return the job ID.
 
         ``timeout_ms`` is how long the node may wait for replication (0 =
@@ -545,38 +561,45 @@ class AsyncClient(ClientBase):
         ``headers`` (a mapping of names to values, or (name, value) pairs)
         travel with the job and come back with ``get_jobs(...,
         with_headers=True)``: names are text, values bytes or text (an
-        original node answers a syntax error).  When OpenTelemetry is set up,
-        the job's creation context goes in its headers (docs/TRACING.md).
+        original node answers a syntax error); ``group`` (a non-empty key)
+        puts the job in an ordered group of its queue: the group's jobs are
+        handed out in the order they were added, one consumer at a time
+        (docs/EXTENSIONS.md, "Ordered groups"; not with ``delay``).  When
+        OpenTelemetry is set up, the job's creation context goes in its
+        headers (docs/TRACING.md).
         """
         otel = tracing.telemetry()
         if otel is None:
-            return await self._execute(w.add_job(queue, body, timeout_ms, replicate, delay,
-                                                 retry, ttl, maxlen, async_, backoff,
-                                                 max_deliveries, dead_letter, idmp,
-                                                 idmp_window, priority, headers))
+            req = w.add_job(queue, body, timeout_ms, replicate, delay, retry, ttl, maxlen,
+                            async_, backoff, max_deliveries, dead_letter, idmp, idmp_window,
+                            priority, headers, group)
+            if group is None or self._groups is None:
+                return await self._execute(req)
+            return await self._execute_in_group(group, req)
         # Only here, not above: a closure would cost every untraced call.
         make = functools.partial(w.add_job, queue, body, timeout_ms, replicate, delay, retry,
                                  ttl, maxlen, async_, backoff, max_deliveries, dead_letter,
-                                 idmp, idmp_window, priority)
-        return await self._add_job_traced(otel, queue, headers, make)
+                                 idmp, idmp_window, priority, group=group)
+        return await self._add_job_traced(otel, queue, headers, make, group)
 
     async def _add_job_traced(self, otel: tracing.Telemetry, queue: Arg,
                               headers: Headers | None,
-                              make: Callable[[Headers | None], Request]) -> str:
+                              make: Callable[[Headers | None], Request],
+                              group: Arg | None = None) -> str:
         """:meth:`add_job` under a ``send`` span, its creation context in the headers."""
         with otel.send(queue, headers, self.address) as send:
             if send.headers is headers or self._node_id in self._no_headers:
-                job_id: str = await self._execute(make(headers))
+                job_id: str = await self._execute_in_group(group, make(headers))
             else:
                 try:
-                    job_id = await self._execute(make(send.headers))
+                    job_id = await self._execute_in_group(group, make(send.headers))
                 except ResponseError as err:
                     if not w.headers_refused(err):
                         raise
                     # A node without headers (an original) or refusing them:
                     # the job goes without its context, as without tracing.
                     self._no_headers.add(self._node_id)
-                    job_id = await self._execute(make(headers))
+                    job_id = await self._execute_in_group(group, make(headers))
             send.sent(job_id, self.address)
         return job_id
 
@@ -584,18 +607,21 @@ class AsyncClient(ClientBase):
     async def add_jobs(self, queue: Arg, bodies: Iterable[Arg], *,
                        return_exceptions: Literal[False] = ..., batch_size: int = ...,
                        job_headers: Iterable[Headers | None] | None = ...,
+                       job_groups: Iterable[Arg | None] | None = ...,
                        **options: Any) -> list[str]: ...
 
     @overload
     async def add_jobs(self, queue: Arg, bodies: Iterable[Arg], *,
                        return_exceptions: Literal[True], batch_size: int = ...,
                        job_headers: Iterable[Headers | None] | None = ...,
+                       job_groups: Iterable[Arg | None] | None = ...,
                        **options: Any) -> list[str | DisqueError]: ...
 
     async def add_jobs(self, queue: Arg, bodies: Iterable[Arg], *,
                        return_exceptions: bool = False,
                        batch_size: int = DEFAULTS["batch_size"],
                        job_headers: Iterable[Headers | None] | None = None,
+                       job_groups: Iterable[Arg | None] | None = None,
                        **options: Any) -> list[Any]:
         """Add many jobs to ``queue``: one ADDJOBS per ``batch_size`` bodies
         (at most 10,000) where the node has this bulk extension, pipelined
@@ -611,18 +637,26 @@ class AsyncClient(ClientBase):
         ``options["headers"]`` go to every job; ``job_headers`` gives each
         job its own, one entry (headers, or None) per body in order, sent as
         ``ADDJOBS ... JOBS`` (or ADDJOBs with HEADER on a node without it).
+        ``options["group"]`` puts every job in that ordered group, in body
+        order; ``job_groups`` gives each job its own (a key, or None for no
+        group), sent as ``ADDJOBS ... GROUPS`` (a batch with a job without
+        a group, or with ``job_headers`` too, as pipelined ADDJOBs).
         When OpenTelemetry is set up, each job gets its own creation context
         in its headers (docs/TRACING.md).
         """
         otel = tracing.telemetry()
         if otel is None:
             return await self._add_jobs(queue, bodies, return_exceptions, batch_size,
-                                        job_headers, options)
+                                        job_headers, job_groups, options)
         bodies = list(bodies)
         if job_headers is not None:
             job_headers = list(job_headers)
             if len(job_headers) != len(bodies):
                 raise ValueError("job_headers needs one entry per body")
+        if job_groups is not None:
+            job_groups = list(job_groups)
+            if len(job_groups) != len(bodies):
+                raise ValueError("job_groups needs one entry per body")
         with otel.send_batch(queue, len(bodies), options.get("headers"), job_headers,
                              self.address) as send:
             ids: list[Any] = []
@@ -632,7 +666,8 @@ class AsyncClient(ClientBase):
                     results = await self._add_traced_batch(
                         queue, bodies[start:end], batch_size,
                         None if send.job_headers is None else send.job_headers[start:end],
-                        None if job_headers is None else job_headers[start:end], options)
+                        None if job_headers is None else job_headers[start:end],
+                        None if job_groups is None else job_groups[start:end], options)
                     ids.extend(results)
                     if not return_exceptions:
                         for result in results:
@@ -644,18 +679,20 @@ class AsyncClient(ClientBase):
 
     async def _add_traced_batch(self, queue: Arg, bodies: list[Arg], batch_size: int,
                                 traced: list[Any] | None, own: list[Any] | None,
+                                groups: list[Any] | None,
                                 options: dict[str, Any]) -> list[Any]:
         """One batch of a traced :meth:`add_jobs`: with each job's creation
         context, or the jobs a node refused for their headers again without it."""
         if traced is None or self._node_id in self._no_headers:
-            return await self._add_jobs(queue, bodies, True, batch_size, own, options)
-        results = await self._add_jobs(queue, bodies, True, batch_size, traced, options)
+            return await self._add_jobs(queue, bodies, True, batch_size, own, groups, options)
+        results = await self._add_jobs(queue, bodies, True, batch_size, traced, groups, options)
         refused = [i for i, result in enumerate(results)
                    if isinstance(result, ResponseError) and w.headers_refused(result)]
         if refused:
             self._no_headers.add(self._node_id)  # an original node, or a low limit
             again = await self._add_jobs(queue, [bodies[i] for i in refused], True, batch_size,
                                          None if own is None else [own[i] for i in refused],
+                                         None if groups is None else [groups[i] for i in refused],
                                          options)
             for i, result in zip(refused, again, strict=True):
                 results[i] = result
@@ -663,12 +700,21 @@ class AsyncClient(ClientBase):
 
     async def _add_jobs(self, queue: Arg, bodies: Iterable[Arg], return_exceptions: bool,
                         batch_size: int, job_headers: Iterable[Headers | None] | None,
+                        job_groups: Iterable[Arg | None] | None,
                         options: dict[str, Any]) -> list[Any]:
         out: list[Any] = []
         items: Iterable[Any]
         build: Callable[[Any], w.Request]
-        bulk: Callable[[Sequence[Any]], w.Request] | None
-        if job_headers is None:
+        bulk: Callable[[Sequence[Any]], w.Request | None] | None
+        if job_groups is not None:
+            if job_headers is not None:
+                items = zip(bodies, job_headers, job_groups, strict=True)
+            else:
+                items = ((body, None, group)
+                         for body, group in zip(bodies, job_groups, strict=True))
+            build = w.add_job_with_group_builder(queue, **options)
+            bulk = w.add_jobs_with_groups_builder(queue, **options)
+        elif job_headers is None:
             items = bodies
             build = w.add_job_builder(queue, **options)
             bulk = w.add_jobs_builder(queue, **options)
@@ -677,8 +723,17 @@ class AsyncClient(ClientBase):
             build = w.add_job_with_headers_builder(queue, **options)
             bulk = w.add_jobs_with_headers_builder(queue, **options)
         size = min(batch_size, w.MAX_BULK_BODIES) if bulk is not None else batch_size
+        shared_key = None if self._groups is None else options.get("group")
+        per_job = self._groups is not None and job_groups is not None
         for chunk in chunks(items, size):
-            results = await self._add_chunk(chunk, bulk, build)
+            if shared_key is not None:
+                results = await self._add_chunk_in_groups(chunk, [shared_key] * len(chunk),
+                                                          bulk, build)
+            elif per_job:
+                results = await self._add_chunk_in_groups(chunk, [item[2] for item in chunk],
+                                                          bulk, build)
+            else:
+                results = await self._add_chunk(chunk, bulk, build)
             out.extend(results)
             if not return_exceptions:
                 for result in results:
@@ -687,12 +742,14 @@ class AsyncClient(ClientBase):
         return out
 
     async def _add_chunk(self, chunk: list[Any],
-                         bulk: Callable[[Sequence[Any]], w.Request] | None,
+                         bulk: Callable[[Sequence[Any]], w.Request | None] | None,
                          build: Callable[[Any], w.Request]) -> list[Any]:
-        """One ADDJOBS for ``chunk`` where the node has it, else pipelined ADDJOBs."""
-        if bulk is not None and self._node_id not in self._no_bulk_add:
+        """One ADDJOBS for ``chunk`` where the node has it (and the chunk
+        fits one), else pipelined ADDJOBs."""
+        request = bulk(chunk) if bulk is not None else None
+        if request is not None and self._node_id not in self._no_bulk_add:
             try:
-                results: list[Any] = await self._execute(bulk(chunk))
+                results: list[Any] = await self._execute(request)
                 return results
             except DisqueError as err:
                 if not w.is_unknown_command(err):
@@ -700,9 +757,137 @@ class AsyncClient(ClientBase):
                 self._no_bulk_add.add(self._node_id)
         return await self._execute_many([build(body) for body in chunk])
 
+    # ---------------------------------------------- routing by group key
+
+    async def _execute_in_group(self, group: Arg | None, req: Request) -> Any:
+        """Run one ADDJOB at its group's home (see ``route_groups``); on the
+        connected node without a group or without group routing."""
+        if group is None or self._groups is None:
+            return await self._execute(req)
+        results = await self._add_chunk_in_groups([req], [group], None, _same_request)
+        return w.raise_if_error(results[0])
+
+    async def _add_chunk_in_groups(self, chunk: list[Any], keys: list[Arg | None],
+                                   bulk: Callable[[Sequence[Any]], w.Request | None] | None,
+                                   build: Callable[[Any], w.Request]) -> list[Any]:
+        """:meth:`_add_chunk` for jobs of ordered groups: each job at its
+        group's home (``keys[i]``: the group of ``chunk[i]``, None for none),
+        the jobs of one home in one ADDJOBS where it has it.
+
+        A home that cannot be reached, leaves, loses the link before
+        answering or refuses groups is skipped for a while (for good if it
+        refused: an original node), and its jobs go to the next node of
+        their own ranking: the jobs of one group keep their order.  Jobs
+        without a group, or whose ranking has no usable node left, go to
+        the connected node as without groups.
+        """
+        assert self._groups is not None
+        if self._conn is None:  # the node table comes with the first HELLO
+            async with self._lock:
+                await self._connection()
+        encoded = [None if key is None else w.encode_arg(key) for key in keys]
+        results: list[Any] = [None] * len(chunk)
+        pending = list(range(len(chunk)))
+        while pending:
+            parts: dict[str | None, list[int]] = {}
+            home_of: dict[bytes, str | None] = {}  # each key ranked once
+            for i in pending:
+                key = encoded[i]
+                home: str | None = None
+                if key is not None:
+                    if key not in home_of:
+                        homes = self._groups.homes(key)
+                        home_of[key] = homes[0] if homes else None
+                    home = home_of[key]
+                parts.setdefault(home, []).append(i)
+            pending = []
+            for node_id, at in parts.items():
+                items = [chunk[i] for i in at]
+                if node_id is None:
+                    for i, result in zip(at, await self._add_chunk(items, bulk, build),
+                                         strict=True):
+                        results[i] = result
+                    continue
+                request = (bulk(items) if bulk is not None and node_id not in self._no_bulk_add
+                           else None)
+                reqs = [request] if request is not None else [build(item) for item in items]
+                out: list[Any] = [None] * len(reqs)
+                async with self._lock:
+                    again = await self._send_to_home(node_id, reqs, out)
+                if request is None:
+                    for k, i in enumerate(at):
+                        if k in again:
+                            pending.append(i)
+                        else:
+                            results[i] = out[k]
+                elif again:
+                    pending += at  # the whole ADDJOBS, at the next nodes
+                elif isinstance(out[0], DisqueError):
+                    if w.is_unknown_command(out[0]):
+                        self._no_bulk_add.add(node_id)  # ADDJOBs next round, same home
+                        pending += at
+                    else:
+                        for i in at:
+                            results[i] = out[0]  # each ADDJOB would have got it
+                else:
+                    for i, job_id in zip(at, out[0], strict=True):
+                        results[i] = job_id
+            pending.sort()
+        return results
+
+    async def _send_to_home(self, node_id: str, reqs: list[Request],
+                            results: list[Any]) -> set[int]:
+        """Pipeline ``reqs`` to ``node_id`` (call with the lock held), storing
+        each result; return the indexes it did not answer for good: all of
+        them if it cannot be reached, those after a lost link, those
+        answered ``-LEAVING`` and, from a node that does not know GROUP (a
+        syntax error: an original node), the refused ones.  The node is
+        then skipped by :class:`GroupRouter` (the last for good)."""
+        assert self._groups is not None
+        main = node_id == self._node_id
+        conn = self._conn if main else await self._route_connection(node_id)
+        everything = list(range(len(reqs)))
+        if conn is None:
+            self._groups.failed(node_id)
+            return set(everything)
+        replies: list[Any] = []
+        try:
+            await conn.send_packed_command([w.pack_commands([r.args for r in reqs])])
+            for r in reqs:
+                replies.append(await self._read(conn, r.wait))
+        except LINK_ERRORS as exc:
+            log.info("group routing: lost %s (%s); the next node by rank", node_id[:8], exc)
+            self._groups.failed(node_id)
+            if main:
+                await self._drop()
+            else:
+                await self._route_failed(node_id)
+            return set(w.unanswered(reqs, everything, replies, results))
+        except BaseException:
+            if main:
+                await self._drop()  # replies pending: the connection is unusable
+            else:
+                await self._close_route(node_id)
+            raise
+        again = set(w.sort_replies(reqs, everything, replies, results))
+        if again:  # -LEAVING
+            self._table.mark_leaving(node_id)
+            self._groups.failed(node_id)
+            if main:
+                await self._drop()
+            else:
+                await self._route_failed(node_id)
+        refused = {i for i in everything if w.group_refused(results[i])}
+        if refused:
+            log.info("group routing: %s does not know GROUP (an original node); skipped",
+                     node_id[:8])
+            self._groups.refused(node_id)
+        return again | refused
+
     async def get_jobs(self, *queues: Arg, count: int = 1, timeout_ms: int | None = None,
                        nohang: bool = False, with_counters: bool = False,
-                       with_lease: bool = False, with_headers: bool = False) -> list[Job]:
+                       with_lease: bool = False, with_headers: bool = False,
+                       with_group: bool = False) -> list[Job]:
         """GETJOB: up to ``count`` jobs from the first queues that have some.
 
         Blocks until a job arrives, or ``timeout_ms`` (``None``/0 = forever)
@@ -711,25 +896,28 @@ class AsyncClient(ClientBase):
         ``with_lease`` (``WITHLEASE``, this server's extension: an original
         node answers ``-ERR syntax error``) :attr:`Job.requeue_within_ms`;
         ``with_headers`` (``WITHHEADERS``, likewise an extension)
-        :attr:`Job.headers`.  When OpenTelemetry traces, the client asks for
+        :attr:`Job.headers`; ``with_group`` (``WITHGROUP``, likewise)
+        :attr:`Job.group`.  Without them the reply is the original's.  When
+        OpenTelemetry traces, the client asks for
         the headers anyway (to link the receive span to each job's creation
         context) and keeps the context in :attr:`Job.trace_context`;
         :attr:`Job.headers` stays None unless asked for.
         """
         return await self._get_jobs(queues, count, timeout_ms, nohang, with_counters,
-                                    with_lease, with_headers, True)
+                                    with_lease, with_headers, with_group, True)
 
     async def _get_jobs(self, queues: Sequence[Arg], count: int, timeout_ms: int | None,
                         nohang: bool, with_counters: bool, with_lease: bool,
-                        with_headers: bool, batch: bool) -> list[Job]:
+                        with_headers: bool, with_group: bool, batch: bool) -> list[Job]:
         otel = tracing.telemetry()
         jobs: list[Job]
         if otel is None:
             jobs = await self._execute(w.get_jobs(queues, count, timeout_ms, nohang,
-                                                  with_counters, with_lease, with_headers))
+                                                  with_counters, with_lease, with_headers,
+                                                  with_group))
         else:
             make = functools.partial(w.get_jobs, queues, count, timeout_ms, nohang,
-                                     with_counters, with_lease)
+                                     with_counters, with_lease, with_group=with_group)
             jobs = await self._get_jobs_traced(otel, queues, with_headers, batch, make)
         target = self._affinity_target(jobs)
         if target is not None:
@@ -762,10 +950,10 @@ class AsyncClient(ClientBase):
 
     async def get_job(self, *queues: Arg, timeout_ms: int | None = None, nohang: bool = False,
                       with_counters: bool = False, with_lease: bool = False,
-                      with_headers: bool = False) -> Job | None:
+                      with_headers: bool = False, with_group: bool = False) -> Job | None:
         """One job (see :meth:`get_jobs`), or None on timeout / NOHANG."""
         jobs = await self._get_jobs(queues, 1, timeout_ms, nohang, with_counters, with_lease,
-                                    with_headers, False)
+                                    with_headers, with_group, False)
         return jobs[0] if jobs else None
 
     def process(self, *jobs: Job,
@@ -1106,24 +1294,27 @@ class AsyncClient(ClientBase):
     @overload
     def jscan(self, *, count: int | None = ..., busyloop: bool = ..., queue: Arg | None = ...,
               states: Iterable[str] = ..., reply: Literal["id"] = ...,
-              min_priority: int | None = ...) -> AsyncIterator[str]: ...
+              min_priority: int | None = ..., group: Arg | None = ...) -> AsyncIterator[str]: ...
 
     @overload
     def jscan(self, *, count: int | None = ..., busyloop: bool = ..., queue: Arg | None = ...,
               states: Iterable[str] = ..., reply: Literal["all"],
-              min_priority: int | None = ...) -> AsyncIterator[dict[str, Any]]: ...
+              min_priority: int | None = ...,
+              group: Arg | None = ...) -> AsyncIterator[dict[str, Any]]: ...
 
     def jscan(self, *, count: int | None = None, busyloop: bool = False,
               queue: Arg | None = None, states: Iterable[str] = (),
-              reply: str = "id", min_priority: int | None = None) -> AsyncIterator[Any]:
+              reply: str = "id", min_priority: int | None = None,
+              group: Arg | None = None) -> AsyncIterator[Any]:
         """Iterate jobs with JSCAN: IDs, or SHOW-like dicts with ``reply="all"``.
 
         ``states`` filters by job state (``queued``, ``active``, ...; OR-ed);
-        ``min_priority`` (an extension) keeps jobs of that priority or higher.
+        ``min_priority`` (an extension) keeps jobs of that priority or higher,
+        ``group`` (an extension) the jobs of that ordered group.
         """
         states = tuple(states)
         return self._scan(lambda c: w.jscan_page(c, count, busyloop, queue, states, reply,
-                                                 min_priority))
+                                                 min_priority, group))
 
     # -------------------------------------------------------------- server
 

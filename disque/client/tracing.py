@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from ._wire import Headers, Job
 
-__all__ = ["telemetry", "Telemetry", "SYSTEM", "DELIVERY_COUNT"]
+__all__ = ["telemetry", "Telemetry", "SYSTEM", "DELIVERY_COUNT", "as_text", "split_address"]
 
 #: ``messaging.system``.
 SYSTEM = "disque"
@@ -103,7 +103,8 @@ def _configured(trace: Any) -> Telemetry | None:
     return found
 
 
-def _text(value: Any) -> str:
+def as_text(value: Any) -> str:
+    """A header name or value as text (bytes decoded as UTF-8, bad bytes replaced)."""
     if isinstance(value, bytes | bytearray | memoryview):
         return bytes(value).decode("utf-8", "replace")
     return str(value)
@@ -144,7 +145,7 @@ class _Carrier:
     @staticmethod
     def get(carrier: Mapping[str, Any], key: str) -> list[str] | None:
         value = carrier.get(key)
-        return None if value is None else [_text(value)]
+        return None if value is None else [as_text(value)]
 
     @staticmethod
     def keys(carrier: Mapping[str, Any]) -> list[str]:
@@ -260,7 +261,7 @@ class Telemetry:
             return False
         fields = self._fields()
         names = headers.keys() if isinstance(headers, Mapping) else (n for n, _ in headers)
-        return any(_text(name) in fields for name in names)
+        return any(as_text(name) in fields for name in names)
 
     def _extract(self, carrier: Mapping[str, Any] | None) -> Any:
         """The span context a job's headers carry, or None."""
@@ -281,7 +282,7 @@ class Telemetry:
         if not job.headers:
             return None
         fields = self._fields()
-        kept = {name: _text(value) for name, value in job.headers.items() if name in fields}
+        kept = {name: as_text(value) for name, value in job.headers.items() if name in fields}
         return kept or None
 
     # ----------------------------------------------------------- producers
@@ -290,7 +291,7 @@ class Telemetry:
     def send(self, queue: Any, headers: Headers | None,
              address: str | None) -> Iterator[SendOne]:
         """``send {queue}`` for one job: yields the headers to send."""
-        op = Operation(self, "send", "send", _text(queue), address)
+        op = Operation(self, "send", "send", as_text(queue), address)
         own = self.has_context(headers)
         merged = headers
         if self.tracer is not None:
@@ -298,7 +299,7 @@ class Telemetry:
             links = []
             if own:
                 carrier = dict(headers.items()) if isinstance(headers, Mapping) else {
-                    _text(n): v for n, v in headers}  # type: ignore[union-attr]
+                    as_text(n): v for n, v in headers}  # type: ignore[union-attr]
                 user = self._extract(carrier)
                 if user is not None:
                     links.append(self.trace.Link(user))
@@ -308,11 +309,8 @@ class Telemetry:
                 merged = _merge(headers, self._inject(op.span))
         result = SendOne(op, merged)
         try:
-            with self._current(op.span):
+            with self._running(op):
                 yield result
-        except BaseException as exc:
-            op.failed(exc)
-            raise
         finally:
             if self.sent is not None:
                 self.sent.add(1, op.metric_attributes())
@@ -323,7 +321,7 @@ class Telemetry:
                    job_headers: list[Any] | None,
                    address: str | None) -> Iterator[SendBatch]:
         """``send {queue}`` for many jobs, each with its own ``create`` span."""
-        op = Operation(self, "send", "send", _text(queue), address)
+        op = Operation(self, "send", "send", as_text(queue), address)
         per_job: list[Any] = list(job_headers) if job_headers is not None else [None] * count
         creates: list[Any] = []
         links = []
@@ -351,11 +349,8 @@ class Telemetry:
                 links=links)
         result = SendBatch(op, per_job if (job_headers is not None or creates) else None)
         try:
-            with self._current(op.span):
+            with self._running(op):
                 yield result
-        except BaseException as exc:
-            op.failed(exc)
-            raise
         finally:
             for create, job_id in zip(creates, result.ids + [None] * len(creates),
                                       strict=False):
@@ -379,7 +374,7 @@ class Telemetry:
     def receive(self, queues: Sequence[Any], batch: bool) -> Iterator[Receive]:
         """``receive {queue}``: the span starts once the jobs are known (its
         links are given at its start, for samplers), dated from the call."""
-        queue = _text(queues[0]) if len(queues) == 1 else None
+        queue = as_text(queues[0]) if len(queues) == 1 else None
         op = Operation(self, "receive", "receive", queue, None)
         start_ns = time.time_ns()
         result = Receive(op)
@@ -461,11 +456,8 @@ class Telemetry:
                                              kind=self.trace.SpanKind.CONSUMER,
                                              attributes=attributes, links=links)
         try:
-            with self._current(op.span):
+            with self._running(op):
                 yield op.span
-        except BaseException as exc:
-            op.failed(exc)
-            raise
         finally:
             op.finish(self.process_duration)
 
@@ -476,28 +468,31 @@ class Telemetry:
         if self.tracer is not None:
             attributes = dict(op.attributes)
             if len(ids) == 1:
-                attributes["messaging.message.id"] = _text(ids[0])
+                attributes["messaging.message.id"] = as_text(ids[0])
             else:
                 attributes["messaging.batch.message_count"] = len(ids)
             op.span = self.tracer.start_span(op.span_name(), kind=self.trace.SpanKind.CLIENT,
                                              attributes=attributes)
         try:
-            with self._current(op.span):
+            with self._running(op):
                 yield op
-        except BaseException as exc:
-            op.failed(exc)
-            raise
         finally:
             op.finish(self.duration)
 
     @contextmanager
-    def _current(self, span: Any) -> Iterator[None]:
-        if span is None:
-            yield
-            return
-        with self.trace.use_span(span, end_on_exit=False, record_exception=False,
-                                 set_status_on_exception=False):
-            yield
+    def _running(self, op: Operation) -> Iterator[None]:
+        """``op``'s span (if any) current while the caller's block runs; an
+        exception leaving the block marks ``op`` failed, and goes on."""
+        try:
+            if op.span is None:
+                yield
+            else:
+                with self.trace.use_span(op.span, end_on_exit=False, record_exception=False,
+                                         set_status_on_exception=False):
+                    yield
+        except BaseException as exc:
+            op.failed(exc)
+            raise
 
 
 class SendOne:
@@ -543,7 +538,7 @@ def _as_text_dict(headers: Any) -> dict[str, Any]:
     if not headers:
         return {}
     items = headers.items() if isinstance(headers, Mapping) else headers
-    return {_text(name): value for name, value in items}
+    return {as_text(name): value for name, value in items}
 
 
 def _merge(headers: Any, context: dict[str, str]) -> Any:

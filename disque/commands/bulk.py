@@ -2,11 +2,14 @@
 
 ``ADDJOBS queue ms-timeout [ADDJOB options ...] BODIES body [body ...]``
 ``ADDJOBS queue ms-timeout [ADDJOB options ...] JOBS n [name value]*n body [n ...]``
+``ADDJOBS queue ms-timeout [ADDJOB options ...] GROUPS group body [group body ...]``
 
 The second form gives each job its own headers (disque/headers.py): per job
 the number of its headers, that many names and values, then its body.  They
 follow the HEADERs among the options, which every job gets; the limits
-count both together.
+count both together.  The third gives each job its own group (GROUP,
+disque/groups.py): a ``GROUP key`` among the options puts every job of the
+other two forms in one group, in body order.
 
 The original has no bulk form; a producer pipelines ADDJOBs.  One command
 saves the node the per-command work (parsing, dispatch, one reply each) and
@@ -34,9 +37,10 @@ from typing import TYPE_CHECKING, Any, Final
 from ..acl import User
 from ..eviction import free_memory_if_needed
 from ..headers import limits_refusal, name_refusal
+from ..job_options import group_refusal
 from ..protocol import Encoded, ReplyError, Status
 from ..waiters import NO_REPLY, Blocked, Waiter, park, unblock
-from .jobs import addjob, parse_addjob
+from .jobs import GROUP_DELAY, AddJobOptions, addjob, parse_addjob
 from .registry import (
     BLOCKED,
     KEYS_QUEUE,
@@ -60,9 +64,17 @@ MAX_BODIES: Final = 10_000
 
 _BODIES: Final = OptionName(b"bodies")
 _JOBS: Final = OptionName(b"jobs")
+_GROUPS: Final = OptionName(b"groups")
 _HEADER: Final = b"HEADER"
+_GROUP: Final = b"GROUP"
 _NEEDS_BODIES: Final = ("ERR syntax error: ADDJOBS needs BODIES followed by at least one body, "
-                        "or JOBS followed by at least one job")
+                        "or JOBS followed by at least one job, or GROUPS followed by at least "
+                        "one group and its body")
+#: The forms after the options: BODIES (bodies only), JOBS (each job's
+#: headers), GROUPS (each job's group).
+_FORM_BODIES: Final = 0
+_FORM_JOBS: Final = 1
+_FORM_GROUPS: Final = 2
 #: Errors that depend only on the command and the node, not on which body:
 #: the first body shows them, and they refuse the whole command.
 _WHOLE_COMMAND_ERRORS: Final = ("NOREPL Not enough reachable nodes", "PAUSED", "LEAVING", "ERR")
@@ -135,21 +147,35 @@ def _element(reply: Any) -> Any:
     return reply
 
 
-def _split(argv: list[bytes]) -> tuple[list[bytes], list[bytes], bool]:
-    """``ADDJOBS queue timeout opts... BODIES b...`` -> (the options, the
-    bodies, False); with ``JOBS`` instead of ``BODIES``: (the options, the
-    jobs' arguments, True).
+#: ADDJOB's options and how many values each takes (the others take none):
+#: an option's value is never taken for BODIES, JOBS or GROUPS (a
+#: DEADLETTER queue or a GROUP key may be named so).
+_OPTION_VALUES: Final = {
+    b"replicate": 1, b"delay": 1, b"retry": 1, b"ttl": 1, b"maxlen": 1, b"backoff": 1,
+    b"maxdeliveries": 1, b"deadletter": 1, b"priority": 1, b"idmp": 1, b"idmp-window": 1,
+    b"group": 1, b"header": 2,
+}
 
-    Every argument after the first BODIES (or JOBS) is a body (or a job's
-    part), whatever it says; in ``DELAY bodies x`` DELAY lacks its value, a
-    syntax error.
+
+def _split(argv: list[bytes]) -> tuple[list[bytes], list[bytes], int]:
+    """``ADDJOBS queue timeout opts... BODIES b...`` -> (the options, the
+    bodies, _FORM_BODIES); with ``JOBS`` or ``GROUPS`` instead of
+    ``BODIES``: (the options, the jobs' arguments, _FORM_JOBS or _FORM_GROUPS).
+
+    Every argument after the first BODIES (JOBS, GROUPS) where an option's
+    name would be is a body (or a job's part), whatever it says; in ``DELAY
+    bodies x`` "bodies" is DELAY's value, and no BODIES follows.
     """
-    for i in range(3, len(argv)):
+    i, n = 3, len(argv)
+    while i < n:
         arg = argv[i]
         if is_option(arg, _BODIES):
-            return argv[3:i], argv[i + 1:], False
+            return argv[3:i], argv[i + 1:], _FORM_BODIES
         if is_option(arg, _JOBS):
-            return argv[3:i], argv[i + 1:], True
+            return argv[3:i], argv[i + 1:], _FORM_JOBS
+        if is_option(arg, _GROUPS):
+            return argv[3:i], argv[i + 1:], _FORM_GROUPS
+        i += 1 + _OPTION_VALUES.get(arg.lower(), 0)
     raise CommandError(_NEEDS_BODIES)
 
 
@@ -194,11 +220,36 @@ def _jobs_with_headers(state: ServerState, args: list[bytes],
     return bodies, extra
 
 
+def _jobs_with_groups(state: ServerState, args: list[bytes],
+                      shared: AddJobOptions) -> tuple[list[bytes], list[list[bytes]]]:
+    """GROUPS' arguments (group, body, ...) -> the bodies and, per body, the
+    ``GROUP key`` arguments its ADDJOB gets, every key checked before any
+    job is added."""
+    if shared.group is not None:
+        raise CommandError("ERR GROUPS gives each job its group: no GROUP option with it")
+    if shared.delay:
+        raise CommandError(GROUP_DELAY)
+    if len(args) % 2:
+        raise CommandError("ERR syntax error: GROUPS needs, per job, its group and its body")
+    max_len: int = state.config.max_group_key_len
+    bodies: list[bytes] = []
+    extra: list[list[bytes]] = []
+    for i in range(0, min(len(args), 2 * (MAX_BODIES + 1)), 2):
+        key = args[i]
+        refused = group_refusal(key, max_len)
+        if refused is not None:
+            raise CommandError(refused)
+        extra.append([_GROUP, key])
+        bodies.append(args[i + 1])
+    return bodies, extra
+
+
 @command("addjobs", -5, "write denyoom", keys=KEYS_QUEUE)
 def addjobs(state: ServerState, client: CommandClient, argv: list[bytes]) -> Any:
     """ADDJOBS queue ms-timeout [ADDJOB's options] BODIES body [body ...]
-    ADDJOBS queue ms-timeout [ADDJOB's options] JOBS n [name value]*n body [n ...]"""
-    options, bodies, with_headers = _split(argv)
+    ADDJOBS queue ms-timeout [ADDJOB's options] JOBS n [name value]*n body [n ...]
+    ADDJOBS queue ms-timeout [ADDJOB's options] GROUPS group body [group body ...]"""
+    options, bodies, form = _split(argv)
     if not bodies:
         raise CommandError(_NEEDS_BODIES)
     queue, timeout = argv[1], argv[2]
@@ -207,9 +258,15 @@ def addjobs(state: ServerState, client: CommandClient, argv: list[bytes]) -> Any
     shared = parse_addjob([*head, b"", *tail])  # option errors refuse it all
     if shared.idmp is not None:
         raise CommandError("ERR IDMP names one job: use ADDJOB for idempotent adds")
+    if shared.group is not None:
+        refused = group_refusal(shared.group, state.config.max_group_key_len)
+        if refused is not None:
+            raise CommandError(refused)
     extra: list[list[bytes]] | None = None
-    if with_headers:
+    if form == _FORM_JOBS:
         bodies, extra = _jobs_with_headers(state, bodies, shared.headers)
+    elif form == _FORM_GROUPS:
+        bodies, extra = _jobs_with_groups(state, bodies, shared)
     if len(bodies) > MAX_BODIES:
         raise CommandError(f"ERR too many bodies: ADDJOBS takes at most {MAX_BODIES}")
 

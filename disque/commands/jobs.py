@@ -9,7 +9,15 @@ from ..federation import import_rate, need_jobs
 from ..headers import limits_refusal, name_refusal
 from ..idmp import DEFAULT_WINDOW_S, MAX_KEY_BYTES, MAX_WINDOW_S, DedupEntry, body_digest
 from ..job import ACTIVE, FLAG_BCAST_WILLQUEUE, WAIT_REPL, Job, JobState
-from ..job_options import DEAD_SUFFIX, MAX_PRIORITY, JobExt, dead_letter_queue, retry_seconds
+from ..job_options import (
+    DEAD_SUFFIX,
+    GROUP_EMPTY,
+    MAX_PRIORITY,
+    JobExt,
+    dead_letter_queue,
+    group_refusal,
+    retry_seconds,
+)
 from ..jobs import register_job, unregister_job
 from ..protocol import NULL_ARRAY, Encoded, Map, ReplyError, Status, status_reply
 from ..queue import (
@@ -25,6 +33,7 @@ from ..replication import replicate_job
 from ..schedule import requeue_time, update_awake_time
 from ..waiters import (
     WITH_COUNTERS,
+    WITH_GROUP,
     WITH_HEADERS,
     WITH_LEASE,
     block_for_jobs,
@@ -76,8 +85,9 @@ NACK_DELAY_ERROR: Final = (
 
 
 class AddJobOptions:
-    __slots__ = ("async_", "backoff", "dead_letter", "delay", "headers", "idmp", "idmp_window",
-                 "max_deliveries", "maxlen", "priority", "replicate", "retry", "timeout", "ttl")
+    __slots__ = ("async_", "backoff", "dead_letter", "delay", "group", "headers", "idmp",
+                 "idmp_window", "max_deliveries", "maxlen", "priority", "replicate", "retry",
+                 "timeout", "ttl")
 
     def __init__(self) -> None:
         self.replicate: int | None = None
@@ -96,6 +106,8 @@ class AddJobOptions:
         self.priority = 0
         #: HEADER name value ..., flat (disque.headers); None: no HEADER.
         self.headers: list[bytes] | None = None
+        #: GROUP key (disque.groups); None: no GROUP.
+        self.group: bytes | None = None
 
 
 # Built once: an f-string argument is formatted on every call, error or not
@@ -165,6 +177,10 @@ def parse_addjob(argv: list[bytes]) -> AddJobOptions:
                 continue
             if opt in _EXTENSION_OPTIONS:
                 _parse_extension_option(opts, opt, argv[i + 1])
+            elif opt == b"group":
+                if opts.group is not None:
+                    raise CommandError(GROUP_TWICE)
+                opts.group = _group_key(argv[i + 1])
             elif opt == b"idmp":
                 opts.idmp = parse_idmp_key(argv[i + 1])
             elif opt == b"idmp-window":
@@ -175,8 +191,33 @@ def parse_addjob(argv: list[bytes]) -> AddJobOptions:
             i += 2
     if opts.idmp_window != -1 and opts.idmp is None:
         raise CommandError("ERR IDMP-WINDOW needs IDMP <key>")
+    if opts.delay and opts.group is not None:
+        raise CommandError(GROUP_DELAY)
     opts.timeout = parse_timeout_ms(argv[3])
     return opts
+
+
+# --------------------------------------------------------------------------
+# GROUP (ordered groups, an extension: groups.py, docs/EXTENSIONS.md)
+# --------------------------------------------------------------------------
+
+GROUP_TWICE: Final = "ERR GROUP may be given only once"
+GROUP_DELAY: Final = ("ERR DELAY can't be used with GROUP: a group's jobs go out in the order "
+                      "they were added")
+
+
+def _group_key(raw: bytes) -> bytes:
+    """GROUP's key, checked as far as it can be without the config (its
+    length: :func:`group_key_refusal`)."""
+    if not raw:
+        raise CommandError(GROUP_EMPTY)
+    return bytes(raw)
+
+
+def group_key_refusal(state: ServerState, key: bytes) -> ReplyError | None:
+    """The error for a GROUP key over max-group-key-len."""
+    refused = group_refusal(key, state.config.max_group_key_len)
+    return ReplyError(refused) if refused is not None else None
 
 
 _EXTENSION_OPTIONS: Final = frozenset((b"backoff", b"maxdeliveries", b"deadletter", b"priority"))
@@ -224,9 +265,10 @@ def job_ext_for(opts: AddJobOptions, queue: bytes, retry: int) -> JobExt | None:
     """The extension options of a new job (None without any), checked
     against the rest of the job once RETRY is known."""
     headers = tuple(opts.headers) if opts.headers is not None else ()
+    group = opts.group
     if not (opts.backoff or opts.max_deliveries or opts.dead_letter is not None):
-        if opts.priority or headers:
-            return JobExt(priority=opts.priority, headers=headers)
+        if opts.priority or headers or group is not None:
+            return JobExt(priority=opts.priority, headers=headers, group=group)
         return None
     if retry == 0:
         raise CommandError("ERR BACKOFF and MAXDELIVERIES need RETRY > 0 (an at-most-once "
@@ -240,7 +282,7 @@ def job_ext_for(opts: AddJobOptions, queue: bytes, retry: int) -> JobExt | None:
         if opts.dead_letter == queue:
             raise CommandError("ERR DEADLETTER queue must not be the job's own queue")
     return JobExt(opts.backoff, opts.max_deliveries, opts.dead_letter or b"",
-                  priority=opts.priority, headers=headers)
+                  priority=opts.priority, headers=headers, group=group)
 
 
 # --------------------------------------------------------------------------
@@ -284,10 +326,14 @@ def idmp_record(state: ServerState, opts: AddJobOptions, queue: bytes, body: byt
 def addjob(state: ServerState, client: CommandClient, argv: list[bytes]) -> Any:
     """ADDJOB queue body ms-timeout [REPLICATE n] [DELAY s] [RETRY s] [TTL s] [MAXLEN n] [ASYNC]
     [BACKOFF s] [MAXDELIVERIES n] [DEADLETTER queue] [PRIORITY p] [IDMP key [IDMP-WINDOW s]]
-    [HEADER name value ...]"""
+    [HEADER name value ...] [GROUP key]"""
     opts = parse_addjob(argv)
     if opts.headers is not None:
         refused = headers_refusal(state, opts)
+        if refused is not None:
+            return refused
+    if opts.group is not None:
+        refused = group_key_refusal(state, opts.group)
         if refused is not None:
             return refused
     if opts.dead_letter is not None and len(opts.dead_letter) > state.max_queue_name_len:
@@ -402,15 +448,25 @@ def _take_jobs(state: ServerState, queues: list[bytes], count: int,
         return entries_reply(state, q, jobs, fields) if jobs else []
     now = state.clock.now_ms() if fields & WITH_LEASE else 0
     emitted: list[list[Any]] = []
+    # Per queue with ordered groups, the job taken from it last: the jobs
+    # waiting behind it in its group may follow (queue.fetch_jobs).
+    runs: dict[bytes, Job] | None = None
     while True:
         before = len(emitted)
         for name in queues:
             q = lookup(name)
-            if q is None or not q.jobs or q.flags & PAUSED_OUT:
+            if q is None or q.flags & PAUSED_OUT:
                 continue
-            job = fetch_job(state, q)
+            after = runs.get(name) if runs is not None else None
+            if not q.jobs and after is None:
+                continue
+            job = fetch_job(state, q, after)
             if job is None:
                 continue
+            if q.groups is not None:
+                if runs is None:
+                    runs = {}
+                runs[name] = job
             emitted.append(getjob_entry(job, fields, now))
             if len(emitted) >= count:
                 return emitted
@@ -424,16 +480,18 @@ _NOHANG: Final = OptionName(b"nohang")
 _WITHCOUNTERS: Final = OptionName(b"withcounters")
 _WITHLEASE: Final = OptionName(b"withlease")
 _WITHHEADERS: Final = OptionName(b"withheaders")
+_WITHGROUP: Final = OptionName(b"withgroup")
 
 
 @command("getjob", -3, "write", keys=KEYS_FROM, categories="blocking")
 def getjob(state: ServerState, client: CommandClient, argv: list[bytes]) -> Any:
     """GETJOB [NOHANG] [TIMEOUT ms] [COUNT n] [WITHCOUNTERS] [WITHLEASE] [WITHHEADERS]
-    FROM q1 q2 ...
+    [WITHGROUP] FROM q1 q2 ...
 
-    WITHLEASE and WITHHEADERS are extensions: each entry ends with
+    WITHLEASE, WITHHEADERS and WITHGROUP are extensions: each entry ends with
     ``next-requeue-within`` (milliseconds, nil for RETRY 0), as SHOW has it,
-    then with ``headers`` and the job's headers (a flat array, name, value ...).
+    then with ``headers`` and the job's headers (a flat array, name, value ...),
+    then with ``group`` and the job's group key (nil without one).
     """
     nohang = False
     fields = 0
@@ -461,6 +519,8 @@ def getjob(state: ServerState, client: CommandClient, argv: list[bytes]) -> Any:
             fields |= WITH_LEASE
         elif is_option(arg, _WITHHEADERS):
             fields |= WITH_HEADERS
+        elif is_option(arg, _WITHGROUP):
+            fields |= WITH_GROUP
         else:
             raise CommandError(SYNTAX_ERROR)
         i += 1
@@ -723,6 +783,8 @@ def show_reply(job: Job, now: int, with_body: bool = True) -> Map:
         reply += [b"priority", ext.priority]
     if ext.headers:
         reply += [b"headers", list(ext.headers)]
+    if ext.group is not None:
+        reply += [b"group", ext.group]
     return reply
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ..federation import import_from, import_rate
+from ..groups import oldest_waiting_age_ms
 from ..job import JobState
 from ..job_options import MAX_PRIORITY
 from ..keyspace import SLICES
@@ -24,7 +25,8 @@ if TYPE_CHECKING:
 
 @command("qlen", 2, "fast", keys=KEYS_QUEUE)
 def qlen(state: ServerState, client: ClientConnection, argv: list[bytes]) -> Any:
-    """QLEN queue: jobs queued in this node (0 if the queue does not exist)."""
+    """QLEN queue: jobs queued in this node (0 if the queue does not exist),
+    those waiting behind their group's next job included."""
     q = state.queues.lookup(argv[1])
     return len(q) if q is not None else 0
 
@@ -63,6 +65,13 @@ def qstat(state: ServerState, client: ClientConnection, argv: list[bytes]) -> An
         # Extension (PRIORITY): queued jobs per priority above 0, highest
         # first, only while the queue holds some.
         reply += [b"priorities", [n for level in levels for n in level]]
+    groups = q.groups
+    if groups is not None:
+        # Extension (GROUP): only while the queue has a group with jobs
+        # queued or out.
+        reply += [b"groups-held", groups.held,
+                  b"groups-waiting", len(groups.blocked),
+                  b"oldest-waiting-group-age", oldest_waiting_age_ms(q, now) // 1000]
     return reply
 
 
@@ -240,12 +249,14 @@ _REPLY_TYPES = (b"all", b"id")
 @command("jscan", -1, "", categories="keyspace")
 def jscan(state: ServerState, client: ClientConnection, argv: list[bytes]) -> Any:
     """JSCAN [cursor] [COUNT n] [BUSYLOOP] [QUEUE q] [STATE s ...] [MINPRIORITY p]
-    [REPLY all|id]: MINPRIORITY (an extension) keeps jobs of priority ``p`` or higher."""
+    [GROUP key] [REPLY all|id]: MINPRIORITY and GROUP (extensions) keep jobs of
+    priority ``p`` or higher, and jobs of group ``key``."""
     cursor: int | None = None
     count = 100
     busyloop = False
     min_priority = 0
     queue: bytes | None = None
+    group: bytes | None = None
     states: set[int] = set()
     reply_all = False
     i, n = 1, len(argv)
@@ -271,6 +282,9 @@ def jscan(state: ServerState, client: ClientConnection, argv: list[bytes]) -> An
         elif opt == b"minpriority" and has_value:
             min_priority = _parse_min_priority(argv[i + 1])
             i += 2
+        elif opt == b"group" and has_value:
+            group = argv[i + 1]
+            i += 2
         elif opt == b"reply" and has_value:
             kind = argv[i + 1].lower()
             if kind not in _REPLY_TYPES:
@@ -290,6 +304,7 @@ def jscan(state: ServerState, client: ClientConnection, argv: list[bytes]) -> An
     def accept(job) -> bool:
         return ((queue is None or job.queue == queue) and (not states or job.state in states)
                 and (not min_priority or priority_of(job) >= min_priority)
+                and (group is None or (job.ext is not None and job.ext.group == group))
                 and (visible is None or (job.queue is not None and visible(job.queue))))
 
     now = state.clock.now_ms()

@@ -987,6 +987,10 @@ class Task:
         if priority > 0:
             command += ["PRIORITY", priority]
         command += _header_args(fields.get("headers"))
+        group = fields.get("group")
+        if isinstance(group, bytes | str) and group:
+            # It joins its group in the target queue, after the jobs there.
+            command += ["GROUP", group]
         command += ["IDMP", idmp_key(old_id), "IDMP-WINDOW", IDMP_WINDOW]
         return command
 

@@ -165,11 +165,11 @@ def test_monitor_queues(server: DisqueProcess) -> None:
         assert lines[0].startswith(f"127.0.0.1:{server.port}") and "queues: 2" in lines[0]
         assert lines[1].split() == ["QUEUE", "LEN", "AGE", "IDLE", "BLOCKED", "IMPORT-RATE",
                                     "IN/S", "OUT/S", "JOBS-IN", "JOBS-OUT", "DEAD-LETTERED",
-                                    "PAUSE", "PRIORITIES", "RATE-LIMIT"]
+                                    "PAUSE", "PRIORITIES", "RATE-LIMIT", "GROUPS"]
         emails, sms = (line.split() for line in lines[2:])
-        assert (emails[0], emails[1], *emails[-3:]) == ("emails", "3", "none", "-",
-                                                         "20/500ms:20")
-        assert (sms[0], sms[1], *sms[-3:]) == ("sms", "2", "in", "10:1", "-")
+        assert (emails[0], emails[1], *emails[-4:]) == ("emails", "3", "none", "-",
+                                                         "20/500ms:20", "-")
+        assert (sms[0], sms[1], *sms[-4:]) == ("sms", "2", "in", "10:1", "-", "-")
     assert "0.0" in tables[1]  # rates appear from the second refresh on
     filtered = disque(server.port, "monitor-queues", "--count", "1", "--minlen", "3")
     assert "emails" in filtered.stdout and "sms" not in filtered.stdout

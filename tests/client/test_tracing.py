@@ -474,3 +474,19 @@ def test_the_docs_set_up_runs(server: DisqueProcess) -> None:
     for metric in ("messaging.client.operation.duration", "messaging.client.sent.messages",
                    "messaging.client.consumed.messages", "messaging.process.duration"):
         assert f'"name": "{metric}"' in out, metric
+
+
+def test_traced_jobs_keep_their_groups(otel: Otel, server: DisqueProcess) -> None:
+    """Tracing adds the creation context beside the jobs' other options:
+    ordered groups (per job and shared) go out as without tracing."""
+    with Client(address(server)) as client:
+        one = client.add_job("gq", b"a", group="g1")
+        ids = client.add_jobs("gq", [b"b", b"c", b"d"], job_groups=["g1", None, "g2"])
+        jobs = client.get_jobs("gq", count=10, with_group=True)
+        assert {(j.id, j.group) for j in jobs} == {
+            (one, "g1"), (ids[0], "g1"), (ids[1], None), (ids[2], "g2")}
+        order = [j.id for j in jobs]
+        assert order.index(one) < order.index(ids[0])  # g1 in add order
+        assert all(j.trace_context for j in jobs)
+        assert client.ack(*order) == 4
+    assert len(otel.spans("create gq")) == 3

@@ -13,6 +13,7 @@ from disque.cli.prompt import split_args
 from disque.client import _wire as w
 from disque.client._cluster import (
     Affinity,
+    GroupRouter,
     JobRouter,
     NodeTable,
     job_node_prefix,
@@ -300,6 +301,36 @@ def test_job_router_targets_the_creator_unless_it_is_us_unknown_or_down() -> Non
     assert router.group(ids, NODE_A) == {NODE_B: [0, 2], None: [1]}
     # One malformed ID keeps the command whole, for the node's -BADID.
     assert router.group([*ids, "bogus"], NODE_A) == {None: [0, 1, 2, 3]}
+
+
+def test_group_router_ranks_usable_nodes_by_rendezvous_hashing() -> None:
+    from disque.rendezvous import ranking, score
+
+    table = NodeTable([("127.0.0.1", 1)], randomize=False)
+    table.learn(("127.0.0.1", 1), _hello(NODE_A, (NODE_A, 1, 1), (NODE_B, 2, 5),
+                                         (NODE_C, 3, 1)))
+    now = [1000.0]
+    router = GroupRouter(table, retry_after=5.0, clock=lambda: now[0])
+    homes = {key: router.homes(key) for key in (b"k%d" % i for i in range(40))}
+    for key, ranked in homes.items():
+        assert ranked == ranking(key, [NODE_A, NODE_B, NODE_C])
+        assert score(key, ranked[0]) >= score(key, ranked[1]) >= score(key, ranked[2])
+    assert {ranked[0] for ranked in homes.values()} == {NODE_A, NODE_B, NODE_C}
+    # A node that failed us moves its groups to their next node, and only those.
+    key_of_c = next(key for key, ranked in homes.items() if ranked[0] == NODE_C)
+    router.failed(NODE_C)
+    for key, ranked in homes.items():
+        assert router.homes(key) == [n for n in ranked if n != NODE_C]
+    now[0] += 5.1
+    assert router.homes(key_of_c)[0] == NODE_C  # worth a new try
+    # A node that refused GROUP (an original) is never a home; nor one that
+    # HELLO says may be failing, or failing, or leaving.
+    router.refused(NODE_C)
+    table.learn(("127.0.0.1", 1), _hello(NODE_A, (NODE_A, 1, 1), (NODE_B, 2, 10)))
+    assert router.homes(key_of_c) == [NODE_A]
+    # The score is the same in every process and every version (no
+    # randomized hash()): clients and nodes of different releases must agree.
+    assert score(b"order-42", NODE_A) == 1040622804552299296
 
 
 def test_job_node_prefixes_checks_joined_ids_like_one_at_a_time() -> None:

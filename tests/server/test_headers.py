@@ -365,9 +365,10 @@ def test_the_record_carries_headers_and_stays_version_2_without() -> None:
     v2_view = bytearray(record)
     v2_view[3] = 2
     assert decode_record(bytes(v2_view))[0].priority == 4
-    # A later version appends after the headers: skipped.
-    later = bytearray(record + b"future")
-    later[3] = 4
+    # A later version appends after the group field (version 4; empty: no
+    # group): skipped.
+    later = bytearray(record + struct.pack("<I", 0) + b"future")
+    later[3] = 5
     later[4:8] = struct.pack("<I", len(later) - 8)
     assert decode_record(bytes(later)) == (ext, len(later))
     # A damaged headers field is refused, never read past the record.

@@ -208,10 +208,10 @@ def test_records_of_both_versions_and_of_a_later_one() -> None:
     # offsets, and a length that covers the priority, which it skips.
     assert record[4:8] == struct.pack("<I", len(record) - 8)
     assert record[8:-1] == _v1_record(60, 3, b"dlq", b"")[8:]
-    # A later version appends fields (after version 3's headers, here none):
-    # they are skipped.
-    later = bytearray(record + struct.pack("<I", 0) + b"future")
-    later[3] = 4
+    # A later version appends fields (after version 3's headers and version
+    # 4's group, here none): they are skipped.
+    later = bytearray(record + struct.pack("<II", 0, 0) + b"future")
+    later[3] = 5
     later[4:8] = struct.pack("<I", len(later) - 8)
     assert decode_record(bytes(later)) == (ext, len(later))
     bad = bytearray(record)
