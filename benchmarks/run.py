@@ -61,9 +61,11 @@ Scenarios:
 ``latency``
     the time from a producer's ADDJOB to a consumer blocked in GETJOB
     receiving the job (redis-py, one job at a time): one consumer, 50
-    consumers on 10 queues, and a 3-node cluster (added on one node, taken
-    on another); ours and, with ``DISQUE_REFERENCE_SERVER``, the original,
-    alternating (``benchmarks/latency.py``).
+    consumers on 10 queues, and 3-node clusters where every pickup crosses
+    nodes (added on one node and taken on another; added on a random other
+    node; 50 consumers on 10 queues spread over the nodes); ours and, with
+    ``DISQUE_REFERENCE_SERVER``, the original, alternating
+    (``benchmarks/latency.py``; ``--case TEXT`` for some cases only).
 ``spark-source`` / ``spark-sink``
     run ``benchmarks.spark_source`` / ``benchmarks.spark_sink`` in a
     subprocess (``--smoke`` becomes the source's ``--smoke`` and the sink's
@@ -687,6 +689,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--requests", type=int, default=0,
                         help="override the operation count (server: unpipelined requests; "
                              "cycle: batched jobs; memory: jobs)")
+    parser.add_argument("--case", default="",
+                        help="latency: only the cases whose label contains this text")
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     args = parser.parse_args(argv)
     if args.smoke:

@@ -126,3 +126,13 @@ class JobEvents:
     def queue_limit_changed(self, state: ServerState, q: Queue) -> None:
         """A queue's rate limit was set or removed (QLIMIT)."""
         raise NotImplementedError
+
+    def waiters_gone(self, state: ServerState, q: Queue) -> None:
+        """The last GETJOB waiting on ``q`` left (answered, timed out or gone)
+        while other nodes keep an ask of this node for ``q`` (``q.fed.asked``)."""
+        raise NotImplementedError
+
+    def jobs_unclaimed(self, state: ServerState, q: Queue) -> None:
+        """Jobs were queued in ``q`` with no local consumer waiting for them,
+        while other nodes wait for jobs (``state.queues.asks`` is not empty)."""
+        raise NotImplementedError

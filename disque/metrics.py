@@ -40,6 +40,7 @@ from prometheus_client.registry import Collector
 
 from . import __version__, _native
 from .cluster import messages
+from .federation import waiting_asks
 from .groups import oldest_waiting_age_ms
 
 if TYPE_CHECKING:
@@ -289,6 +290,21 @@ class NodeCollector(Collector):
             yield CounterMetricFamily(name, doc, value=value)
         yield GaugeMetricFamily("disque_cluster_inbound_links", "Bus links other nodes opened",
                                 value=len(bus.inbound))
+        stats = state.stats
+        for name, doc, value in (
+                ("disque_cluster_needjobs_sent", "NEEDJOBS sent (federation), one per node asked",
+                 stats.needjobs_sent),
+                ("disque_cluster_yourjobs_sent", "YOURJOBS sent (federation)",
+                 stats.yourjobs_sent),
+                ("disque_cluster_yourjobs_pushed",
+                 "YOURJOBS sent after their NEEDJOBS came (pushed, or paced under load)",
+                 stats.yourjobs_pushed),
+                ("disque_cluster_jobs_exported", "Jobs sent to other nodes by YOURJOBS",
+                 stats.jobs_exported)):
+            yield CounterMetricFamily(name, doc, value=value)
+        yield GaugeMetricFamily("disque_cluster_federation_asks",
+                                "Other nodes' NEEDJOBS waiting here for jobs to push",
+                                value=waiting_asks(state))
 
     # -- persistence -------------------------------------------------------------
 

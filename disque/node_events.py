@@ -9,6 +9,8 @@
 | ``job_unregistered`` | DELJOB | a waiting ADDJOB gets -NOREPL; WAITJOB -NOJOB |
 | ``idmp_settled`` | the IDMP record | |
 | ``queue_limit_changed`` | the QLIMIT record | |
+| ``jobs_unclaimed`` | | offered to the nodes waiting for them (federation: YOURJOBS) |
+| ``waiters_gone`` | | the other nodes forget this node's asks (federation: NEEDJOBS(0)) |
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from .events import JobEvents
+from .federation import offer_jobs, withdraw_asks
 from .job import ACKED
 from .replication import acked_while_waiting, broadcast_repljob_noreply, replication_removed
 from .waitjob import job_completed, job_removed
@@ -73,3 +76,9 @@ class NodeEvents(JobEvents):
             limit = q.limit
             journal.queue_limit_changed(q.name, limit.max_jobs if limit is not None else 0,
                                         limit.period_ms if limit is not None else 0)
+
+    def jobs_unclaimed(self, state: ServerState, q: Queue) -> None:
+        offer_jobs(state, q)
+
+    def waiters_gone(self, state: ServerState, q: Queue) -> None:
+        withdraw_asks(state, q)

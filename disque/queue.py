@@ -141,6 +141,11 @@ def enqueue_job(state: ServerState, job: Job, nack: bool = False, *,
     state.memory.add(QUEUE_ENTRY_BYTES)
     if serve:
         serve_blocked_clients(state, q)
+    elif state.queues.asks and not q.waiters:
+        # Nobody here waits for it, other nodes' consumers may: federation
+        # offers it to them at the end of the turn (local consumers first:
+        # one that waits takes it above, and a paused queue keeps it).
+        state.events.jobs_unclaimed(state, q)
     return True
 
 
@@ -347,8 +352,11 @@ def set_pause(state: ServerState, q: Queue, flags: int) -> None:
     was_paused_out = q.paused_out
     q.flags = flags
     q.atime = state.clock.now_ms()
-    if was_paused_out and not q.paused_out and q.waiters:
-        serve_blocked_clients(state, q)
+    if was_paused_out and not q.paused_out:
+        if q.waiters:
+            serve_blocked_clients(state, q)
+        elif q.jobs and state.queues.asks:
+            state.events.jobs_unclaimed(state, q)  # held back while paused
 
 
 def receive_pause(state: ServerState, sender: ClusterNode, msg: Message) -> None:

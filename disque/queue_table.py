@@ -13,6 +13,7 @@ GETJOB) are in ``queue.py``.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Final
 
@@ -25,18 +26,26 @@ if TYPE_CHECKING:
     from .groups import QueueGroups
     from .waiters import BlockedGet
 
-__all__ = ["Queue", "QueueRegistry", "QueueFederation", "PAUSED_IN", "PAUSED_OUT",
+__all__ = ["Queue", "QueueRegistry", "QueueFederation", "Ask", "PAUSED_IN", "PAUSED_OUT",
            "pause_label", "QUEUE_OVERHEAD_BYTES", "QUEUE_ENTRY_BYTES"]
+
 
 class QueueFederation:
     """What one queue remembers about asking for and importing jobs."""
 
-    __slots__ = ("adhoc_attempt", "adhoc_time", "bcast_attempt", "bcast_time", "cur_count",
-                 "cur_start", "prev_count", "prev_start", "responders")
+    __slots__ = ("adhoc_attempt", "adhoc_time", "asked", "bcast_time", "cur_count",
+                 "cur_start", "prev_count", "prev_start", "responders", "withdraw_time",
+                 "withdrawn")
 
     def __init__(self) -> None:
+        #: When NEEDJOBS last went to every node (ms).
         self.bcast_time = 0
-        self.bcast_attempt = 0
+        #: Our nodes asked for jobs and not answered since: they keep the ask.
+        self.asked: dict[str, None] = {}
+        #: When the asks were last withdrawn (ms), and whether the next need
+        #: must ask every node again at once.
+        self.withdraw_time = 0
+        self.withdrawn = False
         self.adhoc_time = 0
         self.adhoc_attempt = 0
         #: node ID -> when it last sent us jobs for this queue (ms).
@@ -46,6 +55,26 @@ class QueueFederation:
         self.cur_count = 0
         self.prev_start = 0
         self.prev_count = 0
+
+
+class Ask:
+    """Another node's NEEDJOBS for a queue (federation.py): how many jobs it
+    asked for, whether it waits for them, when it was last sent some."""
+
+    __slots__ = ("busy_until", "count", "sent", "until", "waiting")
+
+    def __init__(self, until: int, count: int) -> None:
+        #: Forgotten after this (ms), unless the node asks again.
+        self.until = until
+        #: How many jobs it asked for.
+        self.count = count
+        #: Asked and not answered yet.
+        self.waiting = True
+        #: When it was last sent jobs of the queue (ms; 0: never).
+        self.sent = 0
+        #: Until when its YOURJOBS are paced (ms): jobs came faster than it
+        #: asked for them (federation.py).
+        self.busy_until = 0
 
 
 PAUSED_IN: Final = 1
@@ -140,7 +169,8 @@ class Queue:
 class QueueRegistry:
     """All queues of this node, scannable with QSCAN."""
 
-    __slots__ = ("_by_name", "_queues", "limited")
+    __slots__ = ("_by_name", "_queues", "asks", "asks_swept", "held", "limited",
+                 "push_timer", "push_timer_at", "unclaimed")
 
     def __init__(self) -> None:
         self._queues: SlicedDict[bytes, Queue] = SlicedDict(name_slice)
@@ -149,6 +179,20 @@ class QueueRegistry:
         self._by_name: dict[bytes, Queue] = {}
         #: The queues with a rate limit (an AOF rewrite writes them all).
         self.limited: dict[bytes, Queue] = {}
+        #: The other nodes waiting for jobs (federation.py), by queue name,
+        #: whether or not the queue exists here: node ID -> its ask, in the
+        #: order they asked.  Empty unless other nodes' consumers wait.
+        self.asks: dict[bytes, dict[str, Ask]] = {}
+        #: When expired asks were last dropped (ms).
+        self.asks_swept = 0
+        #: Queues that got jobs no local consumer waited for while other
+        #: nodes asked, to offer at the end of the loop turn (federation.py).
+        self.unclaimed: dict[bytes, None] = {}
+        #: Queues whose offer waits for the gap between two YOURJOBS to one
+        #: node (federation.PUSH_GAP_MS), and the one timer for them.
+        self.held: dict[bytes, None] = {}
+        self.push_timer: asyncio.TimerHandle | None = None
+        self.push_timer_at = 0
 
     def __len__(self) -> int:
         return len(self._queues)
@@ -183,5 +227,11 @@ class QueueRegistry:
             if q.limit is not None:
                 q.limit.cancel_wake()
         self.limited.clear()
+        self.asks.clear()
+        self.unclaimed.clear()
+        self.held.clear()
+        if self.push_timer is not None:
+            self.push_timer.cancel()
+            self.push_timer = None
         self._queues.clear()
         self._by_name.clear()

@@ -84,6 +84,14 @@ class Stats:
     #: Commands refused for a queue name over max-queue-name-len or more
     #: queues than max-queues-per-command.
     refused_queue_names: int = 0
+    #: Federation (federation.py, CLUSTER INFO): NEEDJOBS sent (one per
+    #: node asked), YOURJOBS sent and the jobs they carried, and of those
+    #: the YOURJOBS sent later than their NEEDJOBS came (pushed: the jobs
+    #: came after the ask, or the answer was paced under load).
+    needjobs_sent: int = 0
+    yourjobs_sent: int = 0
+    jobs_exported: int = 0
+    yourjobs_pushed: int = 0
 
 
 class ConnectedClient(Protocol):

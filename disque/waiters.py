@@ -161,8 +161,12 @@ class BlockedGet(Blocked):
             if self in waiters:  # not pop(self, None): compiled, a Python-level call
                 del waiters[self]
             q.atime = now
-            if not waiters and q.jobs_in == 0:
-                state.forget_if_unused(q)  # made by this read, for nothing
+            if not waiters:
+                if q.jobs_in == 0:
+                    state.forget_if_unused(q)  # made by this read, for nothing
+                fed = q.fed
+                if fed is not None and fed.asked:
+                    state.events.waiters_gone(state, q)  # federation: withdraw our asks
 
     def timeout_reply(self, state: ServerState) -> Any:
         return NULL_ARRAY

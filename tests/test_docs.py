@@ -107,6 +107,13 @@ BLOCKS: dict[tuple[str, str], str] = {
      "benchmarks.run latency"):
         "minutes of rounds; tests/benchmarks/test_latency_smoke.py runs the scenario with "
         "--smoke",
+    ("docs/BENCHMARKS.md", "DISQUE_INTERPRETED=1 DISQUE_REFERENCE_SERVER=/path/to/disque-server "
+     "python3 -m benchmarks.run latency --rounds 3 --case \"3 nodes\""):
+        "minutes of rounds; tests/benchmarks/test_latency_smoke.py runs the scenario with "
+        "--smoke",
+    ("docs/BENCHMARKS.md", "DISQUE_INTERPRETED=1 python3 -m benchmarks.federation_load"):
+        "three nodes and 10,000 jobs a run; tests/benchmarks/test_run_smoke.py runs it with "
+        "300 jobs",
     ("docs/BENCHMARKS.md", "python3 -m benchmarks.instructions --pickup"):
         "valgrind runs; tests/benchmarks/test_instructions_smoke.py counts a short --pickup",
     ("docs/BENCHMARKS.md", "python3 -m benchmarks.run soak"):

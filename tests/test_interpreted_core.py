@@ -28,6 +28,7 @@ SUBSET = [
     "tests/cluster/test_replication.py",
     "tests/cluster/test_pipelined_addjob.py",
     "tests/cluster/test_federation.py",
+    "tests/cluster/test_federation_push.py",
 ]
 
 

@@ -8,6 +8,7 @@ import ipaddress
 from typing import TYPE_CHECKING, Any
 
 from ..cluster.nodes_file import node_line
+from ..federation import waiting_asks
 from ..job import JobIdGenerator
 from ..protocol import OK, ReplyError, Status
 from ..reset import flush_all
@@ -76,6 +77,7 @@ def _info(state: ServerState, client: ClientConnection, args: list[bytes], n: in
         raise CommandError(SYNTAX_ERROR)
     cl = state.cluster
     bus = _bus(state)
+    stats = state.stats
     fields = [
         ("cluster_state", "ok"),
         ("cluster_known_nodes", len(cl.nodes)),
@@ -86,6 +88,12 @@ def _info(state: ServerState, client: ClientConnection, args: list[bytes], n: in
         # Ours: batching between our nodes (messages.CAP_BATCH).
         ("cluster_stats_messages_merged", bus.stats_merged),
         ("cluster_stats_batches_received", bus.stats_batches_received),
+        # Ours: federation (NEEDJOBS asks, YOURJOBS answers and pushes).
+        ("cluster_stats_needjobs_sent", stats.needjobs_sent),
+        ("cluster_stats_yourjobs_sent", stats.yourjobs_sent),
+        ("cluster_stats_yourjobs_pushed", stats.yourjobs_pushed),
+        ("cluster_stats_jobs_exported", stats.jobs_exported),
+        ("cluster_federation_asks", waiting_asks(state)),
         ("cluster_leaving", "yes" if cl.leaving else "no"),
     ]
     return "".join(f"{k}:{v}\r\n" for k, v in fields)

@@ -164,6 +164,15 @@ def test_federation_latency_runs() -> None:
     assert "got a job queued on another node in median" in proc.stdout
 
 
+def test_federation_load_runs() -> None:
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.federation_load", "--jobs", "300",
+                           "--consumers", "2"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=180)
+    assert proc.returncode == 0, proc.stderr
+    assert "300 jobs added on A" in proc.stdout
+    assert "federation messages per job" in proc.stdout
+
+
 @pytest.mark.skipif(reference_server() is None,
                     reason="needs the original server: set DISQUE_REFERENCE_SERVER")
 def test_original_smoke_reports_every_target_against_the_original(tmp_path: Path) -> None:

@@ -9,6 +9,7 @@ nodes to a running cluster of originals, or the other way round.
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 
@@ -123,6 +124,63 @@ def test_consumers_get_jobs_queued_on_the_other_implementation(mixed) -> None:
         pair = (holder, consumer)
         wait_for(lambda job_id=job_id, pair=pair: not any(show(n, job_id) for n in pair),
                  timeout=20, message="the ACK to reach both implementations")
+
+
+def test_jobs_are_pushed_to_waiting_consumers_across_implementations(mixed) -> None:
+    """A consumer that waits before the job exists: our node remembers the
+    original's NEEDJOBS and pushes the job at once (a YOURJOBS the original
+    did not ask for at that moment, which it takes); the original answers the
+    NEEDJOBS our node renews every second while its consumer waits.  Our
+    node sends the original no withdrawal (NEEDJOBS(0) would ask it for a
+    job), and the cluster never loses or doubles a job."""
+    ours, originals = mixed
+    join_everybody(ours, originals)
+    a, ref = ours[0], originals[0]
+    for holder, waiter, within_s in ((a, ref, 1.0), (ref, a, 5.0)):
+        queue = f"push-{holder.port}"
+        result: list[object] = []
+        consumer = threading.Thread(target=lambda q=queue, w=waiter, r=result: r.append(
+            w.client().execute_command("GETJOB", "TIMEOUT", 15_000, "FROM", q)))
+        consumer.start()
+        wait_for(lambda w=waiter: int(w.client().info("clients")["blocked_clients"]) == 1,
+                 timeout=10, message="the consumer to block")
+        if holder is a:  # the original's NEEDJOBS reached our node
+            wait_for(lambda: cluster_info(a)["cluster_federation_asks"] != "0", timeout=10,
+                     message="our node to remember the original's ask")
+        pushed = int(cluster_info(a)["cluster_stats_yourjobs_pushed"])
+        started = time.monotonic()
+        job_id = holder.client().execute_command("ADDJOB", queue, "x", 0, "REPLICATE", 1)
+        consumer.join(15)
+        took = time.monotonic() - started
+        assert result and result[0] and result[0][0][1] == job_id, (holder.port, result)
+        # The original's own polling would take 2 s or more (its broadcast back-off).
+        assert took < within_s, took
+        if holder is a:
+            assert int(cluster_info(a)["cluster_stats_yourjobs_pushed"]) > pushed
+        assert waiter.client().execute_command("ACKJOB", job_id) == 1
+    assert "unknown" not in ref.log_text().lower()
+
+
+def test_withdrawals_never_reach_an_original(mixed) -> None:
+    """Our node withdraws its asks when its consumer is served (NEEDJOBS(0))
+    from our nodes only: the original would read it as an ask for one job."""
+    ours, originals = mixed
+    a, ref = ours[0], originals[0]
+    meet(a, ref)
+    wait_joined([a, ref])
+    for i in range(3):
+        ref.client().execute_command("ADDJOB", "wq", f"j{i}", 0, "REPLICATE", 1)
+    got = a.client().execute_command("GETJOB", "TIMEOUT", 10_000, "FROM", "wq")
+    assert got and got[0][0] == b"wq"
+    started = time.monotonic()
+
+    def nothing_more_came() -> bool:
+        # Polled for a second: a withdrawal sent to the original would bring a job.
+        assert a.client().execute_command("QLEN", "wq") == 0
+        assert ref.client().execute_command("QLEN", "wq") == 2
+        return time.monotonic() - started > 1.0
+
+    wait_for(nothing_more_came, timeout=5, interval=0.05, message="a second")
 
 
 def test_extensions_in_a_mixed_cluster(mixed) -> None:
