@@ -66,6 +66,11 @@ Scenarios:
     node; 50 consumers on 10 queues spread over the nodes); ours and, with
     ``DISQUE_REFERENCE_SERVER``, the original, alternating
     (``benchmarks/latency.py``; ``--case TEXT`` for some cases only).
+``groups``
+    50 consumers (``GETJOB`` + ``ACKJOB``, one job at a time) draining
+    100,000 jobs in 10,000 ordered groups, against the same load without
+    groups, on one node; checks the groups' order and exclusivity on the way
+    (``benchmarks/groups.py``).
 ``spark-source`` / ``spark-sink``
     run ``benchmarks.spark_source`` / ``benchmarks.spark_sink`` in a
     subprocess (``--smoke`` becomes the source's ``--smoke`` and the sink's
@@ -113,7 +118,7 @@ from tests.support.process import DisqueProcess, raw_command
 CLIENTS = 50
 PIPELINE = 16
 SCENARIOS = ("server", "cycle", "memory", "soak", "floor", "cluster", "bulk", "original",
-             "latency",
+             "latency", "groups",
              "spark-source",
              "spark-sink", "spark-source-cluster", "spark-sink-cluster")
 FLOOR_NODE = Path(__file__).resolve().parent / "floor_node.py"
@@ -662,6 +667,12 @@ def scenario_latency(args: argparse.Namespace, root: Path) -> dict[str, Any]:
     return run(args, root)
 
 
+def scenario_groups(args: argparse.Namespace, root: Path) -> dict[str, Any]:
+    from benchmarks.groups import scenario_groups as run
+
+    return run(args, root)
+
+
 RUNNERS: dict[str, Callable[[argparse.Namespace, Path], dict[str, Any]]] = {
     "server": scenario_server,
     "cycle": scenario_cycle,
@@ -671,6 +682,7 @@ RUNNERS: dict[str, Callable[[argparse.Namespace, Path], dict[str, Any]]] = {
     "cluster": scenario_cluster,
     "bulk": scenario_bulk,
     "latency": scenario_latency,
+    "groups": scenario_groups,
     "original": scenario_original,
     "spark-source": delegate("benchmarks.spark_source"),
     "spark-sink": delegate("benchmarks.spark_sink"),

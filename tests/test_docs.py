@@ -111,6 +111,9 @@ BLOCKS: dict[tuple[str, str], str] = {
      "python3 -m benchmarks.run latency --rounds 3 --case \"3 nodes\""):
         "minutes of rounds; tests/benchmarks/test_latency_smoke.py runs the scenario with "
         "--smoke",
+    ("docs/BENCHMARKS.md", "python3 -m benchmarks.run groups --rounds 3 --json groups.json"):
+        "a minute of rounds; tests/benchmarks/test_groups_smoke.py runs the scenario with "
+        "--smoke",
     ("docs/BENCHMARKS.md", "DISQUE_INTERPRETED=1 python3 -m benchmarks.federation_load"):
         "three nodes and 10,000 jobs a run; tests/benchmarks/test_run_smoke.py runs it with "
         "300 jobs",
