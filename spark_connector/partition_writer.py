@@ -361,7 +361,7 @@ class PartitionWriter:
                 self.sent_single += rows
                 return b"".join([part.singles() for part in sent]), rows
             count = 0
-            payload = []
+            payload: list[bytes | memoryview] = []
             for form, part in zip(forms, sent, strict=True):
                 if form:
                     self.sent_bulk += 1

@@ -261,3 +261,43 @@ def test_a_streaming_query_gives_the_columns_and_a_group_sorts_by_position(
                table.where("`group` IS NOT NULL").repartition(3).groupBy("group")
                .applyInPandas(in_order, "group string, ids string").collect()}
     assert ordered == added
+
+
+def test_the_docs_recipe_runs_as_written(spark, server, client: Client,
+                                         tmp_path: Path) -> None:
+    """docs/SPARK.md's ``foreachBatch`` recipe ("Ordered groups"): each
+    group's rows handled in add order, whatever partitions they were in."""
+    import pyarrow.parquet as pq
+
+    from tests.support.process import wait_for
+    from tests.test_docs import block, pointed_at
+
+    added = {key: [client.add_job("orders", f"{key}{i}", group=key) for i in range(6)]
+             for key in ("A", "B", "C", "D")}
+    code = pointed_at(block("docs/SPARK.md", "import pandas as pd").text,
+                      f"127.0.0.1:{server.port}", tmp_path)
+    namespace = {"spark": spark}
+    exec(compile(code, "docs/SPARK.md", "exec"), namespace)
+    query = namespace["query"]
+    out = tmp_path / "data" / "handled"
+
+    def handled() -> list[list[dict]]:
+        if not out.exists():
+            return []
+        return [pq.read_table(path).to_pylist() for path in sorted(out.glob("*.parquet"))]
+
+    try:
+        wait_for(lambda: sum(map(len, handled())) >= 24, timeout=180, interval=0.5,
+                 message=lambda: f"handled {handled()}; query: {query.exception()}")
+    finally:
+        query.stop()
+    seen: dict[str, list[str]] = {}
+    for rows in handled():  # one file per task: a group's rows as its handler returned them
+        per_file: dict[str, list[str]] = {}
+        for row in rows:
+            per_file.setdefault(row["group"], []).append(row["id"])
+        for key, ids in per_file.items():
+            assert ids == [i for i in added[key] if i in ids], (key, ids)
+            seen.setdefault(key, []).extend(ids)
+    assert {key: sorted(ids) for key, ids in seen.items()} == {
+        key: sorted(ids) for key, ids in added.items()}
