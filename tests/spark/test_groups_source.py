@@ -224,6 +224,33 @@ def test_a_node_with_groups_says_so_without_touching_a_job(server, client: Clien
     assert client.qlen("q") == 1
 
 
+def test_a_read_with_groups_never_loads_pandas(server, client: Client, tmp_path: Path) -> None:
+    """The group columns are built from buffers too (tests/spark/test_source_imports.py)."""
+    from tests.support.fresh import run_fresh
+
+    client.add_jobs("q", [b"job-%d" % i for i in range(50)])
+    client.add_jobs("q", [b"g-%d" % i for i in range(5)], group="G")
+    out = run_fresh(f"""
+import json, pickle, sys
+from pyspark.sql.streaming.datasource import ReadMaxRows
+from spark_connector.source import DisqueDataSource
+source = DisqueDataSource({{"nodes": "127.0.0.1:{server.port}", "queues": "q",
+                          "stagingPath": {str(tmp_path / "staging")!r}, "fetchTimeoutMs": "0",
+                          "includeGroups": "true"}})
+reader = source.streamReader(source.schema())
+end = reader.latestOffset(reader.initialOffset(), ReadMaxRows(1000))
+batches = [b for p in reader.partitions(reader.initialOffset(), end)
+           for b in reader.read(pickle.loads(pickle.dumps(p)))]
+reader.stop()
+loaded = [m for m in ("pandas", "pyarrow.compute") if m in sys.modules]
+print(json.dumps({{"rows": sum(b.num_rows for b in batches),
+                  "grouped": sum(b.num_rows - b.column("group").null_count
+                                 for b in batches),
+                  "loaded": loaded}}))
+""")
+    assert out == {"rows": 55, "grouped": 5, "loaded": []}
+
+
 # --------------------------------------------------------------------------
 # Through Spark
 # --------------------------------------------------------------------------
