@@ -253,6 +253,24 @@ print(json.dumps({{"rows": sum(b.num_rows for b in batches),
     assert out == {"rows": 55, "grouped": 5, "loaded": []}
 
 
+def test_an_original_node_fails_the_query_at_its_start(original, tmp_path: Path) -> None:
+    from spark_connector.fetch import fetch_jobs
+    from spark_connector.options import OptionError
+
+    with Client(f"127.0.0.1:{original.port}") as c:
+        job_id = c.add_job("q", b"x")
+        assert not supports_groups(c, "q")
+        reader = make_reader(original.port, tmp_path / "s")
+        with pytest.raises(OptionError, match=r"option 'includeGroups' is true, but node "
+                           r"127\.0\.0\.1:\d+ has no ordered groups.*includeGroups=false"):
+            reader.latestOffset({"batch": 0}, ReadMaxRows(10))
+        assert StagingArea(tmp_path / "s").batches() == []
+        # The fetch itself refuses too (a node that joins later), with nothing taken.
+        with pytest.raises(OptionError, match="includeGroups"):
+            fetch_jobs(c, ["q"], 10, batch_size=10, lease=True, groups=True)
+        assert [j.id for j in c.qpeek("q", 10)] == [job_id]
+
+
 # --------------------------------------------------------------------------
 # Through Spark
 # --------------------------------------------------------------------------
