@@ -54,11 +54,12 @@ _DELIVERIES: Final = b"additional-deliveries"
 _REQUEUE_WITHIN: Final = b"next-requeue-within"
 _HEADERS: Final = b"headers"
 _GROUP: Final = b"group"
+_GROUP_POSITION: Final = b"group-position"
 
 #: GETJOB's optional entry fields (a bit set): WITHCOUNTERS adds the NACK and
 #: delivery counters, WITHLEASE (an extension) the milliseconds left before
 #: this node queues the job again, WITHHEADERS (an extension) the job's
-#: headers, WITHGROUP (an extension) its group key.
+#: headers, WITHGROUP (an extension) its place in its group and its group key.
 WITH_COUNTERS: Final = 1
 WITH_LEASE: Final = 2
 WITH_HEADERS: Final = 4
@@ -178,8 +179,8 @@ class BlockedGet(Blocked):
 def getjob_entry(job: Job, fields: int, now: int = 0) -> list[Any]:
     """One job in GETJOB's reply: ``[queue, id, body]``, then the ``fields``
     asked for (:data:`WITH_COUNTERS`, :data:`WITH_LEASE` as of ``now``,
-    :data:`WITH_HEADERS`, :data:`WITH_GROUP`), each a name and its value, in
-    that order."""
+    :data:`WITH_HEADERS`, :data:`WITH_GROUP`: ``group-position`` then
+    ``group``), each a name and its value, in that order."""
     entry: list[Any] = [job.queue, job.id, job.body]
     if fields:
         if fields & WITH_COUNTERS:
@@ -191,7 +192,12 @@ def getjob_entry(job: Job, fields: int, now: int = 0) -> list[Any]:
             entry.extend((_HEADERS, list(ext.headers) if ext is not None else []))
         if fields & WITH_GROUP:
             ext = job.ext
-            entry.extend((_GROUP, ext.group if ext is not None else None))
+            group = ext.group if ext is not None else None
+            # The position is the ctime the group is ordered by (groups.py:
+            # ctime, then the ID): the same on every copy and every
+            # delivery, so a consumer can sort what it received.
+            entry.extend((_GROUP_POSITION, job.ctime if group is not None else None,
+                          _GROUP, group))
     return entry
 
 

@@ -10,7 +10,14 @@ import pyarrow as pa
 from pyspark.sql.datasource import DataSourceReader, InputPartition
 
 from . import telemetry
-from .fetch import fetch_table, headers_refused_error, jobs_to_table, supports_headers
+from .fetch import (
+    fetch_table,
+    groups_refused_error,
+    headers_refused_error,
+    jobs_to_table,
+    supports_groups,
+    supports_headers,
+)
 from .options import ConnectionConfig, SourceConfig
 from .partitions import record_batches
 from .topology import discover
@@ -38,6 +45,8 @@ class ScanPartition(InputPartition):
     include_headers: bool = False
     #: ``telemetrySetup``, called in the task's Python worker (drains make spans).
     telemetry_setup: str | None = None
+    #: ``includeGroups``: the jobs' group keys and positions too.
+    include_groups: bool = False
 
 
 
@@ -62,11 +71,11 @@ class DisqueBatchReader(DataSourceReader):
         streaming source reads them."""
         config = self.config
         nodes = [view.address for view in discover(config.connection)]
-        if config.include_headers:
-            _check_headers(config, nodes)
+        if config.include_headers or config.include_groups:
+            _check_extensions(config, nodes)
         return [ScanPartition(node, queue, config.connection, config.drain, config.max_jobs,
                               config.fetch_batch_size, config.ack_mode, config.include_headers,
-                              config.telemetry_setup)
+                              config.telemetry_setup, config.include_groups)
                 for node in nodes for queue in config.queues]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
@@ -101,7 +110,7 @@ class DisqueBatchReader(DataSourceReader):
             if part.max_jobs is not None:
                 want = min(want, part.max_jobs - taken)
             table = fetch_table(client, [part.queue], want, batch_size=want,
-                                headers=part.include_headers)
+                                headers=part.include_headers, groups=part.include_groups)
             if table.num_rows == 0:
                 return  # another consumer took them between QLEN and GETJOB
             ids = table.column("id").to_pylist()
@@ -117,13 +126,16 @@ class DisqueBatchReader(DataSourceReader):
             taken += len(ids)
 
 
-def _check_headers(config: SourceConfig, nodes: list[str]) -> None:
-    """``includeHeaders``: fail the read, on the driver, when a node has no headers."""
+def _check_extensions(config: SourceConfig, nodes: list[str]) -> None:
+    """``includeHeaders``, ``includeGroups``: fail the read, on the driver,
+    when a node has no headers (no ordered groups)."""
     for node in nodes:
         client = config.connection.client(node=node, client_name="spark-disque-batch")
         try:
-            if not supports_headers(client, config.queues[0]):
+            if config.include_headers and not supports_headers(client, config.queues[0]):
                 raise headers_refused_error(node, "ERR syntax error")
+            if config.include_groups and not supports_groups(client, config.queues[0]):
+                raise groups_refused_error(node, "ERR syntax error")
         finally:
             client.close()
 
@@ -131,8 +143,8 @@ def _check_headers(config: SourceConfig, nodes: list[str]) -> None:
 def _peek(client: Client, part: ScanPartition) -> pa.Table:
     from disque.client import Job
 
-    if part.include_headers:
-        return _peek_with_headers(client, part)
+    if part.include_headers or part.include_groups:
+        return _peek_raw(client, part)
     jobs: list[Job] = []
     for info in client.jscan(queue=part.queue, states=("queued",), reply="all",
                              count=part.batch_size):
@@ -147,14 +159,23 @@ def _peek(client: Client, part: ScanPartition) -> pa.Table:
     return jobs_to_table(jobs)
 
 
-def _peek_with_headers(client: Client, part: ScanPartition) -> pa.Table:
-    """:func:`_peek` with each job's headers: JSCAN's replies read raw, since
-    the client's SHOW-like dicts keep one value per header name (a job's
-    headers may repeat a name)."""
+def _peek_raw(client: Client, part: ScanPartition) -> pa.Table:
+    """:func:`_peek` with each job's headers and/or group: JSCAN's replies
+    read raw, since the client's SHOW-like dicts keep one value per header
+    name (a job's headers may repeat a name) and decode group keys.  A
+    job's group position is its ``ctime``, as ``GETJOB ... WITHGROUP``
+    gives it."""
     from disque.client import Job
 
     jobs: list[Job] = []
     headers: list[list[bytes]] = []
+    keys: list[bytes | None] = []
+    positions: list[int | None] = []
+
+    def table() -> pa.Table:
+        return jobs_to_table(jobs, headers=headers if part.include_headers else None,
+                             groups=(keys, positions) if part.include_groups else None)
+
     cursor = 0
     while True:
         cursor_reply, items = client.execute_command(
@@ -169,8 +190,11 @@ def _peek_with_headers(client: Client, part: ScanPartition) -> pa.Table:
                             info[b"id"].decode(), body, int(info.get(b"nacks") or 0),
                             int(info.get(b"additional-deliveries") or 0)))
             headers.append(info.get(b"headers") or [])
+            key = info.get(b"group")
+            keys.append(key)
+            positions.append(None if key is None else int(info[b"ctime"]))
             if part.max_jobs is not None and len(jobs) >= part.max_jobs:
-                return jobs_to_table(jobs, headers=headers)
+                return table()
         cursor = int(cursor_reply)
         if cursor == 0:
-            return jobs_to_table(jobs, headers=headers)
+            return table()

@@ -36,7 +36,9 @@ from .fetch import (
     count_nonzero,
     empty_table,
     fetch_jobs,
+    groups_refused_error,
     headers_refused_error,
+    supports_groups,
     supports_headers,
 )
 from .leases import COPY_SKEW_S, LeaseKeeper
@@ -81,9 +83,9 @@ class DriverSide:
             self.staging.store.check_create()
         #: The cluster's nodes (seeds plus HELLO), one pinned client each.
         self.nodes = NodeSet(config.connection)
-        if config.include_headers:
+        if config.include_headers or config.include_groups:
             try:
-                self._check_headers()
+                self._check_extensions()
             except OptionError:
                 self.nodes.close()
                 raise
@@ -141,17 +143,21 @@ class DriverSide:
         # process adds to its query's start before the first fetch.
         self.progress.timed("startMs", time.monotonic() - started)
 
-    def _check_headers(self) -> None:
-        """``includeHeaders``: every node must have job headers, or the query
-        fails now, before any job is taken (a node that joins later and has
-        none fails the fetch from it, the same way)."""
+    def _check_extensions(self) -> None:
+        """``includeHeaders``, ``includeGroups``: every node must have job
+        headers (ordered groups), or the query fails now, before any job is
+        taken (a node that joins later and has none fails the fetch from it,
+        the same way)."""
+        config = self.config
         for address in self.nodes.live():
             client = self.nodes.client(address)
             try:
-                if not supports_headers(client, self.config.queues[0]):
+                if config.include_headers and not supports_headers(client, config.queues[0]):
                     raise headers_refused_error(address, "ERR syntax error")
+                if config.include_groups and not supports_groups(client, config.queues[0]):
+                    raise groups_refused_error(address, "ERR syntax error")
             except DisqueError as exc:
-                log.info("could not ask %s whether it has job headers: %s", address, exc)
+                log.info("could not ask %s which extensions it has: %s", address, exc)
 
     # ------------------------------------------------------------ recovery
 
@@ -428,7 +434,7 @@ class DriverSide:
         return seq
 
     def _stage_empty(self, seq: int) -> None:
-        table = empty_table(self.config.include_headers)
+        table = empty_table(self.config.include_headers, self.config.include_groups)
         self.staging.stage_driver_batch(seq, table)
         self.tables[seq] = table
 
@@ -512,8 +518,9 @@ class DriverSide:
             try:
                 fetched = self._fetch_from(address, remaining, 0, seen)
             except OptionError:
-                # includeHeaders and a node without headers: the query
-                # fails; what the other nodes gave goes back to its queue.
+                # includeHeaders (includeGroups) and a node without headers
+                # (groups): the query fails; what the other nodes gave goes
+                # back to its queue.
                 self._give_back(seq, zip(served, tables, strict=True))
                 raise
             if fetched is None:
@@ -616,7 +623,8 @@ class DriverSide:
                                  batch_size=self.config.fetch_batch_size, block_ms=block_ms,
                                  lease=address not in self._no_lease, seen=seen,
                                  headers=self.config.include_headers,
-                                 trace=address not in self._no_headers)
+                                 trace=address not in self._no_headers,
+                                 groups=self.config.include_groups)
         except (NoPerm, OptionError):
             raise  # the user's permissions or options, not the node: fail the query
         except (ConnectionFailed, DisqueError) as exc:
@@ -755,7 +763,7 @@ class DriverSide:
                                tuple(p["queues"]), int(p["count"]), config.connection,
                                config.fetch_batch_size, tuple(p.get("fallbacks", ())),
                                config.staging_options, config.include_headers,
-                               config.telemetry_setup)
+                               config.telemetry_setup, config.include_groups)
                 for p in parts]
 
     # ------------------------------------------------------------------ ACK

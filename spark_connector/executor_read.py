@@ -66,7 +66,8 @@ def fetch_or_replay(part: FetchPartition) -> pa.Table:
         metadata: dict[str, str] = {}
         try:
             fetched = fetch_jobs(client, part.queues, part.count, batch_size=part.batch_size,
-                                 lease=True, headers=part.include_headers)
+                                 lease=True, headers=part.include_headers,
+                                 groups=part.include_groups)
             table = fetched.table
             if fetched.lease_until is not None:
                 metadata[LEASE_UNTIL] = wall_clock_ms(fetched.lease_until)
@@ -76,7 +77,7 @@ def fetch_or_replay(part: FetchPartition) -> pa.Table:
             # whole query; the jobs wait on their node for the next batch.
             log.warning("batch %d %s: %s unreachable, part left empty: %s",
                         part.seq, part.file, part.node, exc)
-            table = empty_table(part.include_headers)
+            table = empty_table(part.include_headers, part.include_groups)
         # Which node served the part (the planned one, or a fallback): the
         # driver's per-node progress counts it there.
         metadata[SERVED_BY] = client.address or part.node

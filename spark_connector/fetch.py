@@ -16,23 +16,26 @@ from disque.exceptions import ConnectionFailed, DisqueError, ProtocolError
 
 from . import telemetry
 from .options import OptionError
-from .schema import empty_table, headers_type, utf8_view, with_headers
+from .schema import empty_table, headers_type, null_groups, staged_schema, utf8_view
 
 if TYPE_CHECKING:
     from disque.client import Client, Job
 
 __all__ = ["Fetched", "fetch_jobs", "fetch_table", "jobs_to_table", "empty_table", "string_array",
            "binary_ids", "count_nonzero", "headers_array", "headers_refused_error",
-           "supports_headers"]
+           "supports_headers", "groups_refused_error", "supports_groups"]
 
 log = logging.getLogger("spark_connector.fetch")
 
 
 def jobs_to_table(jobs: list[Job], fetched_at_us: int | None = None,
-                  headers: list[list[bytes]] | None = None) -> pa.Table:
+                  headers: list[list[bytes]] | None = None,
+                  groups: tuple[list[bytes | None], list[int | None]] | None = None
+                  ) -> pa.Table:
     """Staged-form table of ``jobs`` (counters must have been fetched);
     ``headers``: each job's flat headers (name, value, ...), staged as the
-    ``headers`` column.
+    ``headers`` column; ``groups``: each job's group key and position (None
+    for a job without a group), staged as the group columns.
 
     Columns built from buffers, as the GETJOB path's: ``pa.array`` on a
     list would import pandas into the executor's Python worker (see
@@ -50,22 +53,34 @@ def jobs_to_table(jobs: list[Job], fetched_at_us: int | None = None,
     ]
     if headers is not None:
         columns.append(headers_array(headers))
-    return pa.Table.from_arrays(columns, schema=with_headers(headers is not None))
+    if groups is not None:
+        columns.extend(group_arrays(*groups))
+    return pa.Table.from_arrays(columns, schema=staged_schema(headers is not None,
+                                                               groups is not None))
 
 
 #: Entry length of ``GETJOB ... WITHCOUNTERS`` without and with ``WITHLEASE``
-#: (``WITHHEADERS`` adds two more fields, last).
+#: (``WITHHEADERS`` adds two more fields, then ``WITHGROUP`` four, last).
 _PLAIN, _LEASED = 7, 9
+#: What ``WITHGROUP`` adds: ``"group-position", ctime, "group", key``.
+_GROUP_FIELDS = 4
+
+
+def _headers_at(entry_len: int, groups: bool) -> int:
+    """Where a ``WITHHEADERS`` entry has its headers (before WITHGROUP's fields)."""
+    return entry_len - 1 - (_GROUP_FIELDS if groups else 0)
 
 
 def _getjob_raw(client: Client, queues: tuple[str, ...] | list[str], count: int,
-                block_ms: int, lease: bool, headers: bool = False) -> list:
-    """``GETJOB ... WITHCOUNTERS [WITHLEASE] [WITHHEADERS]``, reply left raw:
-    no Job object per job.
+                block_ms: int, lease: bool, headers: bool = False,
+                groups: bool = False) -> list:
+    """``GETJOB ... WITHCOUNTERS [WITHLEASE] [WITHHEADERS] [WITHGROUP]``,
+    reply left raw: no Job object per job.
 
     The entries are ``[queue, id, body, "nacks", n, "additional-deliveries", m]``
     (then ``"next-requeue-within", ms`` with ``lease``, then ``"headers",
-    [name, value, ...]`` with ``headers``); turning them straight into Arrow
+    [name, value, ...]`` with ``headers``, then ``"group-position", ctime,
+    "group", key`` with ``groups``); turning them straight into Arrow
     columns costs a tenth of parsing them into :class:`disque.client.Job`
     objects first, which shows at 100k jobs per batch.
     """
@@ -76,15 +91,21 @@ def _getjob_raw(client: Client, queues: tuple[str, ...] | list[str], count: int,
         args.append("WITHLEASE")
     if headers:
         args.append("WITHHEADERS")
+    if groups:
+        args.append("WITHGROUP")
     args += ["FROM", *queues]
     reply = client.execute_command(*args)
     if not reply:
         return []
     first = reply[0]
-    if (len(first) != (_LEASED if lease else _PLAIN) + (2 if headers else 0)
+    size = ((_LEASED if lease else _PLAIN) + (2 if headers else 0)
+            + (_GROUP_FIELDS if groups else 0))
+    at = _headers_at(size, groups)
+    if (len(first) != size
             or first[3] != b"nacks" or first[5] != b"additional-deliveries"
             or (lease and first[7] != b"next-requeue-within")
-            or (headers and (first[-2] != b"headers" or not isinstance(first[-1], list)))):
+            or (headers and (first[at - 1] != b"headers" or not isinstance(first[at], list)))
+            or (groups and (first[-4] != b"group-position" or first[-2] != b"group"))):
         raise ProtocolError(f"unexpected GETJOB WITHCOUNTERS entry: {first!r}")
     return reply
 
@@ -112,13 +133,60 @@ def supports_headers(client: Client, queue: str) -> bool:
     must be a number greater than zero``); one without stops at the
     unknown option (``-ERR syntax error``, the original's answer).
     """
+    return _knows(client, "WITHHEADERS", queue)
+
+
+def _knows(client: Client, option: str, queue: str) -> bool:
+    """Does the node parse GETJOB's ``option``?  ``COUNT 0`` is refused
+    after the options are read (:func:`supports_headers`): no job is taken."""
     try:
-        client.execute_command("GETJOB", "WITHHEADERS", "COUNT", 0, "FROM", queue)
+        client.execute_command("GETJOB", option, "COUNT", 0, "FROM", queue)
     except ConnectionFailed:
         raise
     except DisqueError as exc:
         return not _syntax_error(exc)
     return True
+
+
+def groups_refused_error(address: str | None, error: BaseException | str) -> OptionError:
+    """``includeGroups`` against a node without ordered groups: the query's error."""
+    return OptionError(
+        "includeGroups", f"is true, but node {address} has no ordered groups: it answered "
+        f"GETJOB ... WITHGROUP with '{error}' (an original Disque node does; ordered groups "
+        "are an extension of this server, docs/EXTENSIONS.md). Read it with "
+        "includeGroups=false")
+
+
+def supports_groups(client: Client, queue: str) -> bool:
+    """Does the node have ordered groups (``GETJOB ... WITHGROUP``)?  Asked
+    without touching a job, as :func:`supports_headers`."""
+    return _knows(client, "WITHGROUP", queue)
+
+
+def group_arrays(keys: list[bytes | None], positions: list[int | None]
+                 ) -> tuple[pa.Array | pa.ChunkedArray, pa.Array]:
+    """The staged ``group`` (binary, null without a group) and
+    ``group_position`` (int64, null without a group) columns, built from
+    buffers (no ``pa.array`` of a list: :func:`binary_array`).  Jobs without
+    a group, all of them in a queue that has none, cost nothing per job."""
+    count = len(keys)
+    valid = np.fromiter((key is not None for key in keys), dtype=bool, count=count)
+    if not valid.any():
+        return null_groups(count)
+    nulls = int(count - np.count_nonzero(valid))
+    bitmap = pa.py_buffer(np.packbits(valid, bitorder="little")) if nulls else None
+    keys_array = binary_array([key if key is not None else b"" for key in keys])
+    chunks = keys_array.chunks if isinstance(keys_array, pa.ChunkedArray) else [keys_array]
+    if bitmap is not None:
+        if len(chunks) > 1:  # past 2 GiB of keys: never with keys of 256 bytes at most
+            raise ValueError("group keys past 2 GiB in one batch")
+        _, offsets, data = chunks[0].buffers()
+        keys_array = pa.Array.from_buffers(pa.binary(), count, [bitmap, offsets, data],
+                                           null_count=nulls)
+    values = np.array([p if p is not None else 0 for p in positions], dtype=np.int64)
+    positions_array = pa.Array.from_buffers(pa.int64(), count, [bitmap, pa.py_buffer(values)],
+                                            null_count=nulls)
+    return keys_array, positions_array
 
 
 _EMPTY_OFFSETS = np.zeros(1, dtype=np.int32)
@@ -235,9 +303,11 @@ def _timestamps(at_us: int, count: int) -> pa.Array:
                                  [None, pa.py_buffer(np.full(count, at_us, dtype=np.int64))])
 
 
-def _entries_to_table(entries: list, fetched_at_us: int, headers: bool = False) -> pa.Table:
+def _entries_to_table(entries: list, fetched_at_us: int, headers: bool = False,
+                      groups: bool = False) -> pa.Table:
     """The staged table of raw GETJOB entries; ``headers``: stage their
-    headers (the entries' last field) as the ``headers`` column."""
+    headers as the ``headers`` column; ``groups``: their group key and
+    position (the entries' last fields) as the group columns."""
     # One flat list, then a C-level slice per column: no Python loop per job.
     flat = list(itertools.chain.from_iterable(entries))
     step = len(entries[0]) if entries else _PLAIN
@@ -250,8 +320,10 @@ def _entries_to_table(entries: list, fetched_at_us: int, headers: bool = False) 
         _timestamps(fetched_at_us, len(entries)),
     ]
     if headers:
-        columns.append(headers_array(flat[step - 1::step]))
-    return pa.Table.from_arrays(columns, schema=with_headers(headers))
+        columns.append(headers_array(flat[_headers_at(step, groups)::step]))
+    if groups:
+        columns.extend(group_arrays(flat[step - 1::step], flat[step - 3::step]))
+    return pa.Table.from_arrays(columns, schema=staged_schema(headers, groups))
 
 
 def _lease_deadline(entries: list, asked_at: float) -> float:
@@ -306,7 +378,7 @@ def _new_entries(got: list, seen: set[bytes]) -> list:
 def fetch_jobs(client: Client, queues: tuple[str, ...] | list[str], limit: int | None, *,
                batch_size: int, block_ms: int = 0, lease: bool = False,
                seen: set[bytes] | None = None, headers: bool = False,
-               trace: bool = True) -> Fetched:
+               trace: bool = True, groups: bool = False) -> Fetched:
     """Up to ``limit`` distinct jobs (``None``: until the queues are empty), as a staged table.
 
     Only the first GETJOB may block, and for at most ``block_ms`` (0: never),
@@ -322,6 +394,10 @@ def fetch_jobs(client: Client, queues: tuple[str, ...] | list[str], limit: int |
     true, the headers are asked for anyway, for the ``receive`` span's
     links, and a node that refuses them is asked again without
     (``Fetched.headers_supported``).
+
+    ``groups`` (``includeGroups``) stages each job's group key and position
+    (``WITHGROUP``, an extension); a node that refuses it fails the fetch
+    with :func:`groups_refused_error`, before any job is taken.
 
     ``seen`` holds the IDs (bytes) of jobs the caller already has (other
     nodes' share of the batch, a batch still running): a job delivered
@@ -341,7 +417,8 @@ def fetch_jobs(client: Client, queues: tuple[str, ...] | list[str], limit: int |
         want = batch_size if limit is None else min(batch_size, limit - len(entries))
         asked_at = time.monotonic()
         try:
-            got = _getjob_raw(client, queues, want, block_ms if first else 0, lease, ask_headers)
+            got = _getjob_raw(client, queues, want, block_ms if first else 0, lease, ask_headers,
+                              groups)
         except ConnectionFailed:
             if not entries:
                 raise
@@ -353,7 +430,9 @@ def fetch_jobs(client: Client, queues: tuple[str, ...] | list[str], limit: int |
             if entries or not _syntax_error(exc):
                 raise
             # Nothing was fetched yet: a node without an extension asked
-            # for.  Headers first (the newer one), then the lease.
+            # for.  Groups first (the newest), then headers, then the lease.
+            if groups:
+                raise groups_refused_error(client.address, exc) from None
             if ask_headers:
                 if headers:
                     raise headers_refused_error(client.address, exc) from None
@@ -370,11 +449,12 @@ def fetch_jobs(client: Client, queues: tuple[str, ...] | list[str], limit: int |
         entries.extend(fresh)
         if len(got) < want:
             break
-    table = _entries_to_table(entries, time.time_ns() // 1000, headers)
+    table = _entries_to_table(entries, time.time_ns() // 1000, headers, groups)
     if tracing is not None and entries:
         # No span for a fetch that found nothing: an idle query polls.
+        at = _headers_at(len(entries[0]), groups)
         tracing.receive(list(queues), client.address, started_ns,
-                        ((e[1], e[0], e[4], e[6], e[-1] if ask_headers else None)
+                        ((e[1], e[0], e[4], e[6], e[at] if ask_headers else None)
                          for e in entries), len(entries))
     if entries and not lease:
         return Fetched(table, None, supported, headers_supported)
@@ -382,8 +462,9 @@ def fetch_jobs(client: Client, queues: tuple[str, ...] | list[str], limit: int |
 
 
 def fetch_table(client: Client, queues: tuple[str, ...] | list[str], limit: int | None, *,
-                batch_size: int, block_ms: int = 0, headers: bool = False) -> pa.Table:
+                batch_size: int, block_ms: int = 0, headers: bool = False,
+                groups: bool = False) -> pa.Table:
     """:func:`fetch_jobs`' table, without leases (batch drains: each fetch
     is acknowledged as soon as Spark took its rows, no heartbeat)."""
     return fetch_jobs(client, queues, limit, batch_size=batch_size, block_ms=block_ms,
-                      headers=headers).table
+                      headers=headers, groups=groups).table

@@ -297,6 +297,9 @@ class SourceConfig:
     on_lost_staging: Literal["fail", "refetch"] = "fail"
     #: ``includeHeaders``: the ``headers`` column (GETJOB ... WITHHEADERS).
     include_headers: bool = False
+    #: ``includeGroups``: the ``group`` and ``group_position`` columns
+    #: (GETJOB ... WITHGROUP).
+    include_groups: bool = False
     #: ``telemetrySetup``: ``module:function`` called once per Python
     #: process before its first span (:mod:`.telemetry`).
     telemetry_setup: str | None = None
@@ -363,5 +366,6 @@ class SourceConfig:
             on_lost_staging=option_choice(options, "onLostStaging", ("fail", "refetch"),
                                           "fail"),  # type: ignore[arg-type]
             include_headers=option_bool(options, "includeHeaders", False),
+            include_groups=option_bool(options, "includeGroups", False),
             telemetry_setup=option_telemetry_setup(options),
         )

@@ -1,7 +1,9 @@
 """One partition of a write: its commands sent, refused rows retried, failover.
 
 :class:`PartitionWriter` holds one connection, to the node ``partition %
-reachable nodes`` first (the others are fallbacks).  Each round trip is one
+reachable nodes`` first (the others are fallbacks), and, for rows with an
+ordered group key, one to each home node their keys have (that node
+first, then the partition's own list).  Each round trip is one
 pipeline sent with the client's ``send_pipeline``, which keeps the replies
 read before a dropped connection, so only unanswered commands are re-sent;
 jobs refused with a transient error (``retryErrors``), per body in the
@@ -130,10 +132,15 @@ class PartitionWriter:
         self.batcher = Batcher(config, partition,
                                key_prefix.encode() if key_prefix is not None else None,
                                self.tracing)
+        self.batcher.own_node = self.node
         # Jobs added, per queue name as sent (decoded once, for the message).
         self.written: Counter[bytes] = Counter()
         self.retries = 0
-        self._client: Client | None = None
+        #: One client per node written to: None is the partition's own
+        #: node, an address a group's home (:attr:`.Part.home`).
+        self._clients: dict[str | None, Client] = {}
+        #: Whose client :meth:`client` gives: the node of the parts being sent.
+        self._target: str | None = None
         self._wait = 0.0 if config.async_ else (config.timeout_ms / 1000 or None)
         # Whether the dedup key goes out as ADDJOB's IDMP (decided on the
         # first batch, see idmp_enabled).
@@ -206,14 +213,26 @@ class PartitionWriter:
         """The node this partition writes to first: partitions spread over ``nodes``."""
         return self._node_order()[0]
 
+    @property
+    def _client(self) -> Client | None:
+        """The client of the node being written to (None: not connected yet)."""
+        return self._clients.get(self._target)
+
     def client(self) -> Client:
-        if self._client is None:
+        """The client of the node being written to: the partition's own
+        node, or the home of the group keys of the rows being sent (that
+        node first, then the partition's nodes as fallbacks)."""
+        client = self._clients.get(self._target)
+        if client is None:
             from disque.client import Client
 
             connection = self.config.connection
-            self._client = Client(
+            order = self._node_order()
+            if self._target is not None:
+                order = [self._target, *(node for node in order if node != self._target)]
+            client = self._clients[self._target] = Client(
                 # Own node first, the others as fallbacks in a fixed order.
-                self._node_order(), randomize=False,
+                order, randomize=False,
                 password=connection.password, username=connection.user,
                 connect_timeout=connection.connect_timeout_s,
                 socket_timeout=connection.socket_timeout_s,
@@ -222,12 +241,12 @@ class PartitionWriter:
                 # the node refuses connections or refuses jobs.
                 reconnect_timeout=0,
                 client_name=f"spark-disque-sink-p{self.partition}-{os.getpid()}")
-        return self._client
+        return client
 
     def close(self) -> None:
-        if self._client is not None:
-            self._client.close()
-            self._client = None
+        clients, self._clients = self._clients, {}
+        for client in clients.values():
+            client.close()
 
     def _backoff(self, attempt: int) -> float:
         config = self.config
@@ -249,7 +268,16 @@ class PartitionWriter:
         ``-LEAVING``, ``-ERR ...``) counts as that reply for each of its
         bodies; ``-ERR unknown command`` (an original node) is no error:
         the same rows go out as ADDJOBs to that node from then on.
+        ``parts`` go to one node: their ``home`` (:meth:`.Batcher.trips`).
         """
+        home = parts[0].home if parts else None
+        self._target = None if home == self.node else home
+        try:
+            self._send(parts)
+        finally:
+            self._target = None
+
+    def _send(self, parts: list[Part]) -> None:
         config = self.config
         pending = parts
         attempt = 0
@@ -313,21 +341,37 @@ class PartitionWriter:
 
     def _round_trip(self, parts: list[Part]) -> _Outcome:
         """Send ``parts`` in one pipeline; sort the replies row by row."""
-        plan: list[tuple[bool, str | None]] = []  # ADDJOBS or not, for which node
+        # Each part as an ADDJOBS or not, for which node.
+        plan: list[tuple[list[bool], str | None]] = []
 
         def build(node_id: str | None) -> tuple[bytes, int]:
             node = node_id or self._client_address()
             bulk = not self._idmp and node not in self.no_bulk
-            plan.append((bulk, node))
+            # ADDJOBS ... GROUPS takes no job's own headers: such rows go as ADDJOBs.
+            forms = [bulk and part.bulkable for part in parts]
+            plan.append((forms, node))
             sent = parts
             if self.no_headers and node in self.no_headers:
                 sent = [part.without_injected() for part in parts]
-            if bulk:
+            if all(forms):
                 self.sent_bulk += len(parts)
                 return b"".join([part.bulk() for part in sent]), len(parts)
-            rows = sum(len(part) for part in parts)
-            self.sent_single += rows
-            return b"".join([part.singles() for part in sent]), rows
+            if not any(forms):
+                rows = sum(len(part) for part in parts)
+                self.sent_single += rows
+                return b"".join([part.singles() for part in sent]), rows
+            count = 0
+            payload: list[bytes | memoryview] = []
+            for form, part in zip(forms, sent, strict=True):
+                if form:
+                    self.sent_bulk += 1
+                    count += 1
+                    payload.append(part.bulk())
+                else:
+                    self.sent_single += len(part)
+                    count += len(part)
+                    payload.append(part.singles())
+            return b"".join(payload), count
 
         sent = self.client().send_pipeline(build, wait=self._wait)
         replies = sent.replies
@@ -335,9 +379,9 @@ class PartitionWriter:
         if not plan:  # no node reachable: nothing was sent
             out.again, out.lost_queue = list(parts), parts[0].group.queue
             return out
-        bulk, node = plan[0]
+        forms, node = plan[0]
         at = 0
-        for part in parts:
+        for bulk, part in zip(forms, parts, strict=True):
             count = 1 if bulk else len(part)
             got = replies[at:at + count]
             at += count
@@ -404,7 +448,11 @@ class PartitionWriter:
                 again.append(i)
             elif out.fatal is None:
                 out.fatal = (queue, result)
-                if part.headers is not None and str(result).startswith("ERR syntax error"):
+                if part.group_keys is not None and str(result).startswith("ERR syntax error"):
+                    self._hint = (" (the node refused the jobs' group: an original Disque "
+                                  "node has no ordered groups; give those rows a null "
+                                  "'group', or drop the column, to write to it)")
+                elif part.headers is not None and str(result).startswith("ERR syntax error"):
                     self._hint = (" (the node refused the jobs' headers: an original Disque "
                                   "node has no job headers; drop the 'headers' column to "
                                   "write to it)")

@@ -72,6 +72,8 @@ class FetchPartition(InputPartition):
     include_headers: bool = False
     #: ``telemetrySetup``, called in the task's Python worker before a span.
     telemetry_setup: str | None = None
+    #: ``includeGroups``: fetch and stage the jobs' group keys and positions.
+    include_groups: bool = False
 
 
 

@@ -17,11 +17,17 @@ if TYPE_CHECKING:
 
 # STAGED_SCHEMA comes from the module's __getattr__ (below).
 __all__ = ["source_schema", "arrow_schema", "empty_table", "to_rows", "utf8_view",  # noqa: F822
-           "node_prefixes", "STAGED_SCHEMA", "HEADERS", "headers_type", "with_headers",
-           "concat_staged", "empty_headers"]
+           "node_prefixes", "STAGED_SCHEMA", "HEADERS", "GROUP", "GROUP_POSITION",
+           "headers_type", "staged_schema", "schema_of", "concat_staged", "empty_headers",
+           "null_groups"]
 
 #: The column ``includeHeaders`` adds, staged too (the job's headers, in order).
 HEADERS = "headers"
+#: The columns ``includeGroups`` adds, staged too: the job's ordered group
+#: key (null without one) and its position in the group (``GETJOB ...
+#: WITHGROUP``'s ``group-position``, the job's ctime; null without a group).
+GROUP = "group"
+GROUP_POSITION = "group_position"
 
 # pyarrow (with numpy, 0.2-0.3 s) is imported on first use, not with this
 # module: Spark asks for source_schema() in a process of its own at
@@ -56,30 +62,41 @@ def headers_type() -> pa.DataType:
 
 
 @functools.cache
-def _staged_with_headers() -> pa.Schema:
+def staged_schema(headers: bool = False, groups: bool = False) -> pa.Schema:
+    """The staged schema, with the ``headers`` column and/or the group
+    columns or without.  A group key is staged as binary (a node takes any
+    bytes): the rows check it as UTF-8, naming the job (:func:`to_rows`)."""
     import pyarrow as pa
 
-    return _staged_schema().append(pa.field(HEADERS, headers_type(), nullable=False))
+    schema = _staged_schema()
+    if headers:
+        schema = schema.append(pa.field(HEADERS, headers_type(), nullable=False))
+    if groups:
+        schema = schema.append(pa.field(GROUP, pa.binary(), nullable=True))
+        schema = schema.append(pa.field(GROUP_POSITION, pa.int64(), nullable=True))
+    return schema
 
 
 def __getattr__(name: str) -> pa.Schema:
     #: STAGED_SCHEMA: what a staged batch file holds, everything needed to
     #: rebuild the rows identically on replay.  Bodies stay binary here
     #: whatever ``bodyFormat`` is.  With ``includeHeaders`` a staged table
-    #: has one more column, ``headers`` (:func:`with_headers`); a batch
-    #: staged without it (before the option was turned on) replays with
-    #: empty headers.
+    #: has one more column, ``headers``, with ``includeGroups`` two more,
+    #: ``group`` and ``group_position`` (:func:`staged_schema`); a batch
+    #: staged without them (before the option was turned on) replays with
+    #: empty headers and null groups.
     if name == "STAGED_SCHEMA":
         return _staged_schema()
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def with_headers(headers: bool) -> pa.Schema:
-    """The staged schema, with the ``headers`` column or without."""
-    return _staged_with_headers() if headers else _staged_schema()
+def schema_of(table: pa.Table) -> pa.Schema:
+    """The staged schema of a staged table (which optional columns it has)."""
+    names = table.column_names
+    return staged_schema(HEADERS in names, GROUP in names)
 
 
-def empty_table(headers: bool = False) -> pa.Table:
+def empty_table(headers: bool = False, groups: bool = False) -> pa.Table:
     """A staged table with no rows.
 
     Not ``Schema.empty_table()``: that imports pandas, 0.2-0.4 s in the
@@ -88,7 +105,7 @@ def empty_table(headers: bool = False) -> pa.Table:
     """
     import pyarrow as pa
 
-    return pa.Table.from_batches([], schema=with_headers(headers))
+    return pa.Table.from_batches([], schema=staged_schema(headers, groups))
 
 
 def empty_headers(rows: int) -> pa.Array:
@@ -108,29 +125,53 @@ def empty_headers(rows: int) -> pa.Array:
     return pa.ListArray.from_arrays(offsets, children, type=headers_type())
 
 
+def null_groups(rows: int) -> tuple[pa.Array, pa.Array]:
+    """The group columns of ``rows`` jobs without a group (or staged without
+    theirs): all null."""
+    import pyarrow as pa
+
+    return pa.nulls(rows, pa.binary()), pa.nulls(rows, pa.int64())
+
+
 def concat_staged(tables: list[pa.Table]) -> pa.Table:
     """Staged tables as one: when some have ``headers`` (the parts a query
-    staged with ``includeHeaders``), the others get empty ones."""
+    staged with ``includeHeaders``), the others get empty ones; when some
+    have the group columns (``includeGroups``), the others get nulls."""
     import pyarrow as pa
 
     headers = any(HEADERS in table.column_names for table in tables)
-    if headers:
-        tables = [table if HEADERS in table.column_names
-                  else table.append_column(_staged_with_headers().field(HEADERS),
-                                           empty_headers(table.num_rows))
-                  for table in tables]
-    return pa.concat_tables([empty_table(headers), *tables])
+    groups = any(GROUP in table.column_names for table in tables)
+    schema = staged_schema(headers, groups)
+    out = []
+    for table in tables:
+        names = table.column_names
+        if (headers and HEADERS not in names) or (groups and GROUP not in names):
+            columns = [table.column(name) for name in _staged_schema().names]
+            if headers:
+                columns.append(table.column(HEADERS) if HEADERS in names
+                               else empty_headers(table.num_rows))
+            if groups:
+                columns.extend(null_groups(table.num_rows))
+            table = pa.Table.from_arrays(columns, schema=schema.with_metadata(
+                table.schema.metadata or {}))
+        out.append(table)
+    return pa.concat_tables([empty_table(headers, groups), *out])
 
 
-def source_schema(body_format: str = "binary", include_headers: bool = False) -> StructType:
+def source_schema(body_format: str = "binary", include_headers: bool = False,
+                  include_groups: bool = False) -> StructType:
     """``queue, id, body, nacks, additional_deliveries, node, fetched_at``
-    (and ``headers`` with ``include_headers``).
+    (and ``headers`` with ``include_headers``, then ``group`` and
+    ``group_position`` with ``include_groups``).
 
     ``node`` is the 8-hex-char prefix of the ID of the node that created the
     job (from the job ID); ``fetched_at`` is when the connector took it from
     the queue (the lease start), the same on every replay of a batch.
     ``headers`` is the job's headers in order, a name as often as it was
     given (Kafka's shape, not a map: names repeat), empty for none.
+    ``group`` is the job's ordered group key and ``group_position`` its
+    place in the group (its ctime: sort by it, then ``id``), both null for
+    a job without a group.
     """
     from pyspark.sql.types import (
         ArrayType,
@@ -146,6 +187,8 @@ def source_schema(body_format: str = "binary", include_headers: bool = False) ->
     headers = [StructField(HEADERS, ArrayType(StructType([
         StructField("key", StringType(), False),
         StructField("value", BinaryType(), False)]), False), False)] if include_headers else []
+    groups = [StructField(GROUP, StringType(), True),
+              StructField(GROUP_POSITION, LongType(), True)] if include_groups else []
     return StructType([
         StructField("queue", StringType(), False),
         StructField("id", StringType(), False),
@@ -155,6 +198,7 @@ def source_schema(body_format: str = "binary", include_headers: bool = False) ->
         StructField("node", StringType(), False),
         StructField("fetched_at", TimestampType(), False),
         *headers,
+        *groups,
     ])
 
 
@@ -190,6 +234,13 @@ def to_rows(staged: pa.Table, schema: StructType) -> pa.Table:
     if HEADERS in target.names:
         columns[HEADERS] = (staged.column(HEADERS) if HEADERS in staged.column_names
                             else empty_headers(staged.num_rows))
+    if GROUP in target.names:
+        if GROUP in staged.column_names:
+            columns[GROUP] = _utf8_groups(staged)
+            columns[GROUP_POSITION] = staged.column(GROUP_POSITION)
+        else:  # staged before includeGroups was turned on
+            columns[GROUP] = pa.nulls(staged.num_rows, pa.string())
+            columns[GROUP_POSITION] = pa.nulls(staged.num_rows, pa.int64())
     arrays = [_as_type(columns[field.name], field.type) for field in target]
     return pa.Table.from_arrays(arrays, schema=target)
 
@@ -250,6 +301,28 @@ def _chunk_prefixes(chunk: pa.Array) -> pa.Array:
     import pyarrow.compute as pc
 
     return _as_type(pc.utf8_slice_codeunits(chunk, _PREFIX_START, _PREFIX_END), pa.string())
+
+
+def _utf8_groups(staged: pa.Table) -> pa.ChunkedArray:
+    """Group keys as strings, naming the first job whose key is not UTF-8
+    (a node takes any bytes as a key; the column is a string)."""
+    import pyarrow as pa
+
+    groups = staged.column(GROUP)
+    try:
+        return utf8_view(groups)
+    except pa.ArrowInvalid:
+        for job_id, key in zip(staged.column("id").to_pylist(), groups.to_pylist(),
+                               strict=True):
+            try:
+                if key is not None:
+                    key.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise ValueError(
+                    f"disque source: job {job_id} has a group key that is not UTF-8 ({exc}); "
+                    "the group column is a string: read this queue with "
+                    "includeGroups=false") from None
+        raise
 
 
 def _utf8_bodies(staged: pa.Table) -> pa.ChunkedArray:

@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 __all__ = [
     "SchemaError", "SinkColumns", "SinkConfig", "validate_schema",
     "RETRYABLE_ERRORS", "DEFAULT_RETRY_ERRORS", "KEY_COLUMN", "JOB_OPTION_COLUMNS",
-    "JOB_OPTION_MAXIMUMS", "HEADERS_COLUMN",
+    "JOB_OPTION_MAXIMUMS", "HEADERS_COLUMN", "GROUP_COLUMN",
 ]
 
 #: The column that carries a caller-chosen dedup key (see docs/SPARK_SINK.md).
@@ -45,6 +45,9 @@ KEY_COLUMN = "_disque_key"
 HEADERS_COLUMN = "headers"
 _HEADERS_TYPES = ("array<struct<key: string, value: binary or string>> (the source's "
                   "includeHeaders column, Kafka's headers) or map<string, binary or string>")
+#: The column of each job's ordered group key (the source's ``includeGroups``
+#: column): ``ADDJOB ... GROUP key``; null: no group.
+GROUP_COLUMN = "group"
 #: The node's limits for ADDJOB ... IDMP key IDMP-WINDOW s (disque/idmp.py).
 MAX_IDMP_KEY_BYTES = 256
 MAX_IDMP_WINDOW_S = 86400
@@ -57,6 +60,10 @@ JOB_OPTION_COLUMNS: dict[str, int] = {"delay": 0, "retry": 0, "ttl": 1, "replica
 JOB_OPTION_MAXIMUMS: dict[str, int] = {"priority": 31}
 #: What each per-row option counts, for the errors.
 _OPTION_UNITS = {"replicate": "number of copies", "priority": "priority (0 to 31)"}
+
+#: HELLO priorities from this one on (``fail?``, failed, leaving) are no
+#: group's home: the client's rule (``disque.client._cluster.PFAIL_PRIORITY``).
+HOME_PRIORITY = 10
 
 #: Failure kinds ``retryErrors`` may name: error reply codes, plus CONNECTION
 #: (no node reachable, or the connection dropped mid-pipeline).
@@ -98,6 +105,8 @@ class SinkColumns:
     #: ``headers``: array<struct<key, value>> or map<string, value>, value
     #: binary or string (sent as UTF-8); null or empty: no headers.
     headers: str | None = None
+    #: ``group``: string, the job's ordered group key; null: no group.
+    group: str | None = None
 
     @property
     def per_row_options(self) -> tuple[tuple[str, str], ...]:
@@ -122,7 +131,7 @@ def validate_schema(schema: StructType) -> SinkColumns:
     )
 
     integers = (ByteType, ShortType, IntegerType, LongType)
-    accepted = ("body", "queue", *JOB_OPTION_COLUMNS, KEY_COLUMN, HEADERS_COLUMN)
+    accepted = ("body", "queue", *JOB_OPTION_COLUMNS, KEY_COLUMN, HEADERS_COLUMN, GROUP_COLUMN)
     found: dict[str, str] = {}
     for field in schema.fields:
         role = field.name.lower()
@@ -137,7 +146,7 @@ def validate_schema(schema: StructType) -> SinkColumns:
             if not isinstance(data_type, BinaryType | StringType):
                 raise SchemaError(field.name, "must be binary or string, got "
                                   + _type_name(data_type))
-        elif role in ("queue", KEY_COLUMN):
+        elif role in ("queue", KEY_COLUMN, GROUP_COLUMN):
             if not isinstance(data_type, StringType):
                 raise SchemaError(field.name, f"must be a string, got {_type_name(data_type)}")
         elif role == HEADERS_COLUMN:
@@ -163,6 +172,7 @@ def validate_schema(schema: StructType) -> SinkColumns:
         priority=found.get("priority"),
         key=found.get(KEY_COLUMN),
         headers=found.get(HEADERS_COLUMN),
+        group=found.get(GROUP_COLUMN),
     )
 
 
@@ -232,6 +242,11 @@ class SinkConfig:
     #: Partitions spread over the first ``spread`` of ``connection.nodes``;
     #: the others are only fallbacks (None: over all of them).
     spread: int | None = None
+    #: ``(node ID, address)`` of the nodes a ``group`` column's rows may
+    #: go to, their home by the key's rendezvous ranking (the client's
+    #: rule: the nodes HELLO lists not failing nor leaving); empty: each
+    #: partition's own node (nodes not discovered, ``discoverNodes=false``).
+    group_homes: tuple[tuple[str, str], ...] = ()
     #: ``telemetrySetup``: ``module:function`` called once per Python
     #: process before its first span (:mod:`.telemetry`).
     telemetry_setup: str | None = None
@@ -255,8 +270,11 @@ class SinkConfig:
             return self
         best = min(v.priority for v in views)
         nodes = tuple(v.address for v in views)
+        homes = tuple((v.node_id, v.address) for v in views
+                      if v.node_id is not None and v.priority < HOME_PRIORITY)
         return replace(self, connection=replace(self.connection, nodes=nodes),
-                       spread=sum(1 for v in views if v.priority == best))
+                       spread=sum(1 for v in views if v.priority == best),
+                       group_homes=homes if self.columns.group is not None else ())
 
     @classmethod
     def from_options(cls, options: Mapping[str, str], schema: StructType, *,

@@ -45,12 +45,14 @@ class DisqueDataSource(DataSource):
         from .schema import source_schema
 
         body_format = option_choice(self.options, "bodyFormat", ("binary", "string"), "binary")
-        return source_schema(body_format, option_bool(self.options, "includeHeaders", False))
+        return source_schema(body_format, option_bool(self.options, "includeHeaders", False),
+                             option_bool(self.options, "includeGroups", False))
 
     def _checked_schema(self, schema: StructType, config: SourceConfig) -> StructType:
         from .schema import source_schema
 
-        expected = source_schema(config.body_format, config.include_headers)
+        expected = source_schema(config.body_format, config.include_headers,
+                                 config.include_groups)
         if schema != expected:
             raise ValueError(
                 "disque data source: the source's schema is fixed; got a user schema "

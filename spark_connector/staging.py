@@ -41,7 +41,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.ipc
 
-from .schema import HEADERS, concat_staged, with_headers
+from .schema import concat_staged, schema_of
 from .stores import Store, open_store
 
 __all__ = ["StagingArea", "BatchPlan", "LEASE_UNTIL", "lease_until_ms", "table_buffer",
@@ -62,15 +62,15 @@ _BATCH_PREFIX = "batch-"
 
 def table_buffer(table: pa.Table, compression: str | None = None) -> memoryview:
     """A staged table as an Arrow IPC stream (its metadata, e.g. the node an
-    executor task fetched from, kept; its ``headers`` column when it has
-    one), ``compression`` an IPC codec or None (or one this pyarrow was
+    executor task fetched from, kept; its ``headers`` and group columns
+    when it has them), ``compression`` an IPC codec or None (or one this pyarrow was
     built without).
 
     Uncompressed, it is written once into a buffer of its exact size: a
     growing buffer then a copy to ``bytes`` would touch a batch's megabytes
     three times (fresh pages, each a fault, cost more than the copies).
     """
-    schema = with_headers(HEADERS in table.column_names).with_metadata(
+    schema = schema_of(table).with_metadata(
         table.schema.metadata or {})
     if compression is not None and pa.Codec.is_available(compression):
         sink = pa.BufferOutputStream()

@@ -238,6 +238,9 @@ BLOCKS: dict[tuple[str, str], str] = {
     ("docs/SPARK.md", "# myapp/telemetry.py"):
         "needs an OTLP exporter; tests/spark/test_tracing_spark.py (test_the_docs_set_up_"
         "function_runs) runs it with an in-memory exporter in its place",
+    ("docs/SPARK.md", "import pandas as pd"):
+        "needs queued groups and a wait for the query; tests/spark/test_groups_source.py "
+        "(test_the_docs_recipe_runs_as_written) runs it as written",
     ("docs/SPARK.md", "python -m spark_connector.pyspark_zips"):
         "changes a PySpark install; tests/spark/test_pyspark_zips.py runs both commands on "
         "a copy of the layout, tests/containers/test_images.py the image that ran --remove",

@@ -66,7 +66,11 @@ class Job:
     given twice, the last value); ``{}`` for a job without headers, ``None``
     when not asked for.  ``group`` (``with_group=True``, an extension of
     this server) is the job's group key (``ADDJOB ... GROUP``), ``None`` for
-    a job without a group or when not asked for.  ``trace_context`` is the
+    a job without a group or when not asked for; ``group_position`` (with
+    it) is the job's place in its group, its creation time (``ctime``, as
+    SHOW has it): sorting a group's jobs by ``(group_position, id)`` gives
+    the order the node hands them out in, the same on every delivery.
+    ``trace_context`` is the
     job's creation context (``traceparent``, ``tracestate``: the propagator's
     headers, as text) when the client traces (docs/TRACING.md) and the user
     did not ask for the headers; :meth:`Client.process` reads it.
@@ -80,6 +84,7 @@ class Job:
     requeue_within_ms: int | None = None
     headers: dict[str, bytes] | None = None
     group: str | None = None
+    group_position: int | None = None
     trace_context: dict[str, str] | None = field(default=None, repr=False, compare=False)
 
     @property
@@ -318,10 +323,13 @@ def parse_job(entry: Any) -> Job:
     if len(entry) == 3:  # without counters: the usual case, and the hot one
         return Job(text(entry[0]), text(entry[1]), body)
     fields = entry[3:]
-    group = None
+    group = position = None
     if len(fields) >= 2 and fields[-2] in (b"group", "group"):  # WITHGROUP: the last
         group = None if fields[-1] is None else text(fields[-1])
         fields = fields[:-2]
+        if len(fields) >= 2 and fields[-2] in (b"group-position", "group-position"):
+            position = None if fields[-1] is None else integer(fields[-1])
+            fields = fields[:-2]
     headers = None
     if len(fields) >= 2 and fields[-2] in (b"headers", "headers"):  # WITHHEADERS: before it
         headers = parse_headers(fields[-1])
@@ -333,7 +341,7 @@ def parse_job(entry: Any) -> Job:
     return Job(text(entry[0]), text(entry[1]), body,
                None if nacks is None else integer(nacks),
                None if extra is None else integer(extra),
-               None if lease is None else integer(lease), headers, group)
+               None if lease is None else integer(lease), headers, group, position)
 
 
 def parse_jobs(reply: Any) -> list[Job]:

@@ -491,7 +491,9 @@ def getjob(state: ServerState, client: CommandClient, argv: list[bytes]) -> Any:
     WITHLEASE, WITHHEADERS and WITHGROUP are extensions: each entry ends with
     ``next-requeue-within`` (milliseconds, nil for RETRY 0), as SHOW has it,
     then with ``headers`` and the job's headers (a flat array, name, value ...),
-    then with ``group`` and the job's group key (nil without one).
+    then with ``group-position`` and the job's position in its group (its
+    ctime, the order the group's jobs go out in) and ``group`` and its
+    group key (both nil without one).
     """
     nohang = False
     fields = 0

@@ -26,6 +26,11 @@ def test_add_job_with_a_group_and_get_it_back(client: Client) -> None:
     assert [(j.id, j.group) for j in jobs] == [(first, "order-42"), (second, "order-42"),
                                                (plain, None)]
     assert jobs[0].nacks == 0  # the counters still parsed beside it
+    # The position is the job's ctime (SHOW's), increasing in add order;
+    # none for a job without a group, nor when not asked for.
+    assert [j.group_position for j in jobs] == [
+        (client.show(first) or {})["ctime"], (client.show(second) or {})["ctime"], None]
+    assert jobs[0].group_position < jobs[1].group_position
     shown = client.show(first)
     assert shown is not None and shown["group"] == "order-42"
     assert "group" not in (client.show(plain) or {})
@@ -138,8 +143,10 @@ def test_the_cli_shows_them(server: DisqueProcess) -> None:
     p = server.port
     job_id = disque(p, "--raw", "addjob", "q", "body", "0", "group", "g").stdout.strip()
     got = disque(p, "--no-raw", "getjob", "withgroup", "from", "q").stdout
-    assert got == (f'1) 1) "q"\n   2) "{job_id}"\n   3) "body"\n   4) "group"\n'
-                   '   5) "g"\n')
+    shown = disque(p, "--raw", "show", job_id).stdout.splitlines()
+    ctime = int(shown[shown.index("ctime") + 1])
+    assert got == (f'1) 1) "q"\n   2) "{job_id}"\n   3) "body"\n   4) "group-position"\n'
+                   f'   5) (integer) {ctime}\n   6) "group"\n   7) "g"\n')
     shown = disque(p, "--no-raw", "show", job_id).stdout
     assert shown.endswith('"group"\n32) "g"\n')
     stat = disque(p, "--no-raw", "qstat", "q").stdout

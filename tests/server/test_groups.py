@@ -251,10 +251,12 @@ def test_withgroup_show_and_jscan(c: Resp) -> None:
     a0 = add(c, "q", "a0", "order-42", "HEADER", "tenant", "acme")
     plain = add(c, "q", "plain")
     entries = get(c, "q", count=2, opts=("WITHCOUNTERS", "WITHHEADERS", "WITHGROUP"))
+    a0_ctime = pairs(c.call("SHOW", a0))[b"ctime"]
     assert entries[0] == [b"q", a0, b"a0", b"nacks", 0, b"additional-deliveries", 0,
-                          b"headers", [b"tenant", b"acme"], b"group", b"order-42"]
+                          b"headers", [b"tenant", b"acme"], b"group-position", a0_ctime,
+                          b"group", b"order-42"]
     assert entries[1] == [b"q", plain, b"plain", b"nacks", 0, b"additional-deliveries", 0,
-                          b"headers", [], b"group", None]
+                          b"headers", [], b"group-position", None, b"group", None]
     shown = c.call("SHOW", a0)
     assert shown[-4:] == [b"headers", [b"tenant", b"acme"], b"group", b"order-42"]
     assert b"group" not in pairs(c.call("SHOW", plain))
@@ -266,6 +268,39 @@ def test_withgroup_show_and_jscan(c: Resp) -> None:
     _, [entry] = c.call("JSCAN", "GROUP", "order-42", "STATE", "queued", "REPLY", "all")
     assert pairs(entry)[b"id"] == a1 and pairs(entry)[b"group"] == b"order-42"
     assert c.call("JSCAN", "GROUP", "nobody") == [b"0", []]
+
+
+@pytest.mark.parametrize("protocol", [2, 3])
+def test_withgroup_position_in_resp2_and_resp3(c: Resp, protocol: int) -> None:
+    """``group-position`` is the job's ctime (an integer, the same in both
+    protocols), increasing in add order within a group, and the same again
+    after a NACK; a job without a group has nil for both fields (RESP2
+    ``$-1``, RESP3 ``_``); without WITHGROUP neither is sent."""
+    c.call("HELLO", protocol)
+    try:
+        first = add(c, "q", "a0", "order-42")
+        plain = add(c, "q", "plain")
+        second = add(c, "q", "a1", "order-42")
+        shown = [c.call("SHOW", job_id) for job_id in (first, second)]
+        ctimes = [(info if isinstance(info, dict) else pairs(info))[b"ctime"] for info in shown]
+        assert ctimes[0] < ctimes[1]
+        nil = b"$-1\r\n" if protocol == 2 else b"_\r\n"
+        raw = c.call_raw("GETJOB", "NOHANG", "COUNT", 3, "WITHGROUP", "FROM", "q")
+        for ctime in ctimes:
+            assert raw.count(b"$14\r\ngroup-position\r\n:%d\r\n$5\r\ngroup\r\n"
+                             b"$8\r\norder-42\r\n" % ctime) == 1, raw
+        assert raw.count(b"$14\r\ngroup-position\r\n" + nil + b"$5\r\ngroup\r\n" + nil) == 1
+        assert raw.count(b"*7\r\n") == 3  # queue, id, body and the two pairs
+        c.call("NACK", first, second)
+        c.call("ACKJOB", plain)
+        again = get(c, "q", count=3, opts=("WITHGROUP",))
+        assert [(e[1], e[3:]) for e in again] == [
+            (first, [b"group-position", ctimes[0], b"group", b"order-42"]),
+            (second, [b"group-position", ctimes[1], b"group", b"order-42"])]
+        c.call("NACK", first, second)
+        assert b"group" not in c.call_raw("GETJOB", "NOHANG", "COUNT", 3, "FROM", "q")
+    finally:
+        c.call("HELLO", 2)
 
 
 def test_qstat_fields(c: Resp) -> None:

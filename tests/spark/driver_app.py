@@ -2,7 +2,8 @@
 
     python -m tests.spark.driver_app PORT QUEUE WORKDIR [--available-now]
         [--fetch-mode driver|executor] [--max-jobs N] [--batch-delay S]
-        [--progress FILE] [--docs-snippet]
+        [--progress FILE] [--docs-snippet] [--include-groups]
+        [--fetch-batch-size N] [--num-partitions N] [--stop-file FILE]
 
 It reads QUEUE with ``format("disque")`` (the short name, found through the
 installed ``pyspark_disque`` module: no register() call here) and writes
@@ -15,7 +16,9 @@ makes every batch slow, so a test can kill the driver in the middle of one.
 ``--progress`` writes the query's progress reports (``recentProgress``, as
 JSON) to FILE once the query ends; with ``--docs-snippet``, each with what
 docs/SPARK.md's progress snippet ("Progress and logs") evaluates to on it,
-run as written against the report.
+run as written against the report.  ``--include-groups`` reads with
+``includeGroups`` and writes each row's ``group`` and ``group_position`` too;
+``--stop-file`` stops the query (cleanly) once FILE exists.
 """
 
 from __future__ import annotations
@@ -40,6 +43,10 @@ def main() -> None:
     parser.add_argument("--batch-delay", type=float, default=0.0)
     parser.add_argument("--progress", type=Path)
     parser.add_argument("--docs-snippet", action="store_true")
+    parser.add_argument("--include-groups", action="store_true")
+    parser.add_argument("--fetch-batch-size", type=int, default=1000)
+    parser.add_argument("--num-partitions", type=int, default=1)
+    parser.add_argument("--stop-file", type=Path)
     args = parser.parse_args()
 
     os.environ["PYSPARK_PYTHON"] = sys.executable
@@ -57,15 +64,22 @@ def main() -> None:
 
     def write_batch(df, batch_id: int) -> None:
         (args.workdir / "started").write_text(str(batch_id))
-        rows = df.select("id", "additional_deliveries").collect()
+        columns = ["id", "additional_deliveries"]
+        if args.include_groups:
+            columns += ["group", "group_position"]
+        rows = df.select(*columns).collect()
         if args.batch_delay:
             time.sleep(args.batch_delay)  # a slow sink: the window the test kills in
         if rows:
             import pyarrow as pa
             import pyarrow.parquet as pq
 
-            table = pa.table({"id": [r.id for r in rows],
-                              "redelivered": [r.additional_deliveries for r in rows]})
+            data = {"id": [r.id for r in rows],
+                    "redelivered": [r.additional_deliveries for r in rows]}
+            if args.include_groups:
+                data["group"] = [r.group for r in rows]
+                data["group_position"] = pa.array([r.group_position for r in rows], pa.int64())
+            table = pa.table(data)
             tmp = out / f".batch-{batch_id}.tmp"
             pq.write_table(table, tmp)
             os.replace(tmp, out / f"batch-{batch_id:06d}.parquet")
@@ -77,12 +91,19 @@ def main() -> None:
               .option("fetchMode", args.fetch_mode)
               .option("maxJobsPerTrigger", str(args.max_jobs))
               .option("fetchTimeoutMs", "200")
+              .option("fetchBatchSize", str(args.fetch_batch_size))
+              .option("numPartitions", str(args.num_partitions))
+              .option("includeGroups", str(args.include_groups).lower())
               .load())
     writer = (stream.writeStream.foreachBatch(write_batch)
               .option("checkpointLocation", str(args.workdir / "checkpoint")))
     writer = (writer.trigger(availableNow=True) if args.available_now
               else writer.trigger(processingTime="100 milliseconds"))
     query = writer.start()
+    if args.stop_file is not None:
+        while not query.awaitTermination(0.2):
+            if args.stop_file.exists():
+                query.stop()
     query.awaitTermination()
     if args.progress is not None:
         reports = []

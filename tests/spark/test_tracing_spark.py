@@ -278,6 +278,30 @@ def test_rows_with_their_own_context_are_sent_as_given_and_linked(otel: Otel, se
                                          b"c": [b"traceparent", traceparent(mixed)]}
 
 
+def test_grouped_rows_get_the_send_context_and_keep_their_order(otel: Otel, server,
+                                                               client: Client) -> None:
+    """With a ``group`` column (tests/spark/test_groups_sink.py): the rows
+    with a key get the span's context too, now each in an ``ADDJOB ...
+    GROUP`` (``ADDJOBS ... GROUPS`` takes no per-job headers), in row order."""
+    schema = StructType([StructField("body", StringType()), StructField("group", StringType())])
+    config = SinkConfig.from_options({"nodes": f"127.0.0.1:{server.port}", "queue": "out"},
+                                     schema)
+    writer = PartitionWriter(config, 0)
+    writer.write(iter([pa.RecordBatch.from_arrays(
+        [pa.array(["a0", "p", "a1", "a2"]), pa.array(["A", None, "A", "A"])],
+        names=["body", "group"])]))
+    assert writer.sent_single == 3 and writer.sent_bulk == 1
+    send = otel.span("send out")
+    assert send.attributes["messaging.batch.message_count"] == 4
+    reply = client.execute_command("GETJOB", "NOHANG", "COUNT", 100, "WITHHEADERS",
+                                   "WITHGROUP", "FROM", "out")
+    got = {entry[2]: (entry[4], entry[-1]) for entry in reply}
+    assert got == {body: ([b"traceparent", traceparent(send)], group)
+                   for body, group in ((b"a0", b"A"), (b"p", None), (b"a1", b"A"),
+                                       (b"a2", b"A"))}
+    assert [entry[2] for entry in reply if entry[-1] == b"A"] == [b"a0", b"a1", b"a2"]
+
+
 def test_a_failed_write_ends_its_span_with_the_error(otel: Otel, server, client: Client) -> None:
     client.execute_command("CONFIG", "SET", "max-job-headers", "1")
     with pytest.raises(Exception, match="too many headers"):
