@@ -65,7 +65,7 @@ def _consume(port: int, records: list[Record], go: Any, done: threading.Event) -
             got = time.monotonic()
             job = jobs[0]
             job_id = job[1].decode()
-            group = job[4] if len(job) > 4 else None
+            group = job[-1]  # WITHGROUP: the key comes last (nil without one)
             # Held until the ACKJOB is sent: the node may hand the group's
             # next job out before this thread reads the ACKJOB's reply.
             records.append((job_id, group.decode() if group else "", got, time.monotonic()))

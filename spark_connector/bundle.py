@@ -27,7 +27,8 @@ from pathlib import Path
 __all__ = ["CLIENT_FILES", "build", "main"]
 
 #: The parts of the ``disque`` package the client needs (paths in the package).
-CLIENT_FILES = ("__init__.py", "_native.py", "exceptions.py", "py.typed", "client")
+CLIENT_FILES = ("__init__.py", "_native.py", "exceptions.py", "py.typed", "rendezvous.py",
+                "client")
 
 
 def _origin(module: str) -> Path:
