@@ -423,7 +423,7 @@ def addjob(state: ServerState, client: CommandClient, argv: list[bytes]) -> Any:
     state.stats.added_jobs += 1
     if opts.idmp is not None:
         idmp_record(state, opts, q.name, argv[2], job.id, now, pending=False)
-    return status_reply(job.id)
+    return Encoded(state.ids.status_line(job.id))
 
 
 # --------------------------------------------------------------------------
