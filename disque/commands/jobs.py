@@ -439,9 +439,11 @@ def _take_jobs(state: ServerState, queues: list[bytes], count: int,
     """Up to ``count`` GETJOB entries (already encoded, or none, for the
     usual GETJOB of one queue without extra fields): one job per queue per
     pass, left to right."""
-    lookup = state.queues.lookup
+    # Not a local bound to ``state.queues.lookup``: compiled, calling that
+    # is a Python-level call (~600 instructions), the method's a C call.
+    table = state.queues
     if len(queues) == 1:  # the usual case: take them in one go
-        q = lookup(queues[0])
+        q = table.lookup(queues[0])
         if q is None or q.flags & PAUSED_OUT:
             return []
         jobs = fetch_jobs(state, q, count)
@@ -454,7 +456,7 @@ def _take_jobs(state: ServerState, queues: list[bytes], count: int,
     while True:
         before = len(emitted)
         for name in queues:
-            q = lookup(name)
+            q = table.lookup(name)
             if q is None or q.flags & PAUSED_OUT:
                 continue
             after = runs.get(name) if runs is not None else None

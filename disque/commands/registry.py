@@ -343,24 +343,27 @@ class OptionName:
     """A command's keyword (an option, or a command's own name) in both
     letter cases, for :func:`is_option`."""
 
-    __slots__ = ("lower", "upper")
+    __slots__ = ("lower", "size", "upper")
 
     def __init__(self, lower: bytes) -> None:
         self.lower = lower
         self.upper = lower.upper()
+        self.size = len(lower)
 
 
 def is_option(arg: bytes, option: OptionName) -> bool:
     """Whether ``arg`` is ``option``, in any letter case.
 
-    Clients write an option all in capitals or all in lower case: two
-    comparisons decide, and only a mixed-case word pays for ``lower()``
-    (a new bytes object per argument and option tried, as Python code
-    in the compiled core).
+    A word of another length is not, without a comparison (a command's
+    parser tries its options in turn: GETJOB's NOHANG is tried as FROM,
+    COUNT and TIMEOUT first).  Clients write an option all in capitals or
+    all in lower case: two comparisons decide, and only a mixed-case word
+    pays for ``lower()`` (a new bytes object per argument and option tried,
+    as Python code in the compiled core).
     """
-    if arg == option.upper or arg == option.lower:
-        return True
-    return len(arg) == len(option.lower) and arg.lower() == option.lower
+    if len(arg) != option.size:
+        return False
+    return arg == option.upper or arg == option.lower or arg.lower() == option.lower
 
 
 #: GETJOB's FROM: the queues follow it (also read by the users' permissions).
