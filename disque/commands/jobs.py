@@ -50,6 +50,7 @@ from .registry import (
     SYNTAX_ERROR,
     CommandClient,
     CommandError,
+    NativeHandler,
     OptionName,
     command,
     is_option,
@@ -322,7 +323,6 @@ def idmp_record(state: ServerState, opts: AddJobOptions, queue: bytes, body: byt
         state.events.idmp_settled(state, entry)
 
 
-@command("addjob", -4, "write denyoom", keys=KEYS_QUEUE)
 def addjob(state: ServerState, client: CommandClient, argv: list[bytes]) -> Any:
     """ADDJOB queue body ms-timeout [REPLICATE n] [DELAY s] [RETRY s] [TTL s] [MAXLEN n] [ASYNC]
     [BACKOFF s] [MAXDELIVERIES n] [DEADLETTER queue] [PRIORITY p] [IDMP key [IDMP-WINDOW s]]
@@ -372,7 +372,10 @@ def addjob(state: ServerState, client: CommandClient, argv: list[bytes]) -> Any:
     # the job to anybody keeps it while under the hard limit: refusing every
     # job at 75% (the original on a lone node) helps nobody.
     leaving = cluster.leaving
-    extrepl = leaving or (reachable and replicate <= reachable and state.memory.level() >= 1)
+    # All bools (``reachable > 0``, not ``reachable``): compiled, an int in
+    # the expression would make it an object, boxed.
+    extrepl = leaving or (reachable > 0 and replicate <= reachable
+                          and state.memory.level() >= 1)
     needed = replicate if extrepl else replicate - 1
     if needed > reachable:
         reason = ""
@@ -424,6 +427,16 @@ def addjob(state: ServerState, client: CommandClient, argv: list[bytes]) -> Any:
     if opts.idmp is not None:
         idmp_record(state, opts, q.name, argv[2], job.id, now, pending=False)
     return Encoded(state.ids.status_line(job.id))
+
+
+class _AddJob(NativeHandler):
+    def run(self, state: ServerState, client: CommandClient, argv: list[bytes]) -> Any:
+        return addjob(state, client, argv)
+
+
+# Not a decorator: the command table calls ``_AddJob`` (NativeHandler), which
+# calls ``addjob`` in C only as long as it is undecorated.
+command("addjob", -4, "write denyoom", keys=KEYS_QUEUE, native=_AddJob())(addjob)
 
 
 # --------------------------------------------------------------------------
@@ -485,7 +498,6 @@ _WITHHEADERS: Final = OptionName(b"withheaders")
 _WITHGROUP: Final = OptionName(b"withgroup")
 
 
-@command("getjob", -3, "write", keys=KEYS_FROM, categories="blocking")
 def getjob(state: ServerState, client: CommandClient, argv: list[bytes]) -> Any:
     """GETJOB [NOHANG] [TIMEOUT ms] [COUNT n] [WITHCOUNTERS] [WITHLEASE] [WITHHEADERS]
     [WITHGROUP] FROM q1 q2 ...
@@ -555,6 +567,14 @@ def getjob(state: ServerState, client: CommandClient, argv: list[bytes]) -> Any:
         if q.limit is not None and q.jobs:
             wake_when_window_opens(state, q)  # jobs held back by the rate limit
     return BLOCKED
+
+
+class _GetJob(NativeHandler):
+    def run(self, state: ServerState, client: CommandClient, argv: list[bytes]) -> Any:
+        return getjob(state, client, argv)
+
+
+command("getjob", -3, "write", keys=KEYS_FROM, categories="blocking", native=_GetJob())(getjob)
 
 
 def _ask_when_emptied(state: ServerState, queues: list[bytes]) -> None:
