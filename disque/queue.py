@@ -223,7 +223,7 @@ def fetch_jobs(state: ServerState, q: Queue, count: int,
         if not count:
             return []
     taken: list[Job] = []
-    for _ in range(count):
+    while len(taken) < count:  # not ``for _ in range``: compiled, ``_`` is boxed
         job = queued.pop_first()
         assert job is not None  # count <= len(queued)
         taken.append(job)

@@ -513,7 +513,7 @@ def getjob(state: ServerState, client: CommandClient, argv: list[bytes]) -> Any:
     fields = 0
     timeout = 0
     count = 1
-    queues: list[bytes] = []
+    queues: list[bytes] | None = None  # FROM's slice of argv: no empty list first
     i, n = 1, len(argv)
     while i < n:
         arg = argv[i]
@@ -540,7 +540,7 @@ def getjob(state: ServerState, client: CommandClient, argv: list[bytes]) -> Any:
         else:
             raise CommandError(SYNTAX_ERROR)
         i += 1
-    if not queues:
+    if queues is None or not queues:
         raise CommandError(SYNTAX_ERROR)
     if len(queues) > 1 or len(queues[0]) > state.max_queue_name_len:
         refused = queues_refusal(state, queues)
