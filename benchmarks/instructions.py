@@ -67,7 +67,9 @@ interpreter exit to leave out; SHUTDOWN NOSAVE costs the same in both).
 the first-level caches and the last-level one of this machine's geometry,
 simulated, not measured) and reports its misses per command beside the
 instructions: data reads and writes missing L1 (``D1mr + D1mw``) and the
-last level (``DLmr + DLmw``), instruction fetches missing L1 (``I1mr``).
+last level (``DLmr + DLmw``), instruction fetches missing L1 (``I1mr``);
+and its branch predictor's (``--branch-sim=yes``) mispredicted
+conditional and indirect branches (``Bcm + Bim``).
 An estimate where ``perf stat`` has no hardware counters (a VM without a
 PMU: its ``cache-misses`` are ``<not supported>``).
 
@@ -105,6 +107,7 @@ MISSES: dict[str, tuple[str, ...]] = {
     "L1 data misses": ("D1mr", "D1mw"),
     "LL data misses": ("DLmr", "DLmw"),
     "L1 instruction misses": ("I1mr",),
+    "mispredicted branches": ("Bcm", "Bim"),
 }
 #: The interpreter's exit, not counted (see the module docstring).
 EXIT_FUNCTION = "Py_FinalizeEx"
@@ -198,7 +201,7 @@ def count_instructions(root: Path, command: list[str], requests: int, pipeline: 
     out = workdir / "callgrind.out"
     valgrind = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}"]
     if cache_sim:
-        valgrind.append("--cache-sim=yes")
+        valgrind += ["--cache-sim=yes", "--branch-sim=yes"]
     if node == "redis":
         return _count_redis(workdir, out, valgrind, command, requests, pipeline, profile,
                             prefill, prefill_queue, load)
@@ -359,7 +362,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="floor: the node of benchmarks/floor_node.py; redis: "
                              "redis-server, the reference (XADD s * f body, RPOP q)")
     parser.add_argument("--cache-sim", action="store_true",
-                        help="also count simulated cache misses per command")
+                        help="also count simulated cache misses and mispredicted "
+                             "branches per command")
     parser.add_argument("--cluster", type=int, default=1, metavar="N",
                         help="join the measured node to N-1 plain nodes first")
     parser.add_argument("--measure", choices=("creator", "peer"), default="creator",
