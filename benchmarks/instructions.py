@@ -57,6 +57,22 @@ consumer blocked in GETJOB (the ``latency`` scenario's path, see
 that latency.  ``--pickup-gate`` runs the same load without the jobs (the
 PING that orders each round), to subtract.
 
+``--node redis`` counts ``redis-server`` (``--save '' --appendonly no``,
+``hz 1``) the same way, for a reference beside ours: ``XADD s * f body``
+for ADDJOB, ``RPOP q`` with ``--prefill`` (which then fills with ``LPUSH q
+<body>``) for GETJOB NOHANG.  Its whole run is counted (it has no
+interpreter exit to leave out; SHUTDOWN NOSAVE costs the same in both).
+
+``--cache-sim`` turns on callgrind's cache simulation (``--cache-sim=yes``:
+the first-level caches and the last-level one of this machine's geometry,
+simulated, not measured) and reports its misses per command beside the
+instructions: data reads and writes missing L1 (``D1mr + D1mw``) and the
+last level (``DLmr + DLmw``), instruction fetches missing L1 (``I1mr``);
+and its branch predictor's (``--branch-sim=yes``) mispredicted
+conditional and indirect branches (``Bcm + Bim``).
+An estimate where ``perf stat`` has no hardware counters (a VM without a
+PMU: its ``cache-misses`` are ``<not supported>``).
+
 Under callgrind the node runs ~50x slower; the default counts take about
 half a minute.  Needs ``valgrind`` (Debian package valgrind) and
 ``redis-benchmark`` (redis-tools).
@@ -77,12 +93,22 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.redis_tools import benchmark_command, run_benchmark
+from benchmarks.redis_tools import benchmark_command, run_benchmark, tool_version
 from benchmarks.run import FLOOR_NODE, NODE_ARGS
 from tests.support.process import DisqueProcess, raw_command, wait_for
 
 TOTAL = re.compile(rb"Collected : (\d+)")
 SUMMARY = re.compile(rb"^summary: (\d+)$", re.MULTILINE)
+#: With --cache-sim: the events callgrind counted, and their totals.
+EVENTS = re.compile(rb"^events: (.+)$", re.MULTILINE)
+SUMMARY_LINE = re.compile(rb"^summary: (.+)$", re.MULTILINE)
+#: The misses --cache-sim reports per command, as sums of callgrind's events.
+MISSES: dict[str, tuple[str, ...]] = {
+    "L1 data misses": ("D1mr", "D1mw"),
+    "LL data misses": ("DLmr", "DLmw"),
+    "L1 instruction misses": ("I1mr",),
+    "mispredicted branches": ("Bcm", "Bim"),
+}
 #: The interpreter's exit, not counted (see the module docstring).
 EXIT_FUNCTION = "Py_FinalizeEx"
 PICKUP_QUEUE = "pickup"
@@ -153,12 +179,16 @@ def count_instructions(root: Path, command: list[str], requests: int, pipeline: 
                        profile: str | None = None, prefill: int = 0,
                        prefill_queue: str = "q", prefill_options: tuple[str, ...] = (),
                        as_user: str | None = None,
-                       load: Callable[[int, int], None] | None = None) -> int:
-    """Instructions of one node process that served ``requests`` of ``command``.
+                       load: Callable[[int, int], None] | None = None,
+                       cache_sim: bool = False) -> dict[str, int]:
+    """callgrind's totals for one node process that served ``requests`` of
+    ``command``: ``{"Ir": instructions}``, and with ``cache_sim`` the cache
+    simulation's events too (``D1mr``, ``DLmw``, ...).
 
     Counted from the process's start until the interpreter's exit begins
     (``Py_FinalizeEx``, whose cost depends on when the last ``gc.freeze()``
-    happened rather than on the commands: see the module docstring).
+    happened rather than on the commands: see the module docstring); a
+    ``redis-server`` (``node="redis"``) until it exits.
 
     ``load(port, requests)``, if given, replaces ``redis-benchmark`` (and
     ``command``, ``pipeline``: :func:`pickups`).
@@ -167,13 +197,18 @@ def count_instructions(root: Path, command: list[str], requests: int, pipeline: 
     (``callgrind_annotate`` reads it; compiled modules show their functions
     as ``CPyDef_<module>___<function>``).
     """
-    script = [str(FLOOR_NODE)] if node == "floor" else ["-m", "disque.server"]
     workdir = root / f"{node}-{requests}"
+    out = workdir / "callgrind.out"
+    valgrind = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}"]
+    if cache_sim:
+        valgrind += ["--cache-sim=yes", "--branch-sim=yes"]
+    if node == "redis":
+        return _count_redis(workdir, out, valgrind, command, requests, pipeline, profile,
+                            prefill, prefill_queue, load)
+    script = [str(FLOOR_NODE)] if node == "floor" else ["-m", "disque.server"]
     # --dump-before writes the profile up to the interpreter's exit to OUT.1
     # (the exit itself goes to OUT when the process ends).
-    out = workdir / "callgrind.out"
-    program = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}",
-               f"--dump-before={EXIT_FUNCTION}", sys.executable, *script]
+    program = [*valgrind, f"--dump-before={EXIT_FUNCTION}", sys.executable, *script]
     # hz 1: the server cron's work (10 ticks a second by default) grows with
     # the run's wall-clock time, which under callgrind on a busy machine
     # varies by seconds; at one tick a second it no longer shows in the
@@ -199,7 +234,7 @@ def count_instructions(root: Path, command: list[str], requests: int, pipeline: 
             if measure == "peer":
                 target = peers[0]
         if prefill:
-            fill = ["ADDJOB", prefill_queue, "x" * 100, "0", *prefill_options]
+            fill = ["ADDJOB", prefill_queue, PREFILL_BODY, "0", *prefill_options]
             run_benchmark(benchmark_command(target.port, fill, requests=prefill, pipeline=16),
                           timeout=1800)
         if load is not None:
@@ -224,12 +259,55 @@ def count_instructions(root: Path, command: list[str], requests: int, pipeline: 
         raise RuntimeError(f"callgrind dumped no profile before {EXIT_FUNCTION} ({counted}): "
                            f"the node did not exit normally, or {sys.executable} has no "
                            f"{EXIT_FUNCTION} symbol\n{server.log_text()[-2000:]}")
-    summary = SUMMARY.search(counted.read_bytes())
-    if summary is None:
-        raise RuntimeError(f"no summary line in callgrind's profile {counted}")
+    return _totals(counted, profile)
+
+
+#: The body of the jobs (or list elements) ``--prefill`` adds.
+PREFILL_BODY = "x" * 100
+
+
+def _count_redis(workdir: Path, out: Path, valgrind: list[str], command: list[str],
+                 requests: int, pipeline: int, profile: str | None, prefill: int,
+                 prefill_queue: str, load: Callable[[int, int], None] | None) -> dict[str, int]:
+    """:func:`count_instructions` for a ``redis-server`` (the reference)."""
+    from benchmarks.redis_tools import RedisProcess
+
+    # hz 1 as for our node; its cron does less, but the same reasoning holds.
+    server = RedisProcess(workdir, "--hz", "1", wrapper=tuple(valgrind)).start(timeout=120)
+    try:
+        if prefill:
+            run_benchmark(benchmark_command(server.port, ["LPUSH", prefill_queue, PREFILL_BODY],
+                                            requests=prefill, pipeline=16), timeout=1800)
+        if load is not None:
+            load(server.port, requests)
+        else:
+            run_benchmark(benchmark_command(server.port, command, requests=requests,
+                                            pipeline=pipeline), timeout=1800)
+        try:
+            raw_command(server.port, "SHUTDOWN", "NOSAVE", timeout=60)
+        except ConnectionError:
+            pass
+        assert server.proc is not None
+        server.proc.wait(timeout=120)
+    finally:
+        server.kill()
+    if not out.exists():
+        raise RuntimeError(f"callgrind wrote no profile ({out})")
+    return _totals(out, profile)
+
+
+def _totals(counted: Path, profile: str | None) -> dict[str, int]:
+    """The event totals of a callgrind profile (``Ir`` and, with the cache
+    simulation, its misses); a copy of the profile goes to ``profile``."""
+    data = counted.read_bytes()
+    events, summary = EVENTS.search(data), SUMMARY_LINE.search(data)
+    if events is None or summary is None:
+        raise RuntimeError(f"no events or summary line in callgrind's profile {counted}")
+    totals = dict(zip(events.group(1).decode().split(),
+                      (int(v) for v in summary.group(1).split()), strict=True))
     if profile is not None:
         shutil.copyfile(counted, profile)
-    return int(summary.group(1))
+    return totals
 
 
 def measure(command: list[str], small: int, large: int, pipeline: int,
@@ -237,7 +315,8 @@ def measure(command: list[str], small: int, large: int, pipeline: int,
             profile: str | None = None, prefill: int = 0,
             prefill_queue: str = "q", prefill_options: tuple[str, ...] = (),
             as_user: str | None = None,
-            load: Callable[[int, int], None] | None = None) -> dict[str, Any]:
+            load: Callable[[int, int], None] | None = None,
+            cache_sim: bool = False) -> dict[str, Any]:
     if large <= small:
         raise ValueError("--large must be greater than --small")
     if prefill and prefill <= large:
@@ -245,18 +324,23 @@ def measure(command: list[str], small: int, large: int, pipeline: int,
     root = Path(tempfile.mkdtemp(prefix="bench-instructions-"))
     try:
         low = count_instructions(root, command, small, pipeline, node, cluster, side,
-                                 prefill=prefill, prefill_queue=prefill_queue,
-                                 prefill_options=prefill_options, as_user=as_user, load=load)
+                                 profile and profile + ".small", prefill, prefill_queue,
+                                 prefill_options, as_user, load, cache_sim)
         high = count_instructions(root, command, large, pipeline, node, cluster, side,
                                   profile, prefill, prefill_queue, prefill_options, as_user,
-                                  load)
+                                  load, cache_sim)
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    return {"command": command, "node": node, "cluster": cluster, "measured": side,
-            "as_user": as_user,
-            "pipeline": pipeline, "small": small, "prefill": prefill,
-            "large": large, "instructions_small": low, "instructions_large": high,
-            "per_command": (high - low) / (large - small)}
+    result = {"command": command, "node": node, "cluster": cluster, "measured": side,
+              "as_user": as_user,
+              "pipeline": pipeline, "small": small, "prefill": prefill,
+              "large": large, "instructions_small": low["Ir"], "instructions_large": high["Ir"],
+              "per_command": (high["Ir"] - low["Ir"]) / (large - small)}
+    if cache_sim:
+        result["misses_per_command"] = {
+            name: sum(high[e] - low[e] for e in events) / (large - small)
+            for name, events in MISSES.items()}
+    return result
 
 
 def node_core() -> str:
@@ -274,8 +358,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pipeline", type=int, default=16)
     parser.add_argument("--small", type=int, default=4000)
     parser.add_argument("--large", type=int, default=20000)
-    parser.add_argument("--node", choices=("disque", "floor"), default="disque",
-                        help="floor: the node of benchmarks/floor_node.py")
+    parser.add_argument("--node", choices=("disque", "floor", "redis"), default="disque",
+                        help="floor: the node of benchmarks/floor_node.py; redis: "
+                             "redis-server, the reference (XADD s * f body, RPOP q)")
+    parser.add_argument("--cache-sim", action="store_true",
+                        help="also count simulated cache misses and mispredicted "
+                             "branches per command")
     parser.add_argument("--cluster", type=int, default=1, metavar="N",
                         help="join the measured node to N-1 plain nodes first")
     parser.add_argument("--measure", choices=("creator", "peer"), default="creator",
@@ -283,7 +371,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", metavar="PATH", help="also write the result as JSON")
     parser.add_argument("--profile", metavar="PATH",
                         help="keep callgrind's profile of the --large run here, up to "
-                             "the interpreter's exit (read it with callgrind_annotate PATH)")
+                             "the interpreter's exit (read it with callgrind_annotate PATH), "
+                             "and the --small run's in PATH.small: their difference per "
+                             "function is what the commands cost there")
     parser.add_argument("--prefill", type=int, default=0, metavar="N",
                         help="first add N jobs to --prefill-queue (for GETJOB)")
     parser.add_argument("--prefill-queue", default="q", metavar="QUEUE")
@@ -306,7 +396,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"missing {', '.join(missing)}: install the Debian packages valgrind and "
               "redis-tools", file=sys.stderr)
         return 2
-    if args.cluster < 1 or (args.cluster > 1 and args.node == "floor"):
+    if args.node == "redis" and (args.as_user or args.prefill_options or args.ack
+                                 or args.pickup or args.pickup_gate):
+        parser.error("--node redis takes a command, --prefill and --pipeline only")
+    if args.cluster < 1 or (args.cluster > 1 and args.node != "disque"):
         parser.error("--cluster needs N >= 1, and a disque node")
     load: Callable[[int, int], None] | None = None
     if args.pickup or args.pickup_gate:
@@ -326,14 +419,14 @@ def main(argv: list[str] | None = None) -> int:
     elif not args.command:
         parser.error("a command is needed (or --pickup, --ack)")
     # A stale build would silently count the interpreted core.
-    core = node_core()
-    if not core.startswith("compiled"):
+    core = node_core() if args.node != "redis" else tool_version("redis-server")
+    if args.node != "redis" and not core.startswith("compiled"):
         print(f"warning: the node will run {core}: these are not the compiled core's "
               "counts (rebuild: python3 -m pip install -e .)", file=sys.stderr)
     result = measure(args.command, args.small, args.large, args.pipeline, args.node,
                      args.cluster, args.measure, args.profile, args.prefill,
                      args.prefill_queue, tuple(args.prefill_options.split()), args.as_user,
-                     load)
+                     load, args.cache_sim)
     where = f", {args.measure} of {args.cluster} nodes" if args.cluster > 1 else ""
     if args.as_user:
         where += f", as a user with {args.as_user!r}"
@@ -341,6 +434,8 @@ def main(argv: list[str] | None = None) -> int:
           f"{result['per_command']:,.0f} instructions per command "
           f"(({result['instructions_large']:,} - {result['instructions_small']:,}) / "
           f"({args.large} - {args.small}) requests; core: {core})")
+    for name, per_command in result.get("misses_per_command", {}).items():
+        print(f"  {name}: {per_command:,.1f} per command (simulated)")
     result["core"] = core
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2) + "\n")

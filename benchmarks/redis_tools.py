@@ -35,10 +35,17 @@ def tool_version(name: str) -> str:
 
 
 class RedisProcess:
-    """A throw-away ``redis-server`` on a free port, no persistence, in its own directory."""
+    """A throw-away ``redis-server`` on a free port, no persistence, in its own directory.
 
-    def __init__(self, workdir: Path) -> None:
+    ``wrapper`` runs it under another program (``valgrind --tool=callgrind
+    ...``, whose output then goes to ``wrapper.log``); ``args`` are more
+    configuration arguments (``--hz 1``).
+    """
+
+    def __init__(self, workdir: Path, *args: str, wrapper: tuple[str, ...] = ()) -> None:
         self.workdir = Path(workdir)
+        self.args = list(args)
+        self.wrapper = list(wrapper)
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.port = 0
         self.proc: subprocess.Popen[bytes] | None = None
@@ -48,9 +55,12 @@ class RedisProcess:
         self.port = free_port()
         cmd = [REDIS_SERVER, "--port", str(self.port), "--bind", "127.0.0.1",
                "--save", "", "--appendonly", "no", "--dir", str(self.workdir),
-               "--logfile", str(self.log_path)]
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
-                                     start_new_session=True)
+               "--logfile", str(self.log_path), *self.args]
+        # The wrapper's report (valgrind's) goes to wrapper.log.
+        with open(self.workdir / "wrapper.log", "ab") as output:
+            self.proc = subprocess.Popen([*self.wrapper, *cmd],
+                                         stdout=output if self.wrapper else subprocess.DEVNULL,
+                                         stderr=subprocess.STDOUT, start_new_session=True)
 
         def ready() -> bool:
             if self.proc is not None and self.proc.poll() is not None:

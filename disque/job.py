@@ -17,7 +17,6 @@ counter`` so it orders jobs created in the same millisecond.
 
 from __future__ import annotations
 
-import base64
 import os
 import struct
 from enum import IntEnum
@@ -207,27 +206,47 @@ for _i, _c in enumerate(_B64):
     B64_VALUE[_c] = _i
 
 
+#: Each random byte becomes one base64 character, from its low 6 bits: 256
+#: is a multiple of 64, so the characters stay uniform (6 bits each).
+_RANDOM_TO_B64: Final = bytes(_B64[b & 63] for b in range(256))
+#: Characters of an ID's random part (144 bits).
+_RANDOM_CHARS: Final = 24
+
+
 class JobIdGenerator:
     """``D-<node8>-<24 base64 chars of 144 random bits>-<ttl>``.
 
     The random part comes from ``os.urandom`` (the kernel's CSPRNG), drawn
-    in blocks of ``ID_BLOCK`` IDs and base64-encoded once per block: 18
-    random bytes encode to exactly 24 characters, so the encoded block is
-    a run of ready-made random parts and an ID costs one slice.  The
-    original hashed a seed and a counter with SHA-1 per ID (and, through an
-    indexing bug, used only ~114 of the 144 bits); that was 7-10% of the
-    node's ADDJOB time here.
+    in blocks of ``ID_BLOCK`` IDs and made base64 characters once per block
+    (``bytes.translate``, a byte per character).  The block is laid out as
+    the replies of ADDJOB, ``+<ID>\\r\\n`` after one another (one join when
+    it is drawn), for the TTL suffix of the ID that drew it: such an ID
+    costs one slice of the block, and its reply another
+    (:meth:`status_line`), where building them cost five concatenations and
+    slices.  An ID of another TTL takes the next random part with its own
+    suffix.  The original hashed a seed and a counter with SHA-1 per ID
+    (and, through an indexing bug, used only ~114 of the 144 bits); that was
+    7-10% of the node's ADDJOB time here.
     """
 
-    __slots__ = ("_block", "_last_key", "_last_suffix", "_pos", "_prefix", "_suffixes")
+    __slots__ = ("_block", "_block_key", "_end", "_last_id", "_last_key", "_last_pos",
+                 "_last_suffix", "_pos", "_prefix", "_record", "_suffixes")
 
-    #: IDs drawn per ``os.urandom`` call (72 KiB of randomness).
+    #: IDs drawn per ``os.urandom`` call (96 KiB of randomness).
     ID_BLOCK: Final = 4096
 
     def __init__(self, node_id: str) -> None:
         self._prefix = b"D-" + node_id[:8].encode() + b"-"
         self._block = b""
+        # Where the next record (its "+") starts, where the records end,
+        # their length and the TTL key they were made for.
         self._pos = 0
+        self._end = 0
+        self._record = 0
+        self._block_key = -1
+        # The last ID sliced from the block and its record (status_line).
+        self._last_id: bytes | None = None
+        self._last_pos = 0
         # "-%04x" TTL suffixes by ttl * 2 + (retry > 0): a handful of distinct
         # values in practice; the last one apart, since a producer's jobs
         # share it and comparing its key costs less than a lookup.
@@ -237,23 +256,58 @@ class JobIdGenerator:
 
     def next_id(self, ttl: int, retry: int) -> bytes:
         """A new job ID for a job with ``ttl`` seconds and ``retry`` seconds."""
-        pos = self._pos
-        if pos >= len(self._block):
-            self._block = base64.b64encode(os.urandom(18 * self.ID_BLOCK))
-            pos = 0
-        self._pos = pos + 24
         key = ttl * 2 + (retry > 0)
+        pos = self._pos
+        if pos >= self._end:
+            self._draw(key, ttl, retry)
+            pos = self._pos
+        self._pos = pos + self._record
+        prefix_len = len(self._prefix)
+        if key == self._block_key:
+            job_id: bytes = self._block[pos + 1:pos + self._record - 2]
+            self._last_id = job_id
+            self._last_pos = pos
+            return job_id
+        start = pos + 1 + prefix_len
+        return (self._prefix + self._block[start:start + _RANDOM_CHARS]
+                + self._suffix(key, ttl, retry))
+
+    def status_line(self, job_id: bytes) -> bytes:
+        """``+<job_id>\\r\\n``, ADDJOB's reply: for the ID :meth:`next_id`
+        returned last, a slice of the block."""
+        if job_id is self._last_id:
+            pos = self._last_pos
+            return self._block[pos:pos + self._record]
+        return b"+" + job_id + b"\r\n"
+
+    def _draw(self, key: int, ttl: int, retry: int) -> None:
+        """A new block of ``ID_BLOCK`` records for TTL key ``key``."""
+        suffix = self._suffix(key, ttl, retry)
+        chars = os.urandom(_RANDOM_CHARS * self.ID_BLOCK).translate(_RANDOM_TO_B64)
+        # Between two random parts: an ID's end, its CRLF, the next "+" and prefix.
+        glue = suffix + b"\r\n+" + self._prefix
+        runs = [b""]  # the empty ends put the glue before the first record and after the last
+        for i in range(0, len(chars), _RANDOM_CHARS):
+            runs.append(chars[i:i + _RANDOM_CHARS])
+        runs.append(b"")
+        self._block = glue.join(runs)
+        self._record = len(glue) + _RANDOM_CHARS
+        self._pos = len(suffix) + 2
+        self._end = self._pos + self._record * self.ID_BLOCK
+        self._block_key = key
+        self._last_id = None
+
+    def _suffix(self, key: int, ttl: int, retry: int) -> bytes:
         if key == self._last_key:
-            suffix = self._last_suffix
-        else:
-            found = self._suffixes.get(key)
-            if found is None:
-                if len(self._suffixes) > 1024:
-                    self._suffixes.clear()
-                found = self._suffixes[key] = b"-%04x" % encode_ttl_minutes(ttl, retry)
-            suffix = self._last_suffix = found
-            self._last_key = key
-        return self._prefix + self._block[pos:pos + 24] + suffix
+            return self._last_suffix
+        found = self._suffixes.get(key)
+        if found is None:
+            if len(self._suffixes) > 1024:
+                self._suffixes.clear()
+            found = self._suffixes[key] = b"-%04x" % encode_ttl_minutes(ttl, retry)
+        self._last_suffix = found
+        self._last_key = key
+        return found
 
 
 def encode_ttl_minutes(ttl: int, retry: int) -> int:

@@ -78,9 +78,11 @@ class SlicedDict(Generic[K, V]):
         calling ``slice_of`` through the attribute is a Python-level call.
         """
         part = self._slices[index]
-        if key in part:
+        # One lookup (a test then an insert was two): the slice grew or not.
+        size = len(part)
+        part.setdefault(key, value)
+        if len(part) == size:
             return False
-        part[key] = value
         self._len += 1
         return True
 

@@ -63,7 +63,7 @@ __all__ = [
 # --------------------------------------------------------------------------
 
 def enqueue_job(state: ServerState, job: Job, nack: bool = False, *,
-                q: Queue | None = None, now: int | None = None) -> bool:
+                q: Queue | None = None, now: int = -1) -> bool:
     """ENQUEUE(job): put the job in its queue and schedule the next retry.
 
     Refuses (returns False) jobs already queued, jobs without a queue time
@@ -71,7 +71,8 @@ def enqueue_job(state: ServerState, job: Job, nack: bool = False, *,
     jobs.  The first enqueue of a job is silent; later ones count as an
     additional delivery (or a NACK) and tell the other copies with QUEUED.
     A caller that already holds the job's queue and the time (ADDJOB) passes
-    them in rather than have them looked up again.
+    them in rather than have them looked up again (``now`` -1: not given;
+    an int rather than None, which compiled would be boxed).
     """
     job_state = job.state
     if job_state in (QUEUED, ACKED) or job.qtime == 0 or job.queue is None:
@@ -80,7 +81,7 @@ def enqueue_job(state: ServerState, job: Job, nack: bool = False, *,
     retry = job.retry
     if retry == 0 and flags & FLAG_DELIVERED:
         return False
-    if now is None:
+    if now < 0:
         now = state.clock.now_ms()
     job.state = QUEUED
     ext = job.ext
@@ -222,7 +223,7 @@ def fetch_jobs(state: ServerState, q: Queue, count: int,
         if not count:
             return []
     taken: list[Job] = []
-    for _ in range(count):
+    while len(taken) < count:  # not ``for _ in range``: compiled, ``_`` is boxed
         job = queued.pop_first()
         assert job is not None  # count <= len(queued)
         taken.append(job)

@@ -66,11 +66,15 @@ class JobOrder:
     a priority; equal ctimes in arrival order within the deque and within
     the sorted list."""
 
-    __slots__ = ("_fifo", "_late", "_late_count", "_levels", "_stale")
+    __slots__ = ("_fifo", "_late", "_late_count", "_levels", "_stale", "_tail")
 
     def __init__(self) -> None:
         # Non-decreasing ctimes, stale entries included.
         self._fifo: deque[Job] = deque()
+        # The deque's last entry (None when it is empty), kept here: every
+        # ADDJOB compares its job with it, and compiled ``fifo[-1]`` and
+        # ``not fifo`` on a deque are Python-level calls (~180 instructions).
+        self._tail: Job | None = None
         self._late: SortedKeyList = SortedKeyList(key=_by_ctime)
         # len(self._late), kept here: the sorted list's own len() is Python
         # code (~600 instructions), asked on every add and pop of the queue.
@@ -151,6 +155,7 @@ class JobOrder:
         for job in self._fifo:
             job.flags &= ~(FLAG_IN_FIFO | FLAG_FIFO_STALE)
         self._fifo.clear()
+        self._tail = None
         self._late.clear()
         self._late_count = 0
         self._stale = 0
@@ -162,10 +167,11 @@ class JobOrder:
     # -- one level: the deque and the sorted list ------------------------------
 
     def _add_here(self, job: Job) -> None:
-        fifo = self._fifo
         flags = job.flags
-        if not flags & FLAG_FIFO_STALE and (not fifo or fifo[-1].ctime <= job.ctime):
-            _append(fifo, job)
+        tail = self._tail
+        if not flags & FLAG_FIFO_STALE and (tail is None or tail.ctime <= job.ctime):
+            _append(self._fifo, job)
+            self._tail = job
             job.flags = flags | FLAG_IN_FIFO
         else:
             self._late.add(job)
@@ -200,6 +206,8 @@ class JobOrder:
             return None
         job = _popleft(fifo)
         job.flags &= ~FLAG_IN_FIFO
+        if job is self._tail:  # a job has one entry at most: the deque is empty
+            self._tail = None
         if self._stale:
             self._trim()
         return job
@@ -219,6 +227,7 @@ class JobOrder:
         while fifo and not fifo[-1].flags & FLAG_IN_FIFO:
             fifo.pop().flags &= ~FLAG_FIFO_STALE
             self._stale -= 1
+        self._tail = fifo[-1] if fifo else None
 
     def _compact(self) -> None:
         live: deque[Job] = deque()
@@ -228,6 +237,7 @@ class JobOrder:
             else:
                 job.flags &= ~FLAG_FIFO_STALE
         self._fifo = live
+        self._tail = live[-1] if live else None
         self._stale = 0
 
 

@@ -26,10 +26,16 @@ T = TypeVar("T")
 #: Numbers of emptied buckets the heap may hold beyond twice the live ones
 #: before it is rebuilt.
 STALE_NUMBERS: Final = 1024
+#: Buckets found last, by number modulo RECENT (a direct-mapped cache).
+#: Items mostly go to a few dozen buckets at a time (a pipeline of ADDJOBs:
+#: their RETRY times spread over the 500 ms of requeue jitter, 32 buckets of
+#: 16 ms), and comparing a number costs less than a dict lookup (compiled:
+#: boxing the number, hashing it, looking it up; ~400 instructions).
+RECENT: Final = 64
 
 
 class TimeBuckets(Generic[T]):
-    __slots__ = ("_buckets", "_heaped", "_keys", "_last_bucket", "_last_number")
+    __slots__ = ("_buckets", "_heaped", "_keys", "_recent", "_recent_numbers")
 
     def __init__(self) -> None:
         # Emptied buckets are deleted at once: a dict keeps its table after
@@ -37,11 +43,9 @@ class TimeBuckets(Generic[T]):
         self._buckets: dict[int, dict[T, None]] = {}
         self._keys: list[int] = []    # heap of bucket numbers (some maybe emptied since)
         self._heaped: set[int] = set()  # the numbers in _keys, so each is pushed once
-        # The bucket add() used last: items mostly arrive in the same
-        # millisecond bucket as the one before (a pipeline of ADDJOBs, their
-        # RETRY times), and comparing a number costs less than a dict lookup.
-        self._last_number = 0
-        self._last_bucket: dict[T, None] | None = None
+        # Slot number % RECENT: a bucket found last and its number (None: none).
+        self._recent: list[dict[T, None] | None] = [None] * RECENT
+        self._recent_numbers: list[int] = [0] * RECENT
 
     def __len__(self) -> int:
         """Items held."""
@@ -53,32 +57,42 @@ class TimeBuckets(Generic[T]):
         return len(self._keys)
 
     def add(self, number: int, item: T) -> None:
-        bucket = self._last_bucket
-        if bucket is None or number != self._last_number:
+        slot = number & (RECENT - 1)
+        bucket = self._recent[slot]
+        if bucket is None or self._recent_numbers[slot] != number:
             bucket = self._buckets.get(number)
             if bucket is None:
                 bucket = self._buckets[number] = {}
                 if number not in self._heaped:
                     self._heaped.add(number)
                     heapq.heappush(self._keys, number)
-            self._last_number = number
-            self._last_bucket = bucket
+            self._recent[slot] = bucket
+            self._recent_numbers[slot] = number
         bucket[item] = None
 
-    def _forget_last(self, number: int) -> None:
+    def _bucket(self, number: int) -> dict[T, None] | None:
+        """Bucket ``number``, if it exists."""
+        slot = number & (RECENT - 1)
+        bucket = self._recent[slot]
+        if bucket is not None and self._recent_numbers[slot] == number:
+            return bucket
+        return self._buckets.get(number)
+
+    def _forget(self, number: int) -> None:
         """Bucket ``number`` was deleted: add() must not fill it any more."""
-        if number == self._last_number:
-            self._last_bucket = None
+        slot = number & (RECENT - 1)
+        if self._recent_numbers[slot] == number:
+            self._recent[slot] = None
 
     def remove(self, number: int, item: T) -> None:
         """Take ``item`` out of bucket ``number`` (nothing if it is not there)."""
-        bucket = self._buckets.get(number)
+        bucket = self._bucket(number)
         if bucket is not None:
             if item in bucket:  # not pop(item, None): compiled, a Python-level call
                 del bucket[item]
             if not bucket:
                 del self._buckets[number]
-                self._forget_last(number)
+                self._forget(number)
                 if len(self._keys) > 2 * len(self._buckets) + STALE_NUMBERS:
                     self._rebuild_keys()
 
@@ -109,10 +123,10 @@ class TimeBuckets(Generic[T]):
         heapq.heappop(self._keys)
         self._heaped.discard(number)
         self._buckets.pop(number, None)
-        self._forget_last(number)
+        self._forget(number)
 
     def clear(self) -> None:
         self._buckets.clear()
         self._keys.clear()
         self._heaped.clear()
-        self._last_bucket = None
+        self._recent = [None] * RECENT

@@ -50,6 +50,7 @@ from .registry import (
     SYNTAX_ERROR,
     CommandClient,
     CommandError,
+    NativeHandler,
     OptionName,
     command,
     is_option,
@@ -322,7 +323,6 @@ def idmp_record(state: ServerState, opts: AddJobOptions, queue: bytes, body: byt
         state.events.idmp_settled(state, entry)
 
 
-@command("addjob", -4, "write denyoom", keys=KEYS_QUEUE)
 def addjob(state: ServerState, client: CommandClient, argv: list[bytes]) -> Any:
     """ADDJOB queue body ms-timeout [REPLICATE n] [DELAY s] [RETRY s] [TTL s] [MAXLEN n] [ASYNC]
     [BACKOFF s] [MAXDELIVERIES n] [DEADLETTER queue] [PRIORITY p] [IDMP key [IDMP-WINDOW s]]
@@ -372,7 +372,10 @@ def addjob(state: ServerState, client: CommandClient, argv: list[bytes]) -> Any:
     # the job to anybody keeps it while under the hard limit: refusing every
     # job at 75% (the original on a lone node) helps nobody.
     leaving = cluster.leaving
-    extrepl = leaving or (reachable and replicate <= reachable and state.memory.level() >= 1)
+    # All bools (``reachable > 0``, not ``reachable``): compiled, an int in
+    # the expression would make it an object, boxed.
+    extrepl = leaving or (reachable > 0 and replicate <= reachable
+                          and state.memory.level() >= 1)
     needed = replicate if extrepl else replicate - 1
     if needed > reachable:
         reason = ""
@@ -423,7 +426,17 @@ def addjob(state: ServerState, client: CommandClient, argv: list[bytes]) -> Any:
     state.stats.added_jobs += 1
     if opts.idmp is not None:
         idmp_record(state, opts, q.name, argv[2], job.id, now, pending=False)
-    return status_reply(job.id)
+    return Encoded(state.ids.status_line(job.id))
+
+
+class _AddJob(NativeHandler):
+    def run(self, state: ServerState, client: CommandClient, argv: list[bytes]) -> Any:
+        return addjob(state, client, argv)
+
+
+# Not a decorator: the command table calls ``_AddJob`` (NativeHandler), which
+# calls ``addjob`` in C only as long as it is undecorated.
+command("addjob", -4, "write denyoom", keys=KEYS_QUEUE, native=_AddJob())(addjob)
 
 
 # --------------------------------------------------------------------------
@@ -439,9 +452,11 @@ def _take_jobs(state: ServerState, queues: list[bytes], count: int,
     """Up to ``count`` GETJOB entries (already encoded, or none, for the
     usual GETJOB of one queue without extra fields): one job per queue per
     pass, left to right."""
-    lookup = state.queues.lookup
+    # Not a local bound to ``state.queues.lookup``: compiled, calling that
+    # is a Python-level call (~600 instructions), the method's a C call.
+    table = state.queues
     if len(queues) == 1:  # the usual case: take them in one go
-        q = lookup(queues[0])
+        q = table.lookup(queues[0])
         if q is None or q.flags & PAUSED_OUT:
             return []
         jobs = fetch_jobs(state, q, count)
@@ -454,7 +469,7 @@ def _take_jobs(state: ServerState, queues: list[bytes], count: int,
     while True:
         before = len(emitted)
         for name in queues:
-            q = lookup(name)
+            q = table.lookup(name)
             if q is None or q.flags & PAUSED_OUT:
                 continue
             after = runs.get(name) if runs is not None else None
@@ -483,7 +498,6 @@ _WITHHEADERS: Final = OptionName(b"withheaders")
 _WITHGROUP: Final = OptionName(b"withgroup")
 
 
-@command("getjob", -3, "write", keys=KEYS_FROM, categories="blocking")
 def getjob(state: ServerState, client: CommandClient, argv: list[bytes]) -> Any:
     """GETJOB [NOHANG] [TIMEOUT ms] [COUNT n] [WITHCOUNTERS] [WITHLEASE] [WITHHEADERS]
     [WITHGROUP] FROM q1 q2 ...
@@ -499,7 +513,7 @@ def getjob(state: ServerState, client: CommandClient, argv: list[bytes]) -> Any:
     fields = 0
     timeout = 0
     count = 1
-    queues: list[bytes] = []
+    queues: list[bytes] | None = None  # FROM's slice of argv: no empty list first
     i, n = 1, len(argv)
     while i < n:
         arg = argv[i]
@@ -526,7 +540,7 @@ def getjob(state: ServerState, client: CommandClient, argv: list[bytes]) -> Any:
         else:
             raise CommandError(SYNTAX_ERROR)
         i += 1
-    if not queues:
+    if queues is None or not queues:
         raise CommandError(SYNTAX_ERROR)
     if len(queues) > 1 or len(queues[0]) > state.max_queue_name_len:
         refused = queues_refusal(state, queues)
@@ -553,6 +567,14 @@ def getjob(state: ServerState, client: CommandClient, argv: list[bytes]) -> Any:
         if q.limit is not None and q.jobs:
             wake_when_window_opens(state, q)  # jobs held back by the rate limit
     return BLOCKED
+
+
+class _GetJob(NativeHandler):
+    def run(self, state: ServerState, client: CommandClient, argv: list[bytes]) -> Any:
+        return getjob(state, client, argv)
+
+
+command("getjob", -3, "write", keys=KEYS_FROM, categories="blocking", native=_GetJob())(getjob)
 
 
 def _ask_when_emptied(state: ServerState, queues: list[bytes]) -> None:

@@ -40,6 +40,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CommandClient",
+    "NativeHandler",
     "Command", "CommandError", "COMMANDS", "command", "execute", "BLOCKED",
     "FROM", "OptionName", "is_option",
     "parse_int", "parse_job_ids", "parse_timeout_ms", "range_error", "SYNTAX_ERROR",
@@ -72,6 +73,20 @@ class CommandClient(Waiter):
 
 #: Handlers of commands outside the job core take the real ClientConnection.
 Handler = Callable[["ServerState", Any, list[bytes]], Any]
+
+
+class NativeHandler:
+    """A command's handler as a method of a compiled class, for the commands
+    every workload runs (ADDJOB, GETJOB): compiled, :func:`execute` calls
+    it in C, where a handler function is called through its Python object,
+    whose wrapper parses the arguments again (~190 instructions a command).
+    A subclass's ``run`` calls the command's function, which must not be
+    decorated (compiled, a decorated function is called as a Python object
+    too): it is declared with ``command(...)(function)``.
+    """
+
+    def run(self, state: ServerState, client: CommandClient, argv: list[bytes]) -> Any:
+        raise NotImplementedError
 
 #: Returned by a handler that parked the client; the reply comes later.
 BLOCKED: Final = object()
@@ -111,14 +126,17 @@ class Command:
     dataclass's were generic attribute lookups, ~2k instructions a command)."""
 
     __slots__ = ("acl_exempt", "arity", "categories", "denyoom", "flags", "free_subcommands",
-                 "handler", "keys", "name", "noauth", "write")
+                 "handler", "keys", "name", "native", "noauth", "write")
 
     def __init__(self, name: str, handler: Handler, arity: int, flags: frozenset[str],
                  write: bool = False, denyoom: bool = False, noauth: bool = False,
                  keys: int = KEYS_NONE, categories: frozenset[str] = frozenset(),
-                 free_subcommands: frozenset[bytes] = frozenset()) -> None:
+                 free_subcommands: frozenset[bytes] = frozenset(),
+                 native: NativeHandler | None = None) -> None:
         self.name = name
         self.handler = handler
+        #: The same handler, called in C (NativeHandler); None for most commands.
+        self.native = native
         self.arity = arity
         self.flags = flags
         # The flags execute() tests on every command, as plain booleans.
@@ -146,13 +164,15 @@ COMMANDS: Final[dict[bytes, Command]] = {}
 
 
 def command(name: str, arity: int, flags: str = "", *, keys: int = KEYS_NONE,
-            categories: str = "", free_subcommands: str = "") -> Callable[[Handler], Handler]:
-    """Declare a command: ``@command("addjob", -4, "write denyoom", keys=KEYS_QUEUE)``."""
+            categories: str = "", free_subcommands: str = "",
+            native: NativeHandler | None = None) -> Callable[[Handler], Handler]:
+    """Declare a command: ``@command("qlen", 2, "fast", keys=KEYS_QUEUE)``;
+    ``native``: the same handler as a :class:`NativeHandler`."""
     def register(handler: Handler) -> Handler:
         names = frozenset(flags.split())
         cmd = Command(name, handler, arity, names, "write" in names, "denyoom" in names,
                       "noauth" in names, keys, _categories(names, categories),
-                      frozenset(sub.encode() for sub in free_subcommands.split()))
+                      frozenset(sub.encode() for sub in free_subcommands.split()), native)
         COMMANDS[name.encode()] = cmd
         COMMANDS[name.upper().encode()] = cmd
         _CATALOG.clear()
@@ -246,8 +266,12 @@ def execute(state: ServerState, client: CommandClient, argv: list[bytes]) -> Any
     if aof is not None and (refused := aof.refuse_write()) is not None:
         return refused  # -MISCONF while the AOF cannot be written
     state.stats.commands_processed += 1
+    native = cmd.native
     try:
-        reply = cmd.handler(state, client, argv)
+        if native is not None:
+            reply = native.run(state, client, argv)
+        else:
+            reply = cmd.handler(state, client, argv)
     except CommandError as err:
         reply = ReplyError(err.message)
     except Exception as err:  # a bug: answer it, keep the connection and the node
@@ -343,24 +367,27 @@ class OptionName:
     """A command's keyword (an option, or a command's own name) in both
     letter cases, for :func:`is_option`."""
 
-    __slots__ = ("lower", "upper")
+    __slots__ = ("lower", "size", "upper")
 
     def __init__(self, lower: bytes) -> None:
         self.lower = lower
         self.upper = lower.upper()
+        self.size = len(lower)
 
 
 def is_option(arg: bytes, option: OptionName) -> bool:
     """Whether ``arg`` is ``option``, in any letter case.
 
-    Clients write an option all in capitals or all in lower case: two
-    comparisons decide, and only a mixed-case word pays for ``lower()``
-    (a new bytes object per argument and option tried, as Python code
-    in the compiled core).
+    A word of another length is not, without a comparison (a command's
+    parser tries its options in turn: GETJOB's NOHANG is tried as FROM,
+    COUNT and TIMEOUT first).  Clients write an option all in capitals or
+    all in lower case: two comparisons decide, and only a mixed-case word
+    pays for ``lower()`` (a new bytes object per argument and option tried,
+    as Python code in the compiled core).
     """
-    if arg == option.upper or arg == option.lower:
-        return True
-    return len(arg) == len(option.lower) and arg.lower() == option.lower
+    if len(arg) != option.size:
+        return False
+    return arg == option.upper or arg == option.lower or arg.lower() == option.lower
 
 
 #: GETJOB's FROM: the queues follow it (also read by the users' permissions).

@@ -107,3 +107,27 @@ def test_pickups_hand_every_job_to_the_blocked_consumer(tmp_path: Path) -> None:
         assert raw_command(node.port, "QLEN", PICKUP_QUEUE) == 0
     finally:
         node.kill()
+
+
+@pytest.mark.slow  # two redis-servers under valgrind: ~10 s
+@pytest.mark.skipif(shutil.which("redis-server") is None, reason="redis-server not installed")
+def test_redis_reference_counts_with_cache_misses(tmp_path: Path) -> None:
+    """``--node redis``: the same count for redis-server (the reference
+    beside ours), here with ``--cache-sim``'s simulated misses per command."""
+    out = tmp_path / "redis.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.instructions", "--node", "redis", "--cache-sim",
+         "--small", "300", "--large", "1500", "--prefill", "2000", "--json", str(out),
+         "RPOP", "q"],
+        cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
+    assert "redis node, RPOP q -P 16" in proc.stdout
+    result = json.loads(out.read_text())
+    assert result["core"].startswith("Redis server"), result
+    assert result["instructions_large"] > result["instructions_small"] > 0, result
+    # Redis pops a list element in a few thousand instructions, not millions.
+    assert 500 < result["per_command"] < 100_000, result
+    misses = result["misses_per_command"]
+    assert set(misses) == {"L1 data misses", "LL data misses", "L1 instruction misses",
+                           "mispredicted branches"}
+    assert misses["L1 instruction misses"] > 0, misses

@@ -40,6 +40,8 @@ def check_level(order: JobOrder) -> None:
     assert order._stale < max(COMPACT_MIN, len(fifo) // 8 + 1)
     # At most one deque entry per job, live or stale.
     assert len({id(job) for job in fifo}) == len(fifo)
+    # The deque's last entry, kept apart for ADDJOB's comparison.
+    assert order._tail is (fifo[-1] if fifo else None)
 
 
 def check_invariants(order: JobOrder, model: list[Job]) -> None:

@@ -4,7 +4,7 @@ The schedule and the blocked commands' deadlines rely on it: every item
 added is found in its bucket until it is removed, the earliest bucket
 comes first, and a bucket that was emptied and deleted (by ``remove``,
 ``drop`` or ``clear``) is never filled again behind the table's back (add()
-remembers the last bucket it used).
+and remove() remember recent buckets by number modulo ``RECENT``).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import random
 
 import pytest
 
-from disque.time_buckets import TimeBuckets
+from disque.time_buckets import RECENT, TimeBuckets
 
 
 def _contents(times: TimeBuckets[int]) -> dict[int, set[int]]:
@@ -37,8 +37,10 @@ def test_random_operations_match_a_model(seed: int) -> None:
     for _ in range(3000):
         op = rng.random()
         if op < 0.5 or not where:
-            # Mostly the same few buckets in a row, as a pipeline of commands does.
-            number = rng.choice([rng.randrange(5), rng.randrange(5), rng.randrange(50)])
+            # Mostly the same few buckets in a row, as a pipeline of commands
+            # does; some beyond RECENT, which share the remembered slots.
+            number = rng.choice([rng.randrange(5), rng.randrange(5), rng.randrange(50),
+                                 rng.randrange(4 * RECENT)])
             times.add(number, next_item)
             model.setdefault(number, set()).add(next_item)
             where[next_item] = number
@@ -70,7 +72,7 @@ def test_random_operations_match_a_model(seed: int) -> None:
             model.clear()
             where.clear()
         else:
-            times.remove(rng.randrange(60), -1)  # not there: nothing happens
+            times.remove(rng.randrange(4 * RECENT), -1)  # not there: nothing happens
         assert len(times) == sum(map(len, model.values()))
     assert _contents(times) == model
 
@@ -88,3 +90,13 @@ def test_a_removed_bucket_is_not_filled_again() -> None:
     times.clear()
     times.add(7, "e")
     assert len(times) == 1 and times.earliest() == (7, {"e": None})
+
+
+def test_buckets_sharing_a_remembered_slot_stay_apart() -> None:
+    times: TimeBuckets[str] = TimeBuckets()
+    times.add(7, "a")
+    times.add(7 + RECENT, "b")  # the same slot: it now remembers bucket 7 + RECENT
+    times.add(7, "c")
+    times.remove(7 + RECENT, "b")  # deleted while another number held the slot
+    times.add(7 + RECENT, "d")
+    assert _contents(times) == {7: {"a", "c"}, 7 + RECENT: {"d"}}
