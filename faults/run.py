@@ -185,7 +185,8 @@ def _drain(nodes: list[Node], history: History, workload: Workload, timeout: flo
         while time.monotonic() < deadline:
             took = 0
             for node in nodes:
-                jobs = get_jobs(worker, node, None, "drain", ROLES[0], count=100)
+                jobs = get_jobs(worker, node, None, "drain", ROLES[0], count=100,
+                                groups=workload.config.groups > 0)
                 if jobs:
                     ack_jobs(worker, node, [j.job_id for j in jobs if j.job_id],
                              workload.gc)
