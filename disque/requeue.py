@@ -107,6 +107,13 @@ def receive_queued(state: ServerState, sender: ClusterNode, msg: Message) -> Non
     job = _live_copy(state, sender, msg)
     if job is None:
         return
+    if job.state in (ACTIVE, QUEUED):
+        # The sender holds the job (it queued it): learn it, as WILLQUEUE
+        # does, or our QUEUED below misses the one node it answers.  A node
+        # that got the job by federation from another copy is in no list of
+        # ours: both of us kept the job queued for good (a group's younger
+        # jobs behind it on both), each telling only the others.
+        job.delivered = job.delivered | {sender.id}
     keep = False
     if job.state == QUEUED or job.flags & FLAG_GROUP_OUT:
         # Queued here too, or (a group's job) out here too: one of the two

@@ -234,3 +234,20 @@ def test_a_job_without_a_group_never_reaches_the_groups_code(monkeypatch) -> Non
                            _id_message(messages.QUEUED, jobs[0].id, BEFORE))
     node("ACKJOB", *(entry[1] for entry in got))
     _run(node, 10_000)
+
+
+def test_a_queued_from_a_node_we_did_not_know_held_the_job_reaches_it() -> None:
+    """Both nodes have the job queued, and only the sender knows the other
+    holds it (it got the job by federation from a third copy): our QUEUED
+    must answer the sender too, or the lower ranked one never withdraws
+    (found by the fault harness: a group's jobs queued on two nodes for
+    good after a kill schedule, python3 -m faults --groups)."""
+    node, peers = _cluster()
+    job_id = str(node("ADDJOB", "q", "a", 0, "REPLICATE", 1, "RETRY", 60, "GROUP", "g")).encode()
+    job = node.job(job_id)
+    job.delivered = frozenset({NODE_ID, BEFORE})
+    sent = node.state.cluster.messages_dropped
+    requeue.receive_queued(node.state, peers[AFTER], _id_message(messages.QUEUED, job_id, AFTER))
+    assert job.state == JobState.QUEUED  # we rank before AFTER: we keep it
+    assert job.delivered == {NODE_ID, BEFORE, AFTER}
+    assert node.state.cluster.messages_dropped == sent + 2  # QUEUED to BEFORE and AFTER
