@@ -173,7 +173,7 @@ class Workload:
             number = self._take_job_number()
             if number is None:
                 break
-            if groups is not None and worker.rng.random() < c.group_fraction:
+            if groups is not None and groups.keys and worker.rng.random() < c.group_fraction:
                 groups.add(f"{name}-{number}")
                 self.stopping.wait(c.produce_interval_s)
                 continue
@@ -257,8 +257,9 @@ class GroupProducer:
                              socket_timeout=c.add_timeout_ms / 1000 + 3,
                              connect_timeout=1.0, reconnect_timeout=1.0,
                              route_by_job_id=False, rng=random.Random(worker.rng.random()))
-        #: Homes the client gave up on during the current call (a lost
-        #: reply among them means the ADDJOB may have happened there too).
+        #: Nodes the client gave up on during the current call, for the next
+        #: by rank: unreachable, or a reply lost (the ADDJOB may have
+        #: happened there too).
         self.gave_up: list[str] = []
         router = self.client._groups
         assert router is not None
@@ -271,8 +272,6 @@ class GroupProducer:
         router.failed = failed  # type: ignore[method-assign]
 
     def add(self, body: str) -> None:
-        if not self.keys:
-            return
         c = self.workload.config
         key = self.worker.rng.choice(self.keys)
         self.seq[key] += 1
@@ -293,23 +292,21 @@ class GroupProducer:
         except (redis.RedisError, OSError) as err:
             history.finish(op, INFO, error=f"{type(err).__name__}: {err}"[:120])
         else:
-            op.node = self.node_name(job_id)
+            creator = self.creator(job_id)
+            op.node = creator.name if creator is not None else job_id[2:10]
             history.finish(op, OK, job_id=job_id)
-            op.extra["copies"] = copy_nodes(self.worker, self.node_of(op.node), job_id)
+            op.extra["copies"] = (None if creator is None
+                                  else copy_nodes(self.worker, creator, job_id))
         if self.gave_up:
             op.extra["resent"] = [self.node_name_of_id(i) for i in self.gave_up]
-
-    def node_of(self, name: str) -> Node:
-        return next((n for n in self.workload.nodes if n.name == name), self.workload.nodes[0])
 
     def node_name_of_id(self, node_id: str) -> str:
         return next((n.name for n in self.workload.nodes if n.node_id == node_id), node_id[:8])
 
-    def node_name(self, job_id: str) -> str:
+    def creator(self, job_id: str) -> Node | None:
         """The node that created a job: its ID carries the node's first 8 hex digits."""
         prefix = job_id[2:10]
-        return next((n.name for n in self.workload.nodes if n.node_id.startswith(prefix)),
-                    prefix)
+        return next((n for n in self.workload.nodes if n.node_id.startswith(prefix)), None)
 
     def close(self) -> None:
         self.client.close()

@@ -3,6 +3,8 @@
 Each runs a 3-node cluster in its own namespace and exits 1 when the
 defect shows.  All are fixed; the scenarios guard the fixes (and
 tests/server/test_copies_state.py pins each at the state-machine level).
+Also here: the harness's workload with ordered groups and no fault, whose
+groups must go out in add order, one job at a time.
 """
 
 from __future__ import annotations
