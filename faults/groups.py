@@ -30,8 +30,15 @@ what certainly happened, from the client's side:
   GETJOB's start plus ``next-requeue-within``, WITHLEASE; RETRY where the
   lease is not known): after that the node queues the job again, and
   handing it out again is at-least-once, not a second consumer of the
-  group.  A consumer that crashed holds it until its lease ends.  Counted
-  once per pair of deliveries.
+  group.  A consumer that crashed holds it until its lease ends.  A late
+  ACK ends it too: one begun after the GETJOB by the consumer of an
+  earlier delivery of the job whose lease may have ended before this one's
+  reply (the node handed the job out again, then that ACK settled it and
+  released the group, while the later consumer still works on it:
+  at-least-once on one node).  An ACK by the consumer of a later delivery,
+  or of an earlier one still in its lease, does not: that delivery came
+  from a second node serving the group.  Counted once per pair of
+  deliveries.
 
 Each violation is put down to the faults in force during it or ended less
 than a *requeue window* before it: RETRY, plus 2 s per copy that ranks
@@ -141,6 +148,14 @@ def check_groups(history: History) -> GroupResult:
             settles[(op.process, op.job_id)].append(op)
     for ops in settles.values():
         ops.sort(key=lambda o: o.start)
+    # Who had each job: the start of each GETJOB, its process, and the
+    # earliest its lease can have ended.
+    taken: dict[str, list[tuple[float, str, float]]] = defaultdict(list)
+    for op in history.ops:
+        if op.kind == "get" and op.outcome == OK and op.job_id:
+            lease_ms = op.extra.get("lease_ms")
+            lease = float("inf") if lease_ms is None else float(lease_ms) / 1000
+            taken[op.job_id].append((op.start, op.process, op.start + lease))
 
     by_group: dict[str, list[Delivery]] = defaultdict(list)
     for get in history.ops:
@@ -161,6 +176,9 @@ def check_groups(history: History) -> GroupResult:
                        if o.start >= get.end), None)
         if settle is not None:
             end = min(end, settle)
+        late = _late_ack(get, taken[get.job_id], settles)
+        if late is not None:
+            end = min(end, late)
         by_group[group].append(Delivery(get, get.job_id, group, seq, get.end, end))
     result.deliveries = sum(len(d) for d in by_group.values())
 
@@ -176,6 +194,23 @@ def check_groups(history: History) -> GroupResult:
             _count(result, result.overlapping, "overlapping", group, text,
                    cause(history.faults, lo, hi, window[group]))
     return result
+
+
+def _late_ack(get: Op, taken: list[tuple[float, str, float]],
+              settles: dict[tuple[str, str], list[Op]]) -> float | None:
+    """When an ACK, begun after ``get``'s GETJOB was sent, came from the
+    consumer of an *earlier* delivery of the same job whose lease may have
+    ended before ``get``'s reply (None: none did).
+
+    That is at-least-once on one node: the earlier lease ended, the node
+    queued the job again and handed it out with ``get``, then the earlier
+    consumer's late ACK settled the job and released its group, whatever
+    ``get``'s consumer still does with it."""
+    assert get.job_id is not None
+    before = {process for start, process, lease_end in taken
+              if start < get.start and process != get.process and lease_end <= get.end}
+    return min((o.start for process in before for o in settles.get((process, get.job_id), ())
+                if o.kind == "ack" and o.start >= get.start), default=None)
 
 
 def requeue_window(add: Op) -> float:

@@ -301,6 +301,25 @@ def test_two_jobs_of_a_group_held_at_once_overlap_until_an_ack_or_the_lease_ends
     assert same.overlapping == {} and same.out_of_order == {}
 
 
+def test_a_late_ack_of_an_earlier_delivery_ends_the_hold_of_the_next() -> None:
+    # c2 is slow: A's lease (from 2.0, 1 s) ends, the node hands A to c3
+    # (which crashes with it), then c2's late ACK settles A and releases
+    # the group: B going out at 3.51 is at-least-once on one node, though
+    # c3's lease on A runs to 6.0.
+    late = (gadd("A", 1), gadd("B", 2), gget("A", 2.0, "c2", lease_ms=1000),
+            gget("A", 3.0, "c3"), op("crash", 3.02, 3.02, OK, "A", process="c3"),
+            ack("A", 3.4, "c2"), gget("B", 3.5, "c1"), ack("B", 3.6, "c1"))
+    g = check(history(*late), FinalState()).groups
+    assert g.overlapping == {} and g.out_of_order == {}
+    # The same ACK while c2's lease still ran (to 5.0): A reached c3 from a
+    # second node serving the group, and c3 still holds it when B goes out.
+    early = (gadd("A", 1), gadd("B", 2), gget("A", 2.0, "c2", lease_ms=3000),
+             gget("A", 3.0, "c3", node="n2"), op("crash", 3.02, 3.02, OK, "A", process="c3"),
+             ack("A", 3.4, "c2"), gget("B", 3.5, "c1"), ack("B", 3.6, "c1"))
+    g = check(history(*early), FinalState()).groups
+    assert g.overlapping == {"none": 1} and g.out_of_order == {}
+
+
 def test_group_violations_are_put_down_to_the_faults_in_force_or_just_ended() -> None:
     # RETRY 3, REPLICATE 2: a group is queued again within 3 + 2 + 1 = 6 s
     # of a fault's end.
