@@ -69,6 +69,9 @@ class FinalState:
     jobs: dict[str, list[tuple[str, str]]] = field(default_factory=dict)
     #: job id -> nodes where it was still queued at the end of the settle window.
     queued_twice: dict[str, list[str]] = field(default_factory=dict)
+    #: For the first few of them, what each node holding one says (SHOW:
+    #: state, node list, group, next requeue): why nobody stepped aside.
+    queued_twice_shown: dict[str, dict[str, str]] = field(default_factory=dict)
     #: Seconds it took for no job to be queued twice (None: never within the window).
     settle_s: float | None = 0.0
     #: Memory samples: {"t": seconds, "phase": ..., node: {rss, used_memory, ...}}.
@@ -99,6 +102,7 @@ class Result:
     early_requeue: list[str] = field(default_factory=list)
     duplicates: Counter[str] = field(default_factory=Counter)
     queued_twice: dict[str, list[str]] = field(default_factory=dict)
+    queued_twice_shown: dict[str, dict[str, str]] = field(default_factory=dict)
     leaked: dict[str, list[tuple[str, str]]] = field(default_factory=dict)
     registered_jobs: dict[str, int] = field(default_factory=dict)
     max_unavailable_s: float = 0.0
@@ -162,7 +166,7 @@ class Result:
             "duplicate_ids": self.duplicate_ids, "early_delivery": self.early_delivery,
             "late_delivery": self.late_delivery, "early_requeue": self.early_requeue,
             "duplicates": dict(self.duplicates), "duplicate_count": self.duplicate_count,
-            "queued_twice": self.queued_twice,
+            "queued_twice": self.queued_twice, "queued_twice_shown": self.queued_twice_shown,
             "leaked": {n: [list(j) for j in jobs] for n, jobs in self.leaked.items()},
             "registered_jobs": self.registered_jobs,
             "max_unavailable_s": round(self.max_unavailable_s, 2),
@@ -214,6 +218,7 @@ def check(history: History, final: FinalState) -> Result:
         _classify_duplicates(result, delivered, by_job[job_id], history.faults)
 
     result.queued_twice = dict(final.queued_twice)
+    result.queued_twice_shown = dict(final.queued_twice_shown)
     result.leaked = {n: jobs for n, jobs in final.jobs.items() if jobs}
     result.registered_jobs = dict(final.registered_jobs)
     result.max_unavailable_s = _max_unavailable(history)

@@ -160,6 +160,9 @@ def details(outcome: Outcome) -> str:
         lines += [f"  group: {line}" for line in g.examples]
     for a, b in r.overlaps:
         lines.append(f"  overlap: {a}  WITH  {b}")
+    for job_id, shown in r.queued_twice_shown.items():
+        lines.append(f"  queued twice: {job_id}: "
+                     + "; ".join(f"{node} {text}" for node, text in shown.items()))
     for note in outcome.notes:
         lines.append(f"  note: {note}")
     for defect in r.defects():
