@@ -94,6 +94,7 @@ from .job_options import bus_trailer
 from .jobs import register_job, unregister_job
 from .queue import enqueue_job, withdraw_job
 from .queue_table import PAUSED_OUT, Ask, Queue, QueueFederation
+from .requeue import postpone
 from .waiters import BlockedGet
 
 if TYPE_CHECKING:
@@ -514,7 +515,13 @@ def send_jobs(state: ServerState, node_id: str, jobs: list[Job]) -> int:
         sent += unit
         size += unit_size
         for job in unit:
-            withdraw_job(state, job)  # a group's job stays here as a copy
+            if withdraw_job(state, job) and job.ext is not None and job.ext.group is not None:
+                # A group's job stays here as a copy: like one told QUEUED, it
+                # waits a RETRY and its rank from now, warning first.  Its
+                # queue time as a queued job could be less than the warning's
+                # 500 ms away (the warning not due any more): it would queue
+                # the group here again, unwarned, while the receiver serves it.
+                postpone(state, job)
             if job.retry == 0:
                 unregister_job(state, job)  # at most once: only the receiver has it now
     stats = state.stats

@@ -25,7 +25,7 @@ of the group's jobs, so that the whole group goes one way:
   lower for the key withdraws (``queue.withdraw_job``): its job becomes a
   copy again, and its group's younger jobs wait behind it;
 * a copy waits its RETRY plus ``groups.RANK_WAIT_MS`` per node ranking
-  before it (:func:`_postpone`, ``copies._store_copy``), and the timer that
+  before it (:func:`postpone`, ``copies._store_copy``), and the timer that
   queues it queues the group's other copies with it
   (``queue.requeue_group``): after the failure of the node that served the
   group, the best ranked node holding its copies takes it whole.
@@ -48,7 +48,7 @@ if TYPE_CHECKING:
     from .cluster.node import ClusterNode
     from .state import ServerState
 
-__all__ = ["compare_node_ids_by_job", "receive_queued", "receive_willqueue",
+__all__ = ["compare_node_ids_by_job", "postpone", "receive_queued", "receive_willqueue",
            "receive_working"]
 
 
@@ -74,7 +74,7 @@ def _outranked(state: ServerState, sender: ClusterNode, job: Job) -> bool:
     return compare_node_ids_by_job(sender.id, state.cluster.myself_id, job.id) > 0
 
 
-def _postpone(state: ServerState, job: Job, extra_s: int = 0) -> None:
+def postpone(state: ServerState, job: Job, extra_s: int = 0) -> None:
     """Another copy is queued or being worked on: requeue a RETRY (or the
     job's back-off) from now, plus ``extra_s`` (a NACK ... DELAY elsewhere);
     a group's copy, plus its wait by rank (groups.rank_wait_ms)."""
@@ -107,6 +107,13 @@ def receive_queued(state: ServerState, sender: ClusterNode, msg: Message) -> Non
     job = _live_copy(state, sender, msg)
     if job is None:
         return
+    if job.state in (ACTIVE, QUEUED):
+        # The sender holds the job (it queued it): learn it, as WILLQUEUE
+        # does, or our QUEUED below misses the one node it answers.  A node
+        # that got the job by federation from another copy is in no list of
+        # ours: both of us kept the job queued for good (a group's younger
+        # jobs behind it on both), each telling only the others.
+        job.delivered = job.delivered | {sender.id}
     keep = False
     if job.state == QUEUED or job.flags & FLAG_GROUP_OUT:
         # Queued here too, or (a group's job) out here too: one of the two
@@ -122,7 +129,7 @@ def receive_queued(state: ServerState, sender: ClusterNode, msg: Message) -> Non
     elif msg.mflags & messages.MFLAG_INCR_DELIV:
         job.additional_deliveries += 1
     if not keep:
-        _postpone(state, job)
+        postpone(state, job)
 
 
 def receive_working(state: ServerState, sender: ClusterNode, msg: Message) -> None:
@@ -136,7 +143,7 @@ def receive_working(state: ServerState, sender: ClusterNode, msg: Message) -> No
         return
     if job.state == QUEUED:
         withdraw_job(state, job)  # a group's job: a copy here again
-    _postpone(state, job, msg.aux)
+    postpone(state, job, msg.aux)
 
 
 def receive_willqueue(state: ServerState, sender: ClusterNode, msg: Message) -> None:

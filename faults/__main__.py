@@ -29,7 +29,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         help=f"comma-separated schedules to run, one cluster each "
                              f"(of: {', '.join(KINDS)}; default partition,pause,kill). "
                              f"mixed: overlapping faults of every kind; soak: one at a "
-                             f"time with a quiet minute between, for long runs")
+                             f"time with a quiet minute between, for long runs; none: the "
+                             f"workload without faults")
     parser.add_argument("--time", type=float, default=60.0,
                         help="seconds of faults per schedule (default 60)")
     parser.add_argument("--nodes", type=int, default=3, help="cluster size (default 3)")
@@ -49,6 +50,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--gc-timeout", type=float, default=200.0,
                         help="then seconds for the ACK GC to empty the nodes (default 200: "
                              "the GC's retry backoff reaches 180 s)")
+    parser.add_argument("--groups", type=int, default=0,
+                        help="ordered groups: this many group keys, each owned by one "
+                             "producer, whose jobs are added through disque.Client with "
+                             "route_groups (default 0: no job has a group)")
+    parser.add_argument("--group-share", type=float, default=0.5,
+                        help="with --groups, the share of the jobs that get a group "
+                             "(default 0.5)")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--rate", type=float, default=None,
                         help="pause in s between a producer's ADDJOBs (default 0.02; "
@@ -61,6 +69,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     unknown = [k for k in args.kinds if k not in KINDS]
     if unknown:
         parser.error(f"unknown fault kinds {unknown}; known: {', '.join(KINDS)}")
+    if args.groups < 0 or not 0 <= args.group_share <= 1:
+        parser.error("--groups must be >= 0 and --group-share between 0 and 1")
     if args.nodes < 3 or args.nodes > 250:
         parser.error("--nodes must be between 3 and 250")
     try:
@@ -117,9 +127,11 @@ def run(args: argparse.Namespace, out: Path) -> int:
                             clock_jump_s=args.clock_jump, unavailable=missing,
                             workload=WorkloadConfig(retry_s=args.retry, max_jobs=args.max_jobs,
                                                     seed=args.seed, replicate=args.replicate,
-                                                    produce_interval_s=interval))
+                                                    produce_interval_s=interval,
+                                                    groups=args.groups,
+                                                    group_fraction=args.group_share))
         outcome = run_schedule(schedule, out / kind, log=lambda m: print(m, flush=True))
-        if kind not in SINGLE_KINDS:
+        if kind in ("mixed", "soak"):
             outcome.notes += [f"not drawn: {why}" for why in missing.values()]
         outcome.history.save(out / f"history-{kind}.json")
         print(details(outcome), flush=True)

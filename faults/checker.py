@@ -38,6 +38,10 @@ deliveries; or, when none applies, "other: requeued" (a counter moved) or
 "other: queued twice" (none did: two copies were queued at once).  Asynchronous ADDJOBs never
 delivered are reported but not counted as lost (ASYNC promises nothing
 once the node dies before replicating).
+
+Ordered groups (``--groups``): deliveries out of add order and overlapping
+deliveries of one group, counted per cause (the faults in force), and a
+defect when no fault explains them: see :mod:`faults.groups`.
 """
 
 from __future__ import annotations
@@ -47,6 +51,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
+from faults.groups import GroupResult, check_groups
 from faults.history import FAIL, INFO, OK, Fault, History, Op
 
 #: Slack on the time bounds: a GETJOB's start and end bracket the delivery.
@@ -64,6 +69,9 @@ class FinalState:
     jobs: dict[str, list[tuple[str, str]]] = field(default_factory=dict)
     #: job id -> nodes where it was still queued at the end of the settle window.
     queued_twice: dict[str, list[str]] = field(default_factory=dict)
+    #: For the first few of them, what each node holding one says (SHOW:
+    #: state, node list, group, next requeue): why nobody stepped aside.
+    queued_twice_shown: dict[str, dict[str, str]] = field(default_factory=dict)
     #: Seconds it took for no job to be queued twice (None: never within the window).
     settle_s: float | None = 0.0
     #: Memory samples: {"t": seconds, "phase": ..., node: {rss, used_memory, ...}}.
@@ -94,6 +102,7 @@ class Result:
     early_requeue: list[str] = field(default_factory=list)
     duplicates: Counter[str] = field(default_factory=Counter)
     queued_twice: dict[str, list[str]] = field(default_factory=dict)
+    queued_twice_shown: dict[str, dict[str, str]] = field(default_factory=dict)
     leaked: dict[str, list[tuple[str, str]]] = field(default_factory=dict)
     registered_jobs: dict[str, int] = field(default_factory=dict)
     max_unavailable_s: float = 0.0
@@ -103,6 +112,8 @@ class Result:
     overlaps: list[tuple[str, str]] = field(default_factory=list)
     memory: list[dict[str, Any]] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
+    #: Ordered groups: order and exclusivity (faults.groups).
+    groups: GroupResult = field(default_factory=GroupResult)
 
     @property
     def duplicate_count(self) -> int:
@@ -131,6 +142,15 @@ class Result:
                          f"{ {n: j[:3] for n, j in self.leaked.items() if j} }")
         if any(self.registered_jobs.values()):
             found.append(f"registered_jobs not back to 0: {self.registered_jobs}")
+        g = self.groups
+        for rule, what, counts in (("out of order", "out-of-order deliveries", g.out_of_order),
+                                   ("overlapping", "overlapping deliveries", g.overlapping)):
+            if counts["none"]:
+                found.append(f"{counts['none']} {what} of a group with no fault in force: "
+                             f"{[u for u in g.unexplained if u.startswith(rule)][:3]}")
+        if g.wrong_key:
+            found.append(f"{len(g.wrong_key)} deliveries with another group key: "
+                         f"{g.wrong_key[:5]}")
         return found
 
     def to_json(self) -> dict[str, Any]:
@@ -146,13 +166,14 @@ class Result:
             "duplicate_ids": self.duplicate_ids, "early_delivery": self.early_delivery,
             "late_delivery": self.late_delivery, "early_requeue": self.early_requeue,
             "duplicates": dict(self.duplicates), "duplicate_count": self.duplicate_count,
-            "queued_twice": self.queued_twice,
+            "queued_twice": self.queued_twice, "queued_twice_shown": self.queued_twice_shown,
             "leaked": {n: [list(j) for j in jobs] for n, jobs in self.leaked.items()},
             "registered_jobs": self.registered_jobs,
             "max_unavailable_s": round(self.max_unavailable_s, 2),
             "faults": self.faults, "faults_with_effect": self.faults_with_effect,
             "overlaps": [list(pair) for pair in self.overlaps],
             "memory": self.memory, "errors": self.errors,
+            "groups": self.groups.to_json(),
             "defects": self.defects(),
         }
 
@@ -185,7 +206,11 @@ def check(history: History, final: FinalState) -> Result:
         # earlier delivery may return after it.
         delivered.sort(key=lambda o: o.end)
         add = body_of_add.get(delivered[0].body)
-        if add is None or (add.outcome == OK and add.job_id != job_id):
+        # The client sends an ADDJOB whose reply it lost to the next node by
+        # rank ("resent"): the first send may have added a job too, under
+        # an ID nobody answered.
+        if add is None or (add.outcome == OK and add.job_id != job_id
+                           and not add.extra.get("resent")):
             result.phantom.append(job_id)
         _check_after_ack(result, job_id, delivered, by_job[job_id])
         if add is not None and add.outcome == OK:
@@ -193,6 +218,7 @@ def check(history: History, final: FinalState) -> Result:
         _classify_duplicates(result, delivered, by_job[job_id], history.faults)
 
     result.queued_twice = dict(final.queued_twice)
+    result.queued_twice_shown = dict(final.queued_twice_shown)
     result.leaked = {n: jobs for n, jobs in final.jobs.items() if jobs}
     result.registered_jobs = dict(final.registered_jobs)
     result.max_unavailable_s = _max_unavailable(history)
@@ -201,6 +227,7 @@ def check(history: History, final: FinalState) -> Result:
     result.overlaps = overlapping(history.faults)
     result.memory = list(final.memory)
     result.errors = list(final.errors)
+    result.groups = check_groups(history)
     return result
 
 

@@ -34,8 +34,9 @@ from faults.relay import DelayRelay
 
 #: Schedules of one kind each.
 SINGLE_KINDS = ("partition", "pause", "kill", "lossy", "slow", "clock", "disk")
-#: Every schedule: the single kinds, then the mixes.
-KINDS = (*SINGLE_KINDS, "mixed", "soak")
+#: Every schedule: the single kinds, the mixes, and ``none`` (the workload
+#: alone: what holds without a fault).
+KINDS = (*SINGLE_KINDS, "mixed", "soak", "none")
 #: soak: the quiet time after each fault (less in runs shorter than 4 minutes).
 SOAK_QUIET_S = 60.0
 #: Faults on the network between nodes: one at a time (their rules would mix).
@@ -96,6 +97,9 @@ class Nemesis:
         if kind not in KINDS:
             raise ValueError(f"unknown fault kind {kind!r}; known: {', '.join(KINDS)}")
         deadline = time.monotonic() + duration_s
+        if kind == "none":
+            self._hold(duration_s)
+            return
         # A first quiet moment: the history starts with a healthy cluster.
         self._hold(min(1.0, duration_s / 4))
         if kind == "mixed":

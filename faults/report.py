@@ -35,10 +35,32 @@ def row(outcome: Outcome) -> list[str]:
     ]
 
 
+#: Added when a schedule had ordered groups (``--groups``): the group jobs
+#: delivered, and the deliveries out of order and overlapping, by cause.
+GROUP_COLUMNS = ("group jobs", "out of order", "overlapping")
+
+
+def _by_cause(counts: dict[str, int]) -> str:
+    return (f"{sum(counts.values())} (" + ", ".join(f"{k} {v}" for k, v in sorted(
+        counts.items())) + ")") if counts else "0"
+
+
+def group_cells(outcome: Outcome) -> list[str]:
+    g = outcome.result.groups
+    return [f"{g.jobs} in {g.keys} groups", _by_cause(g.out_of_order),
+            _by_cause(g.overlapping)]
+
+
 def table(outcomes: Sequence[Outcome]) -> str:
     """A Markdown table, one row per schedule (also fine on a terminal)."""
-    rows = [list(COLUMNS), *(row(o) for o in outcomes)]
-    widths = [max(len(r[i]) for r in rows) for i in range(len(COLUMNS))]
+    columns = list(COLUMNS)
+    rows = [row(o) for o in outcomes]
+    if any(o.result.groups.keys for o in outcomes):
+        columns[-1:-1] = GROUP_COLUMNS
+        for r, o in zip(rows, outcomes, strict=True):
+            r[-1:-1] = group_cells(o)
+    rows.insert(0, columns)
+    widths = [max(len(r[i]) for r in rows) for i in range(len(columns))]
     lines = ["| " + " | ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) + " |"
              for r in rows]
     lines.insert(1, "|" + "|".join("-" * (w + 2) for w in widths) + "|")
@@ -129,8 +151,18 @@ def details(outcome: Outcome) -> str:
                  f"expired undelivered: {len(r.expired_undelivered)}")
     if r.lost_excused:
         lines.append(f"  losses excused: {dict(r.excused_by)}")
+    g = r.groups
+    if g.keys:
+        lines.append(f"  groups: {g.jobs} jobs in {g.keys} groups ({g.resent} re-sent by the "
+                     f"client), {g.deliveries} deliveries; first deliveries in add order in "
+                     f"{g.in_order} of {g.delivered} groups; out of order "
+                     f"{_by_cause(g.out_of_order)}; overlapping {_by_cause(g.overlapping)}")
+        lines += [f"  group: {line}" for line in g.examples]
     for a, b in r.overlaps:
         lines.append(f"  overlap: {a}  WITH  {b}")
+    for job_id, shown in r.queued_twice_shown.items():
+        lines.append(f"  queued twice: {job_id}: "
+                     + "; ".join(f"{node} {text}" for node, text in shown.items()))
     for note in outcome.notes:
         lines.append(f"  note: {note}")
     for defect in r.defects():

@@ -102,6 +102,8 @@ def run_schedule(schedule: Schedule, workdir: Path, log=print) -> Outcome:
         except TimeoutError:
             notes.append("the cluster was not a healthy full mesh 30 s after healing")
         final.queued_twice, final.settle_s = _settle(nodes, 2 * schedule.workload.retry_s + 2)
+        final.queued_twice_shown = {job_id: _shown(nodes, job_id)
+                                    for job_id in list(final.queued_twice)[:5]}
         history.mark("settled")
         drained = _drain(nodes, history, workload, schedule.drain_timeout_s)
         history.mark("drained")
@@ -163,6 +165,30 @@ def _settle(nodes: list[Node], timeout: float) -> tuple[dict[str, list[str]], fl
         time.sleep(0.2)
 
 
+def _shown(nodes: list[Node], job_id: str) -> dict[str, str]:
+    """What each node says of a job (SHOW), shortly: its state, node list
+    (by name), group and next requeue; "-" where it has none."""
+    short = {n.node_id: n.name for n in nodes}
+    shown = {}
+    for node in nodes:
+        try:
+            reply = node.client().execute_command("SHOW", job_id)
+        except redis.RedisError as err:
+            shown[node.name] = f"error: {err}"
+            continue
+        if not reply:
+            shown[node.name] = "-"
+            continue
+        fields = dict(zip(reply[::2], reply[1::2], strict=True))
+        holders = ",".join(short.get(i.decode(), i.decode()[:8])
+                           for i in fields.get(b"nodes-delivered", []))
+        group = fields.get(b"group")
+        shown[node.name] = (f"{fields[b'state'].decode()} nodes={holders} group="
+                            f"{group.decode() if group else '-'} next-requeue-within="
+                            f"{fields.get(b'next-requeue-within')}")
+    return shown
+
+
 def _scan(node: Node) -> list[tuple[str, str]]:
     """Every job on ``node`` with its state (JSCAN, all slices)."""
     jobs = []
@@ -185,7 +211,8 @@ def _drain(nodes: list[Node], history: History, workload: Workload, timeout: flo
         while time.monotonic() < deadline:
             took = 0
             for node in nodes:
-                jobs = get_jobs(worker, node, None, "drain", ROLES[0], count=100)
+                jobs = get_jobs(worker, node, None, "drain", ROLES[0], count=100,
+                                groups=workload.config.groups > 0)
                 if jobs:
                     ack_jobs(worker, node, [j.job_id for j in jobs if j.job_id],
                              workload.gc)

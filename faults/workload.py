@@ -11,6 +11,19 @@ Consumers have roles: ``normal`` (ACK at once, NACK now and then), ``slow``
 (work up to 1.5 x RETRY before the ACK, so some jobs come back on RETRY
 expiry) and ``crashy`` (drop the connection before the ACK now and then,
 as a consumer that crashes does).
+
+With ``groups`` (``--groups N``) a share of the jobs belongs to N ordered
+groups (``ADDJOB ... GROUP key``, docs/EXTENSIONS.md "Ordered groups").
+Those are added through ``disque.Client`` with ``route_groups``, as a user
+would add them (each at its group's home, the next node by rank while that
+one fails): the routing is what is under test.  Each group belongs to one
+producer, which waits for each ADDJOB's reply before the next, so the
+group's add order is that producer's order of replies (``seq``).  The
+client may re-send an ADDJOB whose reply it lost to the next node by rank:
+the op is then marked ``resent`` (a job of that body may exist under an ID
+never answered).  Consumers then ask GETJOB for ``WITHLEASE`` and
+``WITHGROUP``: the lease tells the checker until when the node certainly
+had the job out.
 """
 
 from __future__ import annotations
@@ -24,6 +37,7 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from disque.client import Client, ConnectionFailed, DisqueError
 from faults.history import FAIL, INFO, OK, History, Op
 from faults.nodes import PORT, Node
 
@@ -51,6 +65,10 @@ class WorkloadConfig:
     crash_probability: float = 0.3
     nack_probability: float = 0.05
     seed: int = 0
+    #: Ordered groups: this many keys (0: no job has a group, as before).
+    groups: int = 0
+    #: ... and the share of the jobs that go to one of them.
+    group_fraction: float = 0.5
 
 
 def connect(node: Node, timeout: float) -> redis.Redis:
@@ -150,10 +168,15 @@ class Workload:
         c = self.config
         worker = Worker(name, self.nodes, self.history, c.seed,
                          c.add_timeout_ms / 1000 + 3)
+        groups = GroupProducer(self, worker, int(name[1:]) - 1) if c.groups else None
         while not self.stopping.is_set():
             number = self._take_job_number()
             if number is None:
                 break
+            if groups is not None and groups.keys and worker.rng.random() < c.group_fraction:
+                groups.add(f"{name}-{number}")
+                self.stopping.wait(c.produce_interval_s)
+                continue
             node = worker.rng.choice(self.nodes)
             replicate = worker.rng.choice(c.replicate)
             is_async = worker.rng.random() < c.async_fraction
@@ -178,13 +201,16 @@ class Workload:
                     op.extra["copies"] = copy_nodes(worker, node, job_id)
             self.stopping.wait(c.produce_interval_s)
         worker.close()
+        if groups is not None:
+            groups.close()
 
     def _consume(self, name: str, role: str) -> None:
         c = self.config
         worker = Worker(name, self.nodes, self.history, c.seed, 3.0)
         while not self.stopping.is_set():
             node = worker.rng.choice(self.nodes)
-            jobs = get_jobs(worker, node, timeout_ms=300, phase="run", role=role)
+            jobs = get_jobs(worker, node, timeout_ms=300, phase="run", role=role,
+                            groups=c.groups > 0)
             if not jobs:
                 continue
             job_id = jobs[0].job_id
@@ -207,6 +233,85 @@ class Workload:
         worker.close()
 
 
+class GroupProducer:
+    """A producer's jobs of ordered groups, added through ``disque.Client``.
+
+    Producer ``index`` owns the keys ``g{k}`` with ``k % producers ==
+    index``: one producer per group, each ADDJOB sent after the previous
+    one's reply, so the group's add order is well defined (``seq``: the
+    order of this producer's attempts; the checker orders the jobs whose
+    ADDJOB returned an ID by it).  Without the ownership, concurrent
+    producers' jobs would join a group in whatever order their replication
+    completed (docs/EXTENSIONS.md, "Limits").
+    """
+
+    def __init__(self, workload: Workload, worker: Worker, index: int) -> None:
+        c = workload.config
+        self.workload = workload
+        self.worker = worker
+        self.keys = [f"g{k}" for k in range(c.groups) if k % c.producers == index]
+        self.seq = dict.fromkeys(self.keys, 0)
+        # No retries of its own beyond the group routing (which is what is
+        # tested): the node that answers is the one the op records.
+        self.client = Client([n.address for n in workload.nodes], max_retries=0,
+                             socket_timeout=c.add_timeout_ms / 1000 + 3,
+                             connect_timeout=1.0, reconnect_timeout=1.0,
+                             route_by_job_id=False, rng=random.Random(worker.rng.random()))
+        #: Nodes the client gave up on during the current call, for the next
+        #: by rank: unreachable, or a reply lost (the ADDJOB may have
+        #: happened there too).
+        self.gave_up: list[str] = []
+        router = self.client._groups
+        assert router is not None
+        give_up = router.failed
+
+        def failed(node_id: str) -> None:
+            self.gave_up.append(node_id)
+            give_up(node_id)
+
+        router.failed = failed  # type: ignore[method-assign]
+
+    def add(self, body: str) -> None:
+        c = self.workload.config
+        key = self.worker.rng.choice(self.keys)
+        self.seq[key] += 1
+        replicate = self.worker.rng.choice(c.replicate)
+        extra: dict[str, object] = {"replicate": replicate, "async": False,
+                                    "retry": c.retry_s, "group": key, "seq": self.seq[key],
+                                    "client": True}
+        history = self.workload.history
+        op = history.begin(self.worker.name, "add", "?", body=body, extra=extra)
+        self.gave_up.clear()
+        try:
+            job_id = self.client.add_job(QUEUE, body, timeout_ms=c.add_timeout_ms,
+                                         replicate=replicate, retry=c.retry_s, group=key)
+        except ConnectionFailed as err:
+            history.finish(op, INFO, error=f"ConnectionFailed: {err}"[:120])
+        except DisqueError as err:
+            history.finish(op, FAIL, error=str(err)[:120])
+        except (redis.RedisError, OSError) as err:
+            history.finish(op, INFO, error=f"{type(err).__name__}: {err}"[:120])
+        else:
+            creator = self.creator(job_id)
+            op.node = creator.name if creator is not None else job_id[2:10]
+            history.finish(op, OK, job_id=job_id)
+            op.extra["copies"] = (None if creator is None
+                                  else copy_nodes(self.worker, creator, job_id))
+        if self.gave_up:
+            op.extra["resent"] = [self.node_name_of_id(i) for i in self.gave_up]
+
+    def node_name_of_id(self, node_id: str) -> str:
+        return next((n.name for n in self.workload.nodes if n.node_id == node_id), node_id[:8])
+
+    def creator(self, job_id: str) -> Node | None:
+        """The node that created a job: its ID carries the node's first 8 hex digits."""
+        prefix = job_id[2:10]
+        return next((n for n in self.workload.nodes if n.node_id.startswith(prefix)), None)
+
+    def close(self) -> None:
+        self.client.close()
+
+
 def copy_nodes(worker: Worker, node: Node, job_id: str) -> list[str] | None:
     """The nodes holding copies of a job just added (SHOW's nodes-delivered),
     by name; None if ``node`` did not say (the checker then falls back)."""
@@ -223,12 +328,18 @@ def copy_nodes(worker: Worker, node: Node, job_id: str) -> list[str] | None:
 
 
 def get_jobs(worker: Worker, node: Node, timeout_ms: int | None, phase: str,
-             role: str, count: int = 1) -> list[Op]:
-    """GETJOB from ``node``; records one get op per job delivered (or one empty/failed)."""
+             role: str, count: int = 1, groups: bool = False) -> list[Op]:
+    """GETJOB from ``node``; records one get op per job delivered (or one empty/failed).
+
+    With ``groups`` it asks for each job's lease and group too (``lease_ms``,
+    ``group``).  The jobs of one reply share the op's start and end, and
+    ``pos`` is their place in it (a reply may hand out several jobs of one
+    group, in order)."""
     wait = ["NOHANG"] if timeout_ms is None else ["TIMEOUT", timeout_ms]
     op = worker.history.begin(worker.name, "get", node.name, extra={"phase": phase,
                                                                     "role": role})
-    reply = worker.call(op, node, "GETJOB", *wait, "COUNT", count, "WITHCOUNTERS",
+    more = ["WITHLEASE", "WITHGROUP"] if groups else []
+    reply = worker.call(op, node, "GETJOB", *wait, "COUNT", count, "WITHCOUNTERS", *more,
                         "FROM", QUEUE)
     if reply is None:
         if op.end == 0.0:  # a nil reply (call() records errors): nothing came
@@ -237,14 +348,22 @@ def get_jobs(worker: Worker, node: Node, timeout_ms: int | None, phase: str,
         return []
     ops = []
     assert isinstance(reply, list), reply
-    for entry in reply:
+    end = worker.history.now()
+    for pos, entry in enumerate(reply):
         fields = dict(zip(entry[3::2], entry[4::2], strict=False))
-        got = worker.history.begin(worker.name, "get", node.name, extra={
+        extra: dict[str, object] = {
             "phase": phase, "role": role,
             "nacks": int(fields.get(b"nacks", 0)),
-            "additional_deliveries": int(fields.get(b"additional-deliveries", 0))})
+            "additional_deliveries": int(fields.get(b"additional-deliveries", 0))}
+        if groups:
+            lease = fields.get(b"next-requeue-within")
+            group = fields.get(b"group")
+            extra.update(pos=pos, lease_ms=None if lease is None else int(lease),
+                         group=None if group is None else _decode(group))
+        got = worker.history.begin(worker.name, "get", node.name, extra=extra)
         got.start = op.start
         worker.history.finish(got, OK, job_id=_decode(entry[1]), body=_decode(entry[2]))
+        got.end = end
         ops.append(got)
     return ops
 

@@ -171,6 +171,10 @@ BLOCKS: dict[tuple[str, str], str] = {
     ("docs/FAULTS.md", "python3 -m faults --faults mixed --nodes 5 --time 1800"):
         "runs of an hour and a half; tests/faults/test_schedules.py runs mixed on five "
         "nodes and soak with --time 5 to 12",
+    ("docs/FAULTS.md", "python3 -m faults --faults kill,pause,partition --nodes 5 --time 120 "
+                       "--groups 10"):
+        "schedules of minutes; tests/faults/test_scenarios.py (test_groups_without_faults_go_"
+        "out_in_add_order_one_job_at_a_time) runs --groups with the none schedule",
     ("docs/FAULTS.md", "python3 -m faults.scenarios requeue-after-pause"):
         "tests/faults/test_scenarios.py runs every scenario",
     ("docs/EXTENSIONS.md", "ADDJOB queue body ms-timeout"): "a syntax synopsis",

@@ -192,3 +192,178 @@ def test_rss_growth_is_fitted_once_the_windows_are_full_and_across_no_restart() 
     restarted = samples(lambda t: 36e6 if t < 1200 else 33e6 + min(t - 1200, 600) * 5e3)
     assert rss_growth_per_hour(restarted, "n1") == pytest.approx(0.0, abs=1e-9)
     assert rss_growth_per_hour(samples(lambda t: 36e6, until=1500), "n1") is None  # too short
+
+
+# -- ordered groups (faults.groups) --------------------------------------------
+
+
+def gadd(job: str, seq: int, group: str = "g1", start: float | None = None,
+         outcome: str = OK, **extra: Any) -> Op:
+    """The ``seq``-th ADDJOB of ``group`` (one producer per group, in turn)."""
+    return add(job, f"b-{job}", start=seq * 0.1 if start is None else start,
+               outcome=outcome, group=group, seq=seq, client=True, **extra)
+
+
+def gget(job: str, start: float, process: str = "c1", lease_ms: int | None = 3000,
+         end: float | None = None, pos: int = 0, group: str | None = "g1",
+         node: str = "n1", body: str | None = None) -> Op:
+    return op("get", start, start + 0.01 if end is None else end, OK, job,
+              body or f"b-{job}", process=process, node=node, role="normal", nacks=0,
+              additional_deliveries=0, pos=pos, lease_ms=lease_ms, group=group)
+
+
+def ack(job: str, start: float, process: str = "c1", outcome: str = OK) -> Op:
+    return op("ack", start, start + 0.01, outcome, job, process=process)
+
+
+def test_a_group_delivered_in_order_one_job_at_a_time_counts_nothing() -> None:
+    ops = (gadd("A", 1), gadd("B", 2), gadd("C", 3),
+           gget("A", 2.0), ack("A", 2.5),
+           gget("B", 2.6, "c2"), ack("B", 2.7, "c2"),
+           gget("C", 2.8), ack("C", 3.5))
+    g = check(history(*ops), FinalState()).groups
+    assert (g.keys, g.jobs, g.deliveries, g.delivered, g.in_order) == (1, 3, 3, 1, 1)
+    assert g.out_of_order == {} and g.overlapping == {} and g.unexplained == []
+
+
+def test_a_delivery_before_an_older_jobs_ack_began_is_out_of_order() -> None:
+    # B goes out at 2.41 while A (older) is still out: its ACK starts at 2.5.
+    ops = (gadd("A", 1), gadd("B", 2), gget("A", 2.0), gget("B", 2.4, "c2"),
+           ack("A", 2.5), ack("B", 2.6, "c2"))
+    result = check(history(*ops), FinalState())
+    g = result.groups
+    assert g.out_of_order == {"none": 1} and g.in_order == 1
+    assert "B (#1) from n1 to c2 at 2.41s before A (#0, first ACK at 2.50s)" in g.unexplained[0]
+    assert any("out-of-order deliveries of a group with no fault" in d
+               for d in result.defects())
+
+
+def test_an_ack_begun_before_the_reply_excuses_and_a_nack_does_not() -> None:
+    # A's ACK started (2.40) before B's GETJOB returned (2.41): it may have
+    # been settled in time, whenever the ACK's reply came.
+    begun = check(history(gadd("A", 1), gadd("B", 2), gget("A", 2.0), ack("A", 2.40),
+                          gget("B", 2.3, "c2", end=2.41)), FinalState()).groups
+    assert begun.out_of_order == {}
+    # A NACK puts A back first in its group: B must still wait for A's ACK.
+    nacked = check(history(gadd("A", 1), gadd("B", 2), gget("A", 2.0),
+                           op("nack", 2.1, 2.11, OK, "A", process="c1"),
+                           gget("B", 2.3, "c2"), gget("A", 2.5), ack("A", 2.6)),
+                   FinalState()).groups
+    assert nacked.out_of_order == {"none": 1}
+    # An older job never acked at all: every later delivery is out of order.
+    never = check(history(gadd("A", 1), gadd("B", 2), gadd("C", 3), gget("B", 2.0),
+                          ack("B", 2.1), gget("C", 2.2), ack("C", 2.3)), FinalState()).groups
+    assert never.out_of_order == {"none": 2}
+    assert "before A (#0, never acked)" in never.unexplained[0]
+
+
+def test_the_jobs_of_one_reply_count_in_their_order_in_it() -> None:
+    # The drain's GETJOB COUNT 100: A then B of one group in one reply is
+    # the group's batch, held once; B before A in it is out of order.
+    in_order = (gadd("A", 1), gadd("B", 2), gget("A", 2.0, "drain", pos=0),
+                gget("B", 2.0, "drain", pos=1), ack("A", 2.1, "drain"), ack("B", 2.1, "drain"))
+    g = check(history(*in_order), FinalState()).groups
+    assert g.out_of_order == {} and g.overlapping == {}
+    reversed_ = (gadd("A", 1), gadd("B", 2), gget("B", 2.0, "drain", pos=0),
+                 gget("A", 2.0, "drain", pos=1), ack("A", 2.1, "drain"),
+                 ack("B", 2.1, "drain"))
+    g = check(history(*reversed_), FinalState()).groups
+    assert g.out_of_order == {"none": 1} and g.overlapping == {} and g.in_order == 0
+
+
+def test_two_jobs_of_a_group_held_at_once_overlap_until_an_ack_or_the_lease_ends() -> None:
+    # A held 2.01 .. 2.5 (its ACK starts); B, out of order too, held from 2.21.
+    held = check(history(gadd("A", 1), gadd("B", 2), gget("A", 2.0), gget("B", 2.2, "c2"),
+                         ack("A", 2.5), ack("B", 2.6, "c2")), FinalState()).groups
+    assert held.overlapping == {"none": 1}
+    assert "A (#0) from n1 to c1 at 2.01s held until 2.50s while B (#1)" in \
+        held.unexplained[-1]
+    # A's lease (150 ms from its GETJOB's start) ends at 2.15: the node queued
+    # it again, so c1 working on past that holds nothing (at least once).
+    # B going out at 2.21 is still before A's first ACK: out of order.
+    lease = check(history(gadd("A", 1), gadd("B", 2), gget("A", 2.0, lease_ms=150),
+                          gget("B", 2.2, "c2"), ack("A", 2.5), ack("B", 2.6, "c2")),
+                  FinalState()).groups
+    assert lease.overlapping == {} and lease.out_of_order == {"none": 1}
+    # A consumer that crashed holds the job until its lease ends: A's lease
+    # runs to 3.0, B (after A's ACK by another consumer) goes out at 2.7.
+    crashed = check(history(gadd("A", 1), gadd("B", 2), gget("A", 2.0, lease_ms=1000),
+                            op("crash", 2.05, 2.05, OK, "A", process="c1"),
+                            gget("A", 2.3, "c3"), ack("A", 2.4, "c3"),
+                            gget("B", 2.6, "c2", end=2.7), ack("B", 2.8, "c2")),
+                    FinalState()).groups
+    assert crashed.overlapping == {"none": 1} and crashed.out_of_order == {}
+    # One job delivered twice at once is at-least-once, not two consumers
+    # of the group; without a lease known, RETRY (3 s) bounds the hold.
+    same = check(history(gadd("A", 1), gget("A", 2.0, lease_ms=None),
+                         gget("A", 2.2, "c2", lease_ms=None), ack("A", 2.5),
+                         ack("A", 2.6, "c2")), FinalState()).groups
+    assert same.overlapping == {} and same.out_of_order == {}
+
+
+def test_a_late_ack_of_an_earlier_delivery_ends_the_hold_of_the_next() -> None:
+    # c2 is slow: A's lease (from 2.0, 1 s) ends, the node hands A to c3
+    # (which crashes with it), then c2's late ACK settles A and releases
+    # the group: B going out at 3.51 is at-least-once on one node, though
+    # c3's lease on A runs to 6.0.
+    late = (gadd("A", 1), gadd("B", 2), gget("A", 2.0, "c2", lease_ms=1000),
+            gget("A", 3.0, "c3"), op("crash", 3.02, 3.02, OK, "A", process="c3"),
+            ack("A", 3.4, "c2"), gget("B", 3.5, "c1"), ack("B", 3.6, "c1"))
+    g = check(history(*late), FinalState()).groups
+    assert g.overlapping == {} and g.out_of_order == {}
+    # The same ACK while c2's lease still ran (to 5.0): A reached c3 from a
+    # second node serving the group, and c3 still holds it when B goes out.
+    early = (gadd("A", 1), gadd("B", 2), gget("A", 2.0, "c2", lease_ms=3000),
+             gget("A", 3.0, "c3", node="n2"), op("crash", 3.02, 3.02, OK, "A", process="c3"),
+             ack("A", 3.4, "c2"), gget("B", 3.5, "c1"), ack("B", 3.6, "c1"))
+    g = check(history(*early), FinalState()).groups
+    assert g.overlapping == {"none": 1} and g.out_of_order == {}
+
+
+def test_group_violations_are_put_down_to_the_faults_in_force_or_just_ended() -> None:
+    # RETRY 3, REPLICATE 2: a group is queued again within 3 + 2 + 1 = 6 s
+    # of a fault's end.
+    def violation(at: float) -> tuple[Op, ...]:
+        return (gget("B", at, "c2"), ack("A", at + 0.5), ack("B", at + 0.6, "c2"))
+
+    base = (gadd("A", 1, replicate=2), gadd("B", 2, replicate=2), gget("A", 1.0))
+    kill = Fault("kill", "SIGKILL n1", ["n1"], 1.5, 3.0)
+    pause = Fault("pause", "SIGSTOP n2", ["n2"], 2.0, 2.9)
+    assert check(history(*base, *violation(2.5), faults=(kill,)),
+                 FinalState()).groups.out_of_order == {"kill": 1}
+    both = check(history(*base, *violation(2.5), faults=(kill, pause)), FinalState())
+    assert both.groups.out_of_order == {"kill+pause": 1}
+    assert both.groups.overlapping == {"kill+pause": 1}
+    assert both.defects() == []
+    # Ended 5.5 s before: within the window; 6.5 s before: not.
+    assert check(history(*base, *violation(8.5), faults=(kill,)),
+                 FinalState()).groups.out_of_order == {"kill": 1}
+    late = check(history(*base, *violation(9.5), faults=(kill,)), FinalState())
+    assert late.groups.out_of_order == {"none": 1} and late.defects()
+    # A fault that began after the violation explains nothing.
+    after = Fault("partition", "majority: n1 | n2,n3", ["n1", "n2", "n3"], 3.0, 4.0)
+    assert check(history(*base, *violation(2.0), faults=(after,)),
+                 FinalState()).groups.out_of_order == {"none": 1}
+
+
+def test_a_resent_groups_job_is_no_phantom_and_has_no_place_in_the_order() -> None:
+    # The client lost the reply of n1 and sent the ADDJOB to n2 (ID A2):
+    # n1 had added it too (A1).  A1's delivery is no phantom; it counts for
+    # overlaps but not for the order.
+    ops = (gadd("A2", 1, resent=["n1"]), gadd("B", 2),
+           gget("A2", 2.0), ack("A2", 2.1),
+           gget("B", 2.2), ack("B", 2.5),
+           gget("A1", 2.3, "c2", body="b-A2", node="n1"), ack("A1", 2.4, "c2"))
+    result = check(history(*ops), FinalState())
+    assert result.phantom == [] and result.groups.resent == 1
+    assert result.groups.out_of_order == {} and result.groups.overlapping == {"none": 1}
+    unresent = check(history(gadd("A2", 1), gget("A1", 2.3, "c2", body="b-A2"),
+                             ack("A1", 2.4, "c2")), FinalState())
+    assert unresent.phantom == ["A1"]
+
+
+def test_a_delivery_with_another_group_key_is_a_defect() -> None:
+    result = check(history(gadd("A", 1), gget("A", 2.0, group=None), ack("A", 2.1)),
+                   FinalState())
+    assert result.groups.wrong_key == ["A: None, added to 'g1'"]
+    assert any("another group key" in d for d in result.defects())

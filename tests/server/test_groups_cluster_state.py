@@ -234,3 +234,49 @@ def test_a_job_without_a_group_never_reaches_the_groups_code(monkeypatch) -> Non
                            _id_message(messages.QUEUED, jobs[0].id, BEFORE))
     node("ACKJOB", *(entry[1] for entry in got))
     _run(node, 10_000)
+
+
+def test_a_queued_from_a_node_we_did_not_know_held_the_job_reaches_it() -> None:
+    """Both nodes have the job queued, and only the sender knows the other
+    holds it (it got the job by federation from a third copy): our QUEUED
+    must answer the sender too, or the lower ranked one never withdraws
+    (found by the fault harness: a group's jobs queued on two nodes for
+    good after a kill schedule, python3 -m faults --groups)."""
+    node, peers = _cluster()
+    job_id = str(node("ADDJOB", "q", "a", 0, "REPLICATE", 1, "RETRY", 60, "GROUP", "g")).encode()
+    job = node.job(job_id)
+    job.delivered = frozenset({NODE_ID, BEFORE})
+    sent = node.state.cluster.messages_dropped
+    requeue.receive_queued(node.state, peers[AFTER], _id_message(messages.QUEUED, job_id, AFTER))
+    assert job.state == JobState.QUEUED  # we rank before AFTER: we keep it
+    assert job.delivered == {NODE_ID, BEFORE, AFTER}
+    assert node.state.cluster.messages_dropped == sent + 2  # QUEUED to BEFORE and AFTER
+
+
+def test_jobs_handed_over_in_their_last_half_second_stay_copies_until_their_wait() -> None:
+    """Federation hands a group over (YOURJOBS) while its jobs' queue time
+    is less than 500 ms away (the WILLQUEUE warning of a queued job is no
+    longer due): the copies left here must wait a RETRY and their rank, and
+    warn first, not queue the group again here at that queue time, while
+    the receiver serves it (found by the fault harness without faults:
+    python3 -m faults --faults none --nodes 5 --groups 10, a job handed out
+    by the pushing node and the receiver at once)."""
+    node, _ = _cluster()
+    ids = [str(node("ADDJOB", "q", f"a{i}", 0, "REPLICATE", 1, "RETRY", RETRY_S, "GROUP",
+                    "g")).encode() for i in range(2)]
+    first = node.job(ids[0])
+    due = first.qtime
+    # 300 ms before the queue time: the queued job's warning time passed.
+    _run(node, due - node.clock.now_ms() - 300)
+    q = node.state.queues.lookup(b"q")
+    assert q is not None and first.state == JobState.QUEUED
+    assert federation.send_jobs(node.state, AFTER, q.jobs.first(1)) == 2
+    sent = node.state.cluster.messages_dropped
+    _run(node, 1000)  # past the queue time the jobs had
+    assert node("QLEN", "q") == 0, "the group was queued again here"
+    assert all(node.job(i).flags & FLAG_GROUP_COPY for i in ids)
+    # They wait a RETRY (AFTER ranks after us: no wait by rank), warning the
+    # receiver first, whose QUEUED would keep them copies.
+    assert abs(first.qtime - (due - 300 + RETRY_S * 1000)) <= 250 + 100
+    _run(node, RETRY_S * 1000 - 1000)
+    assert node.state.cluster.messages_dropped > sent  # WILLQUEUE to AFTER
