@@ -107,8 +107,8 @@ BLOCKS: dict[tuple[str, str], str] = {
      "benchmarks.run latency"):
         "minutes of rounds; tests/benchmarks/test_latency_smoke.py runs the scenario with "
         "--smoke",
-    ("docs/BENCHMARKS.md", "DISQUE_INTERPRETED=1 DISQUE_REFERENCE_SERVER=/path/to/disque-server "
-     "python3 -m benchmarks.run latency --rounds 3 --case \"3 nodes\""):
+    ("docs/BENCHMARKS.md", "DISQUE_REFERENCE_SERVER=/path/to/disque-server "
+     "python3 -m benchmarks.run latency --rounds 2 --case \"3 nodes\""):
         "minutes of rounds; tests/benchmarks/test_latency_smoke.py runs the scenario with "
         "--smoke",
     ("docs/BENCHMARKS.md", "python3 -m benchmarks.run groups --rounds 3 --json groups.json"):
