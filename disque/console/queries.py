@@ -471,6 +471,7 @@ async def job(pool: Pool, job_id: str, limit: int, body: bool = True) -> dict[st
     first = copies[0] if copies else {}
     return {"id": job_id, "found": bool(copies), "copies": copies, "problems": problems,
             "queue": first.get("queue"), "state": first.get("state"),
+            "group": first.get("group"),  # an ordered group's key (SHOW has it)
             "size": first.get("size"),
             "body": view.as_json() if view else None,
             "nack_delay": any(c.get("extensions") for c in copies),

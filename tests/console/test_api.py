@@ -164,6 +164,19 @@ def test_job_page_shows_show_fields_and_actions_act(cluster, web) -> None:
              message="the acked job to be collected")
 
 
+def test_the_job_page_shows_the_jobs_ordered_group(cluster, web) -> None:
+    with node_client(cluster[0]) as c:
+        grouped = c.add_job("jobs:grouped", b"first", group="customer <42>")
+        plain = c.add_job("jobs:grouped", b"second")
+    data = api(web, f"/api/jobs/{quote(grouped, safe='')}")
+    assert data["found"] and data["group"] == "customer <42>"
+    page = web.get(f"/jobs/{quote(grouped, safe='')}")
+    assert page.status_code == 200
+    assert '<code id="job-group">customer &lt;42&gt;</code>' in page.text  # escaped
+    assert api(web, f"/api/jobs/{quote(plain, safe='')}")["group"] is None
+    assert 'id="job-group"' not in web.get(f"/jobs/{quote(plain, safe='')}").text
+
+
 def test_unknown_and_malformed_job_ids_get_clear_messages(web, open_console) -> None:
     unknown = "D-00000000-AAAAAAAAAAAAAAAAAAAAAAAA-05a1"
     data = api(web, f"/api/jobs/{unknown}")
