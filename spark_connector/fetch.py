@@ -116,13 +116,19 @@ def _syntax_error(error: DisqueError) -> bool:
     return str(error).startswith("ERR syntax error")
 
 
+def _refused_error(option: str, feature: str, getjob_option: str, address: str | None,
+                   error: BaseException | str) -> OptionError:
+    """``option`` against a node without ``feature`` (it refused GETJOB's
+    ``getjob_option``): the query's error."""
+    return OptionError(
+        option, f"is true, but node {address} has no {feature}: it answered "
+        f"GETJOB ... {getjob_option} with '{error}' (an original Disque node does; {feature} "
+        f"are an extension of this server, docs/EXTENSIONS.md). Read it with {option}=false")
+
+
 def headers_refused_error(address: str | None, error: BaseException | str) -> OptionError:
     """``includeHeaders`` against a node without job headers: the query's error."""
-    return OptionError(
-        "includeHeaders", f"is true, but node {address} has no job headers: it answered "
-        f"GETJOB ... WITHHEADERS with '{error}' (an original Disque node does; job headers "
-        "are an extension of this server, docs/EXTENSIONS.md). Read it with "
-        "includeHeaders=false")
+    return _refused_error("includeHeaders", "job headers", "WITHHEADERS", address, error)
 
 
 def supports_headers(client: Client, queue: str) -> bool:
@@ -150,11 +156,7 @@ def _knows(client: Client, option: str, queue: str) -> bool:
 
 def groups_refused_error(address: str | None, error: BaseException | str) -> OptionError:
     """``includeGroups`` against a node without ordered groups: the query's error."""
-    return OptionError(
-        "includeGroups", f"is true, but node {address} has no ordered groups: it answered "
-        f"GETJOB ... WITHGROUP with '{error}' (an original Disque node does; ordered groups "
-        "are an extension of this server, docs/EXTENSIONS.md). Read it with "
-        "includeGroups=false")
+    return _refused_error("includeGroups", "ordered groups", "WITHGROUP", address, error)
 
 
 def supports_groups(client: Client, queue: str) -> bool:
